@@ -1,0 +1,3 @@
+from agentab.cli import main
+
+main()

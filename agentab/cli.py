@@ -1,0 +1,84 @@
+"""The `agentab` command line.
+
+Each subpackage owns its commands in its own `cli.py`; this group only routes to them and imports
+them lazily, so `agentab workload inspect` never pays for torch or aiohttp imports it does not use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from agentab import __version__
+from agentab.errors import AgentabError
+
+# command name -> "module:attribute"; the module is imported only when the command runs.
+COMMANDS: dict[str, str] = {
+    "workload": "agentab.workloads.cli:workload",
+    "engine": "agentab.engine.cli:engine",
+    "serve": "agentab.engine.cli:serve",
+    "simulate": "agentab.replay.cli:simulate",
+    "replay": "agentab.replay.cli:replay",
+    "ab": "agentab.analysis.cli:ab",
+    "report": "agentab.analysis.cli:report",
+    "compare": "agentab.analysis.cli:compare",
+    "kernels": "agentab.kernels.cli:kernels",
+}
+
+
+def _module_exists(target: str) -> bool:
+    return importlib.util.find_spec(target.split(":")[0]) is not None
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        # A command whose module is not part of this build is not offered.
+        available = {name for name, target in COMMANDS.items() if _module_exists(target)}
+        return sorted(available | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        if not _module_exists(target):
+            return None
+        module_name, attr = target.split(":")
+        module = importlib.import_module(module_name)
+        return getattr(module, attr)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="agentab")
+def cli() -> None:
+    """Decide whether an opt-in decode path is worth turning on for your traffic.
+
+    agentab replays AgentX-style coding-agent traffic (long contexts, multi-turn sessions,
+    pauses, subagents, prefix-cache reuse) against an engine, runs A/B comparisons that hold the
+    GPU count fixed so only the decode path changes, and reports P90 per-user interactivity.
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: user errors become one line on stderr and exit status 2."""
+    try:
+        cli.main(args=argv, prog_name="agentab", standalone_mode=False)
+    except AgentabError as exc:
+        click.echo(f"agentab: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("agentab: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

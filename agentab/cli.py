@@ -19,7 +19,7 @@ from agentab.errors import AgentabError
 COMMANDS: dict[str, str] = {
     "workload": "agentab.workloads.cli:workload",
     "engine": "agentab.engine.cli:engine",
-    "serve": "agentab.engine.cli:serve",
+    "serve": "agentab.engine.server_cli:serve",
     "simulate": "agentab.replay.cli:simulate",
     "replay": "agentab.replay.cli:replay",
     "ab": "agentab.analysis.cli:ab",

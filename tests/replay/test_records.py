@@ -1,0 +1,122 @@
+"""Run records: schema, atomic part files, compaction and crash-safe reading."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from agentab.errors import AgentabError
+from agentab.replay.records import (
+    RECORD_SCHEMA,
+    PartWriter,
+    part_files,
+    scan_records,
+)
+
+
+def _row(i: int, **over: object) -> dict[str, object]:
+    row: dict[str, object] = {
+        "request_id": f"r{i}",
+        "session_id": "s",
+        "lane": 0,
+        "pass": 0,
+        "agent_id": "main",
+        "turn": i,
+        "phase": "profiling",
+        "planned_s": float(i),
+        "sent_s": float(i) + 0.001,
+        "chunk_times_s": [0.1, 0.2],
+        "chunk_tokens": [1, 1],
+        "reasoning_chunks": None,
+        "prompt_tokens": 100,
+        "completion_tokens": 2,
+        "cached_tokens": None,
+        "osl": 2,
+        "error_class": None,
+        "error_message": None,
+    }
+    row.update(over)
+    return row
+
+
+def _run_dir(tmp_path: Path) -> Path:
+    (tmp_path / "manifest.json").write_text(json.dumps({"seed": 1}))
+    return tmp_path
+
+
+def test_rows_round_trip_with_schema(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    with PartWriter(run / "records", RECORD_SCHEMA) as w:
+        w.add(_row(0))
+        w.add(_row(1, error_class="timeout", error_message="no bytes for 5 s", chunk_times_s=[]))
+    df = scan_records(run).collect()
+    assert df.schema == RECORD_SCHEMA
+    assert df["request_id"].to_list() == ["r0", "r1"]
+    assert df["chunk_times_s"].to_list() == [[0.1, 0.2], []]
+    assert df["error_class"].to_list() == [None, "timeout"]
+    assert df["cached_tokens"].null_count() == 2
+
+
+def test_background_flush_within_a_second(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    w = PartWriter(run / "records", RECORD_SCHEMA, flush_interval_s=0.5)
+    try:
+        w.add(_row(0))
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not part_files(run / "records"):
+            time.sleep(0.02)
+        # Readable while the writer is still open (what a SIGKILL would leave).
+        assert scan_records(run).collect()["request_id"].to_list() == ["r0"]
+    finally:
+        w.close()
+
+
+def test_compaction_keeps_every_row_once(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    w = PartWriter(run / "records", RECORD_SCHEMA, compact_every=4)
+    for i in range(10):
+        w.add(_row(i))
+        w.flush()
+    w.close()
+    names = sorted(p.name for p in part_files(run / "records"))
+    # 0-3 and 4-7 merged during the run, 8-9 merged at close.
+    assert names == [
+        "part-00000000-00000003.arrow",
+        "part-00000004-00000007.arrow",
+        "part-00000008-00000009.arrow",
+    ]
+    df = scan_records(run).collect()
+    assert sorted(df["turn"].to_list()) == list(range(10))
+
+
+def test_merged_file_hides_parts_left_by_a_crash(tmp_path: Path) -> None:
+    """A crash after writing the merged file but before deleting its parts reads once."""
+    run = _run_dir(tmp_path)
+    rec = run / "records"
+    w = PartWriter(rec, RECORD_SCHEMA, compact_every=1000)
+    for i in range(3):
+        w.add(_row(i))
+        w.flush()
+    w._stop.set()  # simulate: merged file written, small parts not yet deleted
+    frames = [pl.read_ipc(p) for p in sorted(rec.glob("part-*.arrow"))]
+    pl.concat(frames).write_ipc(rec / "part-00000000-00000002.arrow")
+    assert len(list(rec.glob("part-*.arrow"))) == 4
+    assert sorted(scan_records(run).collect()["turn"].to_list()) == [0, 1, 2]
+    # A torn temp file is never read.
+    (rec / ".tmp-part-00000003-00000003.arrow").write_bytes(b"ARROW1\x00garbage")
+    assert scan_records(run).collect().height == 3
+
+
+def test_empty_run_dir_has_schema(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    df = scan_records(run).collect()
+    assert df.height == 0 and df.schema == RECORD_SCHEMA
+
+
+def test_not_a_run_dir(tmp_path: Path) -> None:
+    with pytest.raises(AgentabError, match="not a run dir"):
+        scan_records(tmp_path / "nope")

@@ -1,0 +1,128 @@
+"""Open a run dir: its manifest, its request records and its scraped server metrics.
+
+Everything analysis knows about a run comes from the run dir that replay wrote (see
+docs/interfaces.md, "run dir"), so a run can be re-analysed years later without the engine. A
+directory that is not a run dir, a manifest that is not JSON, or records without the columns the
+metrics need end in one `AgentabError` line naming the path, never a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from agentab.errors import AgentabError
+
+MANIFEST = "manifest.json"
+
+# The columns the metrics read (a subset of agentab.replay.records.RECORD_SCHEMA).
+REQUIRED_COLUMNS: tuple[str, ...] = (
+    "request_id",
+    "session_id",
+    "lane",
+    "pass",
+    "agent_id",
+    "phase",
+    "planned_s",
+    "sent_s",
+    "chunk_times_s",
+    "chunk_tokens",
+    "reasoning_chunks",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "error_class",
+)
+
+METRICS_COLUMNS: list[str] = ["t_s", "name", "labels", "value"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run dir, opened: the manifest as a dict and lazy frames over the Arrow parts."""
+
+    path: Path
+    manifest: dict[str, Any]
+    records: pl.LazyFrame
+    server_metrics: pl.LazyFrame
+
+    @property
+    def arm(self) -> str:
+        """The arm name the run was recorded under (the decode backend when unnamed)."""
+        m = self.manifest
+        return str(m.get("arm") or m.get("decode_backend") or self.path.name)
+
+    @property
+    def gpu_count(self) -> int | None:
+        value = self.manifest.get("gpu_count")
+        return int(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def is_run_dir(path: Path) -> bool:
+    """A run dir is a directory holding manifest.json (records may still be empty)."""
+    return (path / MANIFEST).is_file()
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Parse `path/manifest.json`; a missing or malformed file is a one-line user error."""
+    file = path / MANIFEST
+    if not file.is_file():
+        raise AgentabError(f"{path}: not a run dir (no {MANIFEST})")
+    try:
+        manifest = orjson.loads(file.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise AgentabError(f"{file}: not valid JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise AgentabError(f"{file}: expected a JSON object at the top level")
+    return manifest
+
+
+def scan_run_records(path: Path) -> pl.LazyFrame:
+    """The run's request records as one lazy frame, via replay's reader."""
+    from agentab.replay.records import scan_records
+
+    records = scan_records(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in records.collect_schema().names()]
+    if missing:
+        raise AgentabError(f"{path}/records: missing column(s) {', '.join(missing)}")
+    return records
+
+
+def scan_server_metrics(path: Path) -> pl.LazyFrame:
+    """Scraped Prometheus samples (long form); an empty frame when the run scraped none."""
+    from agentab.replay.records import scan_metrics
+
+    frame = scan_metrics(path)
+    missing = [c for c in METRICS_COLUMNS if c not in frame.collect_schema().names()]
+    if missing:
+        raise AgentabError(f"{path}/metrics: missing column(s) {', '.join(missing)}")
+    return frame.select(METRICS_COLUMNS)
+
+
+def load_run(path: str | Path) -> Run:
+    """Open one run dir (lazily: nothing is read beyond the manifest until a frame is collected)."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    return Run(
+        path=path,
+        manifest=manifest,
+        records=scan_run_records(path),
+        server_metrics=scan_server_metrics(path),
+    )
+
+
+def load_runs(path: str | Path) -> list[Run]:
+    """A run dir, or a directory whose run dirs (at any depth) form one side of a comparison."""
+    path = Path(path)
+    if is_run_dir(path):
+        return [load_run(path)]
+    if not path.is_dir():
+        raise AgentabError(f"{path}: no such run dir")
+    found = sorted(p.parent for p in path.rglob(MANIFEST))
+    if not found:
+        raise AgentabError(f"{path}: no run dirs (no {MANIFEST}) below it")
+    return [load_run(p) for p in found]

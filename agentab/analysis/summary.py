@@ -1,0 +1,264 @@
+"""Per-run summary: counts, distributions, the P90-interactivity headline, throughputs, caching.
+
+The population of every latency metric is the successful profiling-phase requests; warmup
+requests and errors are counted but never enter a latency or throughput figure. Parents and
+subagents are each one request, counted once. Percentiles are linear-interpolated (numpy's
+default), computed by polars in one aggregation pass over the request table.
+
+The headline is the InferenceX definition: **P90 interactivity = 1 / P90(ITL)**, the slow tail of
+per-user decode speed. The percentiles of the per-request 1/ITL_i (AIPerf's "interactivity",
+whose p90 is the fast tail) are reported as `interactivity_tok_s`, a different number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from agentab.analysis.load import Run
+from agentab.analysis.metrics import request_table
+
+QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
+STAT_KEYS: tuple[str, ...] = ("mean", *QUANTILES)
+
+# summary.json name -> request-table column; population: successful profiling requests.
+DISTRIBUTIONS: dict[str, str] = {
+    "ttft_s": "ttft_s",
+    "ttfo_s": "ttfo_s",
+    "e2e_s": "e2e_s",
+    "decode_s": "decode_s",
+    "itl_s": "itl_s",
+    "interactivity_tok_s": "interactivity_tok_s",
+    "osl_tokens": "osl",
+    "prompt_tokens": "prompt_tokens",
+    "cached_tokens": "cached_tokens",
+}
+
+SUMMARY_FILE = "summary.json"
+SESSIONS_FILE = "sessions.csv"
+
+_ok = pl.col("ok") & (pl.col("phase") == "profiling")
+_profiling = pl.col("phase") == "profiling"
+_has_itl = pl.col("itl_s").is_not_null()
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run, its per-request table (all phases, all outcomes) and its summary values."""
+
+    run: Run
+    requests: pl.DataFrame
+    values: dict[str, Any]
+    sessions: pl.DataFrame
+
+
+def stat_exprs(column: str, name: str) -> list[pl.Expr]:
+    """mean and linear percentiles of one column, named `name.mean`, `name.p50`, ..."""
+    col = pl.col(column)
+    exprs = [col.mean().alias(f"{name}.mean")]
+    exprs += [col.quantile(q, "linear").alias(f"{name}.{k}") for k, q in QUANTILES.items()]
+    return exprs
+
+
+def decode_busy(frame: pl.LazyFrame) -> pl.LazyFrame:
+    """Seconds during which at least one request was decoding (union of [first, last] chunks).
+
+    Sorting intervals by start and cutting where a start passes every earlier end gives the
+    disjoint busy periods without a Python loop.
+    """
+    return (
+        frame.select(start="first_s", end="end_s")
+        .sort("start")
+        .with_columns(reach=pl.col("end").cum_max().shift(1))
+        .with_columns(group=(pl.col("start") > pl.col("reach")).fill_null(True).cum_sum())
+        .group_by("group")
+        .agg(span=pl.col("end").max() - pl.col("start").min())
+        .select(decode_busy_s=pl.col("span").sum())
+    )
+
+
+def counter_delta(metrics: pl.DataFrame, name: str, since_s: float | None) -> float | None:
+    """Increase of a Prometheus counter over the profiling phase, summed over label sets.
+
+    The baseline is each series' last sample at or before the phase start (its first sample when
+    scraping began later), so warmup traffic is not counted.
+    """
+    series = metrics.filter(pl.col("name") == name)
+    if series.is_empty():
+        return None
+    since = float("-inf") if since_s is None else since_s
+    deltas = (
+        series.sort("t_s")
+        .group_by("labels")
+        .agg(
+            last=pl.col("value").last(),
+            base=pl.col("value").filter(pl.col("t_s") <= since).last(),
+            first=pl.col("value").first(),
+        )
+        .select((pl.col("last") - pl.coalesce("base", "first")).sum())
+    )
+    return float(deltas.item())
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        head, _, tail = key.partition(".")
+        if tail:
+            out.setdefault(head, {})[tail] = value
+        else:
+            out[key] = value
+    return out
+
+
+def summarize_requests(
+    requests: pl.DataFrame,
+    *,
+    gpu_count: int | None,
+    server_metrics: pl.DataFrame | None = None,
+) -> dict[str, Any]:
+    """The summary values of one run (or of pooled runs) from its request table."""
+    lazy = requests.lazy()
+    ok = lazy.filter(_ok)
+    aggregates = [
+        _profiling.sum().alias("requests"),
+        _ok.sum().alias("requests_ok"),
+        (_profiling & ~pl.col("ok")).sum().alias("requests_error"),
+        (pl.col("phase") == "warmup").sum().alias("requests_warmup"),
+        pl.col("session_id").filter(_profiling).n_unique().alias("sessions"),
+        pl.col("sent_s").filter(_profiling).min().alias("phase_start_s"),
+        pl.col("end_s").filter(_profiling).max().alias("phase_end_s"),
+        pl.col("osl").filter(_ok).sum().alias("output_tokens"),
+        pl.col("prompt_tokens").filter(_ok).sum().alias("input_tokens"),
+        (pl.col("osl") - 1).filter(_ok & _has_itl).sum().alias("decode_tokens"),
+        pl.col("cached_tokens").filter(_ok).sum().alias("cached_sum"),
+        pl.col("prompt_tokens")
+        .filter(_ok & pl.col("cached_tokens").is_not_null())
+        .sum()
+        .alias("cached_prompt_sum"),
+        pl.col("cached_tokens").filter(_ok).is_not_null().sum().alias("cached_reported"),
+    ]
+    dist = [e for name, col in DISTRIBUTIONS.items() for e in stat_exprs(col, name)]
+    lateness = stat_exprs("lateness_s", "dispatch_lateness_s")
+    head, dists, late, busy, errors = pl.collect_all(
+        [
+            lazy.select(aggregates),
+            ok.select(dist),
+            lazy.filter(_profiling).select(lateness),
+            decode_busy(ok.filter(pl.col("itl_s").is_not_null())),
+            lazy.filter(_profiling & ~pl.col("ok"))
+            .group_by("error_class")
+            .len()
+            .sort("error_class"),
+        ]
+    )
+    h = head.row(0, named=True)
+    values: dict[str, Any] = {
+        "requests": h["requests"],
+        "requests_ok": h["requests_ok"],
+        "requests_error": h["requests_error"],
+        "requests_warmup": h["requests_warmup"],
+        "error_rate": _ratio(h["requests_error"], h["requests"]),
+        "errors_by_class": dict(errors.iter_rows()),
+        "sessions": h["sessions"],
+    }
+    values.update(_nest(dists.row(0, named=True)))
+    values.update(_nest(late.row(0, named=True)))
+    p90_itl = values["itl_s"]["p90"]
+    values["p90_interactivity_tok_s"] = 1.0 / p90_itl if p90_itl else None
+
+    start, end = h["phase_start_s"], h["phase_end_s"]
+    wall = end - start if start is not None and end is not None else None
+    busy_s = busy.item() if busy.height else None
+    values.update(
+        {
+            "phase_wall_s": wall,
+            "output_tokens": h["output_tokens"],
+            "input_tokens": h["input_tokens"],
+            "decode_tokens": h["decode_tokens"],
+            "decode_busy_s": busy_s,
+            "decode_throughput_tok_s": _ratio(h["decode_tokens"], busy_s),
+            "output_throughput_tok_s": _ratio(h["output_tokens"], wall),
+            "gpu_count": gpu_count,
+            "throughput_per_gpu_tok_s": (
+                _ratio(h["input_tokens"] + h["output_tokens"], wall * gpu_count)
+                if wall is not None and gpu_count
+                else None
+            ),
+            "cache_hit_ratio": (
+                _ratio(h["cached_sum"], h["cached_prompt_sum"]) if h["cached_reported"] else None
+            ),
+        }
+    )
+    values.update(_server_side(server_metrics, start))
+    return values
+
+
+def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[str, Any]:
+    """Cache-hit ratio and spec-decode acceptance length from the scraped vLLM counters."""
+    if metrics is None or metrics.is_empty():
+        return {"server_cache_hit_ratio": None, "spec_acceptance_length": None}
+    hits = counter_delta(metrics, "vllm:prefix_cache_hits_total", since_s)
+    queries = counter_delta(metrics, "vllm:prefix_cache_queries_total", since_s)
+    drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
+    accepted = counter_delta(metrics, "vllm:spec_decode_num_accepted_tokens_total", since_s)
+    acceptance = _ratio(accepted, drafts)
+    return {
+        "server_cache_hit_ratio": _ratio(hits, queries),
+        "spec_acceptance_length": None if acceptance is None else 1.0 + acceptance,
+    }
+
+
+def session_rollup(requests: pl.DataFrame) -> pl.DataFrame:
+    """Per-session figures over the profiling phase (all plays of a session together)."""
+    ok = pl.col("ok")
+    itl_p90 = pl.col("itl_s").filter(ok).quantile(0.9, "linear")
+    return (
+        requests.lazy()
+        .filter(_profiling)
+        .group_by("session_id")
+        .agg(
+            plays=pl.struct("lane", "pass").n_unique(),
+            requests=pl.len(),
+            errors=(~ok).sum(),
+            output_tokens=pl.col("osl").filter(ok).sum(),
+            ttft_p50_s=pl.col("ttft_s").filter(ok).quantile(0.5, "linear"),
+            ttft_p90_s=pl.col("ttft_s").filter(ok).quantile(0.9, "linear"),
+            itl_p50_s=pl.col("itl_s").filter(ok).quantile(0.5, "linear"),
+            itl_p90_s=itl_p90,
+            p90_interactivity_tok_s=1.0 / itl_p90,
+            e2e_p50_s=pl.col("e2e_s").filter(ok).quantile(0.5, "linear"),
+            cached_tokens=pl.col("cached_tokens").filter(ok).sum(),
+            prompt_tokens=pl.col("prompt_tokens").filter(ok).sum(),
+        )
+        .sort("session_id")
+        .collect()
+    )
+
+
+def summarize_run(run: Run) -> RunSummary:
+    """Load the request table of one run and compute its summary."""
+    requests = request_table(run.records).collect()
+    metrics = run.server_metrics.collect()
+    values = summarize_requests(requests, gpu_count=run.gpu_count, server_metrics=metrics)
+    values = {"run_dir": str(run.path), "arm": run.arm, **values}
+    return RunSummary(run=run, requests=requests, values=values, sessions=session_rollup(requests))
+
+
+def write_summary(summary: RunSummary, directory: Path | None = None) -> Path:
+    """Write summary.json (and the per-session roll-up) into the run dir."""
+    directory = directory or summary.run.path
+    path = directory / SUMMARY_FILE
+    path.write_bytes(orjson.dumps(summary.values, option=orjson.OPT_INDENT_2))
+    summary.sessions.write_csv(directory / SESSIONS_FILE)
+    return path

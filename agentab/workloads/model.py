@@ -87,6 +87,10 @@ class Session:
     tool_tokens: int = 0
     models: tuple[str, ...] = ()
     arrival_s: float = 0.0  # arrival offset in the workload (open-loop replay, Mooncake)
+    # None: hash ids are local to this session tree (AgentX "local"), so equal ids in two
+    # sessions are different blocks. "global": one namespace shared by every session whose scope
+    # is "global" (AgentX "global", Mooncake), so equal ids are the same block everywhere.
+    hash_scope: str | None = None
 
     def requests(self) -> Iterator[Request]:
         """The parent's own requests in order."""
@@ -139,52 +143,90 @@ class Workload:
         return sum(1 for s in self.sessions for _ in s.all_requests())
 
 
-def canonical_request(r: Request) -> list[object]:
-    return [
-        r.t,
-        r.in_tokens,
-        r.out_tokens,
-        list(r.hash_ids),
-        r.kind,
-        r.agent_id,
-        r.type,
-        list(r.input_types),
-        list(r.output_types),
-        r.stop,
-        r.api_time,
-        r.think_time,
-        r.ttft,
-        r.model,
-    ]
+def _opt_float(x: float | None) -> float | None:
+    # 5 and 5.0 are the same time; encode both as 5.0 so the hash does not depend on the type.
+    return None if x is None else float(x)
 
 
-def canonical_item(item: Request | Subagent) -> list[object]:
-    if isinstance(item, Request):
-        return ["r", *canonical_request(item)]
-    return [
-        "a",
-        item.agent_id,
-        item.t,
-        item.duration_s,
-        item.subagent_type,
-        item.status,
-        item.system_tokens,
-        item.tool_tokens,
-        item.total_tokens,
-        item.tool_use_count,
-        list(item.models),
-        [canonical_item(i) for i in item.items],
-    ]
+def _hash_delta(hash_ids: tuple[int, ...], prev: tuple[int, ...]) -> tuple[int, list[int]]:
+    """(n, rest): the first n ids equal `prev`'s first n; `rest` follows them.
+
+    Agent prompts grow by suffix, so a request's ids are mostly its predecessor's: storing only
+    the new ones keeps files and the content hash's input small (tens of MB instead of GB).
+    """
+    n = len(prev)
+    if len(hash_ids) >= n and hash_ids[:n] == prev:
+        return n, list(hash_ids[n:])
+    n = min(n, len(hash_ids))
+    lo = 0
+    while lo < n and hash_ids[lo] == prev[lo]:
+        lo += 1
+    return lo, list(hash_ids[lo:])
 
 
-def canonical_session(s: Session) -> list[object]:
-    """A plain, ordered structure holding every field: the input of the content hash."""
-    return [
-        s.id,
-        s.block_size,
-        s.system_tokens,
-        s.tool_tokens,
-        list(s.models),
-        s.arrival_s,
-        [canonical_item(i) for i in s.items],
-    ]
+def canonical_request(r: Request, prev_hash_ids: tuple[int, ...] = ()) -> dict[str, object]:
+    """Every field of a request; hash ids as a delta against the previous request of its list."""
+    shared, new = _hash_delta(r.hash_ids, prev_hash_ids)
+    return {
+        "t": float(r.t),
+        "in": r.in_tokens,
+        "out": r.out_tokens,
+        "hash_prefix": shared,
+        "hash_new": new,
+        "kind": r.kind,
+        "agent_id": r.agent_id,
+        "type": r.type,
+        "input_types": list(r.input_types),
+        "output_types": list(r.output_types),
+        "stop": r.stop,
+        "api_time": _opt_float(r.api_time),
+        "think_time": _opt_float(r.think_time),
+        "ttft": _opt_float(r.ttft),
+        "model": r.model,
+    }
+
+
+def canonical_items(items: tuple[Request | Subagent, ...]) -> list[dict[str, object]]:
+    """The items of one agent in order; each request's hash ids are relative to the previous
+    request of the same list (subagent entries in between do not reset the chain)."""
+    out: list[dict[str, object]] = []
+    prev: tuple[int, ...] = ()
+    for item in items:
+        if isinstance(item, Request):
+            out.append(canonical_request(item, prev))
+            prev = item.hash_ids
+        else:
+            out.append(canonical_subagent(item))
+    return out
+
+
+def canonical_subagent(a: Subagent) -> dict[str, object]:
+    return {
+        "type": "subagent",
+        "agent_id": a.agent_id,
+        "t": float(a.t),
+        "duration_s": _opt_float(a.duration_s),
+        "subagent_type": a.subagent_type,
+        "status": a.status,
+        "system_tokens": a.system_tokens,
+        "tool_tokens": a.tool_tokens,
+        "total_tokens": a.total_tokens,
+        "tool_use_count": a.tool_use_count,
+        "models": list(a.models),
+        "items": canonical_items(a.items),
+    }
+
+
+def canonical_session(s: Session) -> dict[str, object]:
+    """A plain, ordered structure holding every field: the content hash's input and, one per
+    line, agentab's native JSONL format."""
+    return {
+        "id": s.id,
+        "block_size": s.block_size,
+        "system_tokens": s.system_tokens,
+        "tool_tokens": s.tool_tokens,
+        "models": list(s.models),
+        "arrival_s": float(s.arrival_s),
+        "hash_scope": s.hash_scope,
+        "items": canonical_items(s.items),
+    }

@@ -1,0 +1,54 @@
+"""`load` and `save`: the one entry point from a path to a Workload and back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentab.errors import AgentabError
+from agentab.workloads.model import Workload
+from agentab.workloads.source import FORMATS, detect, read_bytes
+
+EXPORT_FORMATS = ("native", "agentx")
+
+
+def load(path: str | Path, format: str | None = None, *, block_size: int | None = None) -> Workload:
+    """Read a workload; `format` is agentx|mooncake|native, detected from the content when None.
+
+    `block_size` applies to Mooncake traces only (default 512). `.gz` files are accepted.
+    Malformed input raises `AgentabError` naming the file and line or session and request.
+    """
+    p = Path(path)
+    if format is not None and format not in FORMATS:
+        raise AgentabError(f"unknown workload format {format!r} (expected {'|'.join(FORMATS)})")
+    if not p.exists():
+        raise AgentabError(f"{p}: no such file or directory")
+    if format is None:
+        format = detect(p, None if p.is_dir() else read_bytes(p))
+    if p.is_dir() and format != "agentx":
+        raise AgentabError(f"{p}: a directory holds AgentX sessions, not {format}")
+    if format == "agentx":
+        from agentab.workloads.agentx import load_agentx
+
+        return load_agentx(p)
+    if format == "mooncake":
+        from agentab.workloads.mooncake import load_mooncake
+
+        return load_mooncake(p, block_size)
+    from agentab.workloads.native import load_native
+
+    return load_native(p)
+
+
+def save(workload: Workload, path: str | Path, format: str = "native") -> None:
+    """Write native JSONL, or AgentX JSON (`.jsonl`, a one-session `.json`, or a directory)."""
+    p = Path(path)
+    if format == "native":
+        from agentab.workloads.native import dump_native
+
+        dump_native(workload, p)
+    elif format == "agentx":
+        from agentab.workloads.agentx import dump_agentx
+
+        dump_agentx(workload, p)
+    else:
+        raise AgentabError(f"cannot write format {format!r} (expected {'|'.join(EXPORT_FORMATS)})")

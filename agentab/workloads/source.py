@@ -1,0 +1,96 @@
+"""Reading trace files: gzip, directories, JSONL lines, and format detection.
+
+Importers receive bytes and line numbers from here, so every format accepts `.gz` and reports
+the same file/line in its errors.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from agentab.errors import AgentabError
+
+FORMATS = ("agentx", "mooncake", "native")
+NATIVE_HEADER_KEY = "agentab_workload"
+TRACE_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's content, decompressed when it is gzip (by magic bytes or a `.gz` name)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise AgentabError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise AgentabError(f"{path}: is a directory") from None
+    except OSError as exc:
+        raise AgentabError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if data[:2] == b"\x1f\x8b" or path.name.endswith(".gz"):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise AgentabError(f"{path}: not a valid gzip file ({exc})") from None
+    return data
+
+
+def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line) for each non-blank line."""
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        if line.strip():
+            yield lineno, line
+
+
+def parse_json(data: bytes, file: str, line: int | None = None) -> object:
+    """orjson.loads with a one-line error naming the file and line."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        where = f"{file}:{exc.lineno}" if line is None else f"{file}:{line}"
+        raise AgentabError(f"{where}: invalid JSON ({exc.msg}, column {exc.colno})") from None
+
+
+def trace_files(directory: Path) -> list[Path]:
+    """The trace files of a directory (AgentX: one session per file), sorted by name."""
+    files = sorted(
+        p for p in directory.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES)
+    )
+    if not files:
+        raise AgentabError(f"{directory}: no .json/.jsonl(.gz) trace files in this directory")
+    return files
+
+
+def detect(path: Path, data: bytes | None) -> str:
+    """Which importer reads this: from the first JSON object's keys (or a directory: agentx)."""
+    if data is None:
+        return "agentx"
+    head = data.lstrip()
+    if not head:
+        raise AgentabError(f"{path}: file is empty")
+    if head[:1] != b"{":
+        raise AgentabError(
+            f"{path}:1: not a JSON object (is it a trace file?); formats: {', '.join(FORMATS)}"
+        )
+    first = head.split(b"\n", 1)[0]
+    try:
+        obj = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        # A multi-line (pretty-printed) document: one AgentX session per file.
+        return "agentx"
+    if not isinstance(obj, dict):
+        raise AgentabError(f"{path}:1: not a JSON object")
+    if NATIVE_HEADER_KEY in obj:
+        return "native"
+    if "requests" in obj:
+        return "agentx"
+    if "input_length" in obj or "timestamp" in obj:
+        return "mooncake"
+    keys = ", ".join(sorted(obj)[:6])
+    raise AgentabError(
+        f"{path}:1: cannot tell the trace format from the keys ({keys}); pass --format "
+        f"{'|'.join(FORMATS)}"
+    )

@@ -86,3 +86,47 @@ def write_run(
         with PartWriter(path / "metrics", METRICS_SCHEMA) as writer:
             writer.add_many(metrics)
     return path
+
+
+def synthetic_records(
+    seed: int,
+    *,
+    sessions: int = 20,
+    per_session: int = 8,
+    itl_scale: float = 1.0,
+    ttft_scale: float = 1.0,
+    osl: int = 6,
+) -> list[dict[str, Any]]:
+    """Sessions of successful requests with lognormal ITLs and TTFTs (per-token chunks).
+
+    Drawn per session from `seed` so two calls with the same seed and different scales give
+    the same requests, only faster or slower.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    records = []
+    t = 0.0
+    for s in range(sessions):
+        session_itl = rng.lognormal(-4.0, 0.3)
+        for k in range(per_session):
+            itl = session_itl * rng.lognormal(0.0, 0.2) * itl_scale
+            ttft = rng.lognormal(-1.0, 0.5) * ttft_scale
+            times = [ttft + i * itl for i in range(osl)]
+            records.append(
+                rec(
+                    f"s{s}-r{k}",
+                    session_id=f"s{s:03d}",
+                    lane=s % 4,
+                    turn=k,
+                    sent_s=t,
+                    planned_s=t,
+                    chunk_times_s=times,
+                    chunk_tokens=[1] * osl,
+                    completion_tokens=osl,
+                    prompt_tokens=1000 + 100 * k,
+                    cached_tokens=64 * k,
+                )
+            )
+            t += 0.25
+    return records

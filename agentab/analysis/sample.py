@@ -1,0 +1,151 @@
+"""What one arm's runs contribute to a comparison, pooled over repeats, indexed by session.
+
+Each compared metric is written once, as a function of a session-weight matrix W: with W all
+ones it is the pooled point estimate, with bootstrap weights it is a resample. Pooling over
+repeats: percentiles are taken over all requests of all runs of the arm, and throughputs are
+total tokens over total seconds (the runs' phase wall times, or decode-busy times, added up).
+Throughput denominators stay fixed under resampling: the bootstrap captures which sessions were
+played, the run-to-run spread (reported beside it) captures timing noise between runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from agentab.analysis.bootstrap import weighted_quantiles
+from agentab.analysis.summary import QUANTILES, RunSummary
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One compared metric: its summary.json name, label, unit and which direction is better."""
+
+    name: str
+    label: str
+    unit: str
+    higher_is_better: bool
+
+
+def _dist(key: str, label: str, unit: str, higher: bool) -> list[Metric]:
+    stats = [("mean", "mean"), *((k, k) for k in QUANTILES)]
+    return [Metric(f"{key}.{s}", f"{label} {t}", unit, higher) for s, t in stats]
+
+
+HEADLINE = Metric(
+    "p90_interactivity_tok_s",
+    "P90 interactivity = 1/P90(ITL) (InferenceX, headline)",
+    "tok/s/user",
+    True,
+)
+
+METRICS: tuple[Metric, ...] = (
+    HEADLINE,
+    *_dist("itl_s", "ITL", "s", False),
+    *_dist("ttft_s", "TTFT", "s", False),
+    *_dist("e2e_s", "E2E latency", "s", False),
+    *_dist(
+        "interactivity_tok_s", "interactivity, percentiles of 1/ITL_i (AIPerf),", "tok/s/user", True
+    ),
+    Metric("decode_throughput_tok_s", "decode throughput (prefill excluded)", "tok/s", True),
+    Metric("output_throughput_tok_s", "output throughput", "tok/s", True),
+    Metric("throughput_per_gpu_tok_s", "throughput per GPU (input + output)", "tok/s/GPU", True),
+    Metric("cache_hit_ratio", "cache hit ratio (client: cached / prompt tokens)", "", True),
+    Metric("error_rate", "error rate", "", False),
+)
+
+DISTRIBUTION_KEYS: tuple[str, ...] = ("itl_s", "ttft_s", "e2e_s", "interactivity_tok_s")
+
+_SUMS: dict[str, pl.Expr] = {
+    "requests": pl.len(),
+    "errors": (~pl.col("ok")).sum(),
+    "output_tokens": pl.col("osl").filter("ok").sum(),
+    "input_tokens": pl.col("prompt_tokens").filter("ok").sum(),
+    "decode_tokens": (pl.col("osl") - 1).filter(pl.col("ok") & pl.col("itl_s").is_not_null()).sum(),
+    "cached": pl.col("cached_tokens").filter("ok").sum(),
+    "cached_prompt": pl.col("prompt_tokens")
+    .filter(pl.col("ok") & pl.col("cached_tokens").is_not_null())
+    .sum(),
+    "cached_reported": pl.col("cached_tokens").filter("ok").is_not_null().sum(),
+    **{f"{k}_sum": pl.col(k).filter("ok").sum() for k in DISTRIBUTION_KEYS},
+    **{f"{k}_n": pl.col(k).filter("ok").is_not_null().sum() for k in DISTRIBUTION_KEYS},
+}
+
+
+@dataclass(frozen=True)
+class ArmSample:
+    """Sorted per-request values with their session index, per-session sums, run totals."""
+
+    name: str
+    values: dict[str, np.ndarray]
+    groups: dict[str, np.ndarray]
+    sums: dict[str, np.ndarray]
+    wall_s: float
+    busy_s: float
+    gpu_count: int | None
+
+    def evaluate(self, weights: np.ndarray) -> dict[str, np.ndarray]:
+        """Every metric of METRICS for each row of the session-weight matrix."""
+        w = weights.astype(np.float64)
+        s = {k: w @ v for k, v in self.sums.items()}
+        out: dict[str, np.ndarray] = {}
+        qs = list(QUANTILES.values())
+        for key in DISTRIBUTION_KEYS:
+            quant = weighted_quantiles(self.values[key], self.groups[key], weights, qs)
+            for j, name in enumerate(QUANTILES):
+                out[f"{key}.{name}"] = quant[:, j]
+            out[f"{key}.mean"] = _div(s[f"{key}_sum"], s[f"{key}_n"])
+        out["p90_interactivity_tok_s"] = _div(np.ones_like(out["itl_s.p90"]), out["itl_s.p90"])
+        out["decode_throughput_tok_s"] = _div(s["decode_tokens"], np.full(len(w), self.busy_s))
+        out["output_throughput_tok_s"] = _div(s["output_tokens"], np.full(len(w), self.wall_s))
+        gpus = np.full(len(w), self.wall_s * (self.gpu_count or 0))
+        out["throughput_per_gpu_tok_s"] = _div(s["input_tokens"] + s["output_tokens"], gpus)
+        hit = _div(s["cached"], s["cached_prompt"])
+        out["cache_hit_ratio"] = np.where(s["cached_reported"] > 0, hit, np.nan)
+        out["error_rate"] = _div(s["errors"], s["requests"])
+        return out
+
+
+def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _profiling(summaries: Sequence[RunSummary]) -> pl.DataFrame:
+    return pl.concat(
+        [s.requests.filter(pl.col("phase") == "profiling") for s in summaries], how="vertical"
+    )
+
+
+def session_index(*arms: Sequence[RunSummary]) -> pl.DataFrame:
+    """session_id -> dense index over every session seen in any run of either arm."""
+    ids = pl.concat([_profiling(runs).select("session_id") for runs in arms]).unique()
+    return ids.sort("session_id").with_row_index("g")
+
+
+def build_sample(name: str, summaries: Sequence[RunSummary], sessions: pl.DataFrame) -> ArmSample:
+    """Pool an arm's runs into the arrays the bootstrap needs."""
+    frame = _profiling(summaries).join(sessions, on="session_id", how="left")
+    per_session = (
+        frame.group_by("g").agg(**_SUMS).join(sessions.select("g"), on="g", how="right").sort("g")
+    )
+    sums = {k: per_session[k].fill_null(0).cast(pl.Float64).to_numpy() for k in _SUMS}
+    values: dict[str, np.ndarray] = {}
+    groups: dict[str, np.ndarray] = {}
+    for key in DISTRIBUTION_KEYS:
+        col = frame.filter(pl.col("ok") & pl.col(key).is_not_null()).select(key, "g").sort(key)
+        values[key] = col[key].to_numpy()
+        groups[key] = col["g"].cast(pl.Int64).to_numpy()
+    gpu_counts = {s.values.get("gpu_count") for s in summaries}
+    return ArmSample(
+        name=name,
+        values=values,
+        groups=groups,
+        sums=sums,
+        wall_s=float(sum(s.values.get("phase_wall_s") or 0.0 for s in summaries)),
+        busy_s=float(sum(s.values.get("decode_busy_s") or 0.0 for s in summaries)),
+        gpu_count=gpu_counts.pop() if len(gpu_counts) == 1 else None,
+    )

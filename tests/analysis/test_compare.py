@@ -1,0 +1,142 @@
+"""Comparisons: the guard refuses confounded runs; the bootstrap finds real effects only."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentab.analysis.compare import compare_runs
+from agentab.analysis.guard import check, manifest_differences
+from agentab.analysis.load import load_run, load_runs
+from agentab.errors import AgentabError
+from tests.analysis.rundirs import BASE_MANIFEST, synthetic_records, write_run
+
+
+def manifest(**changes: Any) -> dict[str, Any]:
+    m = copy.deepcopy(BASE_MANIFEST)
+    for key, value in changes.items():
+        target = m
+        *path, leaf = key.split("__")
+        for part in path:
+            target = target[part]
+        target[leaf] = value
+    return m
+
+
+def test_guard_refuses_gpu_count_and_names_it_first() -> None:
+    a = [manifest()]
+    b = [manifest(gpu_count=8, decode_backend="latency_specialized", tp=8)]
+    diffs = manifest_differences(a, b)
+    assert [d.field for d in diffs] == ["gpu_count", "tp"]
+    with pytest.raises(AgentabError) as err:
+        check(diffs)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.index("gpu_count (A: 16, B: 8)") < message.index("tp (A: 16, B: 8)")
+
+
+def test_guard_accepts_runs_differing_only_in_backend_and_per_run_fields() -> None:
+    a = [manifest(seed=1, replay__seed=1, started_at="x", arm="auto")]
+    b = [
+        manifest(
+            decode_backend="latency_specialized",
+            arm="latency_specialized",
+            seed=2,
+            replay__seed=2,
+            started_at="y",
+            gpu_ids=[8, 9],
+        )
+    ]
+    assert manifest_differences(a, b) == []
+
+
+def test_guard_masks_the_backend_inside_a_server_command() -> None:
+    cmd = (
+        "vllm serve kimi --tensor-parallel-size 16 "
+        '--additional-config \'{{"decode_backend": "{}"}}\''
+    )
+    a = [manifest(command=cmd.format("auto"))]
+    b = [manifest(command=cmd.format("latency_specialized"), decode_backend="latency_specialized")]
+    assert manifest_differences(a, b) == []
+    c = [manifest(command=cmd.format("auto").replace("16", "8"))]
+    assert [d.field for d in manifest_differences(a, c)] == ["command"]
+
+
+def test_guard_ranks_the_seed_article_confounders_in_order() -> None:
+    a = [manifest()]
+    b = [
+        manifest(
+            workload_hash="x",
+            replay__concurrency=4,
+            spec=None,
+            kv_cache_dtype="fp8",
+            model="other",
+            gpu_name="H200",
+            gpu_count=8,
+            profile__hash="q",
+        )
+    ]
+    fields = [d.field for d in manifest_differences(a, b)]
+    assert fields[:4] == ["gpu_count", "gpu_name", "model", "kv_cache_dtype"]
+    assert fields.index("workload_hash") < fields.index("replay.concurrency")
+    assert fields.index("replay.concurrency") < fields.index("profile.hash")
+
+
+def test_guard_flags_disagreement_within_one_side() -> None:
+    diffs = manifest_differences([manifest(), manifest(tp=8)], [manifest(), manifest()])
+    assert [d.field for d in diffs] == ["tp"]
+
+
+def test_allow_diff_must_name_a_real_difference() -> None:
+    diffs = manifest_differences([manifest()], [manifest(gpu_count=8)], ["gpu_count"])
+    assert check(diffs, ["gpu_count"]) == ["gpu_count"]
+    with pytest.raises(AgentabError, match="--allow-diff tp: no such difference"):
+        check(manifest_differences([manifest()], [manifest()], ["tp"]), ["tp"])
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("pair")
+    a = write_run(root / "a", synthetic_records(5), manifest())
+    b = write_run(
+        root / "b",
+        synthetic_records(5, itl_scale=0.5),
+        manifest(decode_backend="latency_specialized", arm="latency_specialized"),
+    )
+    return a, b
+
+
+def test_halved_itl_doubles_p90_interactivity_and_is_significant(pair: tuple[Path, Path]) -> None:
+    a, b = pair
+    result = compare_runs([load_run(a)], [load_run(b)], resamples=2000, seed=1)
+    m = result.metrics["p90_interactivity_tok_s"]
+    assert m.ratio == pytest.approx(2.0, rel=1e-9)
+    assert m.ci_low == pytest.approx(2.0, rel=1e-9) and m.ci_high == pytest.approx(2.0, rel=1e-9)
+    assert m.verdict == "better"
+    assert result.metrics["itl_s.p90"].verdict == "better"  # lower ITL is better
+    ttft = result.metrics["ttft_s.p90"]  # untouched: identical in both arms
+    assert (ttft.ratio, ttft.ci_low, ttft.ci_high) == (1.0, 1.0, 1.0)
+    assert ttft.verdict == "no significant difference"
+    assert result.confounded_by == []
+    assert result.to_json()["metrics"]["p90_interactivity_tok_s"]["verdict"] == "better"
+
+
+def test_confounded_comparison_is_labelled(tmp_path: Path) -> None:
+    a = write_run(tmp_path / "a", synthetic_records(5), manifest())
+    b = write_run(tmp_path / "b", synthetic_records(5), manifest(gpu_count=8))
+    with pytest.raises(AgentabError, match="gpu_count"):
+        compare_runs([load_run(a)], [load_run(b)], resamples=100)
+    result = compare_runs([load_run(a)], [load_run(b)], allow_diff=["gpu_count"], resamples=100)
+    assert result.confounded_by == ["gpu_count"]
+    # Same requests, half the GPUs: throughput per GPU doubles, all of it from the GPU count.
+    assert result.metrics["throughput_per_gpu_tok_s"].ratio == pytest.approx(2.0)
+
+
+def test_load_runs_finds_the_run_dirs_below_a_folder(pair: tuple[Path, Path]) -> None:
+    a, _ = pair
+    assert [r.path for r in load_runs(a.parent)] == sorted([a, pair[1]])
+    with pytest.raises(AgentabError, match="no run dirs"):
+        load_runs(a / "records")

@@ -1,0 +1,182 @@
+"""The MLA attention core over the latent cache: ONE implementation shared by both decode paths.
+
+In the absorbed form every head attends over the same latent cache (kv_lora compressed values
+plus the qk_rope rope key per token), so this core is identical in both paths and is not where
+they differ: the standard path and the specialized path both call `mla_decode`. vLLM's standard
+decode runs a fused MLA decode kernel here too (FlashMLA or its Triton MLA decode), so sharing
+one fused core keeps the comparison fair.
+
+On CUDA it is a split-KV flash-decoding kernel pair in Triton (partial softmax per split of the
+sequence, all heads of a token in one program so each cache tile is read once, then a combine);
+on CPU (tests) the same math in torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from agentab.kernels.config import LayerConfig
+
+
+def mla_decode_torch(
+    cfg: LayerConfig,
+    q_lat: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Attention in torch, graph-capturable: masks positions past each sequence's token."""
+    kvl = cfg.kv_lora
+    kv = cache.float()
+    s = torch.einsum("bhc,bsc->bhs", q_lat.float(), kv[..., :kvl])
+    s = s + torch.einsum("bhr,bsr->bhs", q_pe.float(), kv[..., kvl:])
+    s = s * cfg.softmax_scale
+    idx = torch.arange(cache.shape[1], device=cache.device)
+    s = s.masked_fill((idx[None, :] > positions[:, None].long())[:, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("bhs,bsc->bhc", p, kv[..., :kvl]).to(torch.bfloat16)
+
+
+_triton_kernels: tuple | None = None
+
+
+def _build_triton() -> tuple:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def split_kernel(
+        q_lat, q_pe, cache, pos, part_o, part_ml, scale, split_len,
+        s_qb, s_qh, s_pb, s_ph, s_cb, s_cs, s_ob, s_os, s_oh, s_mb, s_ms,
+        NH, KVL: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        sp = tl.program_id(1)
+        n = tl.load(pos + b) + 1
+        start = sp * split_len
+        end = tl.minimum(start + split_len, n)
+        offs_h = tl.arange(0, BLOCK_H)
+        mh = offs_h < NH
+        offs_c = tl.arange(0, KVL)
+        offs_r = tl.arange(0, ROPE)
+        ql = tl.load(
+            q_lat + b * s_qb + offs_h[:, None] * s_qh + offs_c[None, :], mask=mh[:, None], other=0.0
+        )
+        qp = tl.load(
+            q_pe + b * s_pb + offs_h[:, None] * s_ph + offs_r[None, :], mask=mh[:, None], other=0.0
+        )
+        m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        lsum = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, KVL], tl.float32)
+        for s0 in range(start, end, BLOCK_N):
+            offs_n = s0 + tl.arange(0, BLOCK_N)
+            mn = offs_n < end
+            base = cache + b * s_cb + offs_n[:, None] * s_cs
+            c = tl.load(base + offs_c[None, :], mask=mn[:, None], other=0.0)
+            kp = tl.load(base + KVL + offs_r[None, :], mask=mn[:, None], other=0.0)
+            qk = tl.dot(ql, tl.trans(c)) + tl.dot(qp, tl.trans(kp))
+            qk = tl.where(mn[None, :], qk * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(qk, 1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            lsum = lsum * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+            m = m_new
+        o_ptr = part_o + b * s_ob + sp * s_os + offs_h[:, None] * s_oh + offs_c[None, :]
+        tl.store(o_ptr, acc, mask=mh[:, None])
+        ml = part_ml + b * s_mb + sp * s_ms + offs_h * 2
+        tl.store(ml, m, mask=mh)
+        tl.store(ml + 1, lsum, mask=mh)
+
+    @triton.jit
+    def combine_kernel(
+        part_o, part_ml, out, n_splits,
+        s_ob, s_os, s_oh, s_mb, s_ms, s_yb, s_yh,
+        KVL: tl.constexpr, BLOCK_S: tl.constexpr,
+    ):  # fmt: skip
+        b = tl.program_id(0)
+        h = tl.program_id(1)
+        offs_s = tl.arange(0, BLOCK_S)
+        ms = offs_s < n_splits
+        ml = part_ml + b * s_mb + offs_s * s_ms + h * 2
+        m = tl.load(ml, mask=ms, other=float("-inf"))
+        lsum = tl.load(ml + 1, mask=ms, other=0.0)
+        mx = tl.max(m, 0)
+        wgt = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)
+        denom = tl.sum(wgt * lsum, 0)
+        offs_c = tl.arange(0, KVL)
+        o = tl.load(
+            part_o + b * s_ob + offs_s[:, None] * s_os + h * s_oh + offs_c[None, :],
+            mask=ms[:, None],
+            other=0.0,
+        )
+        y = tl.sum(o * wgt[:, None], 0) / denom
+        tl.store(out + b * s_yb + h * s_yh + offs_c, y.to(out.dtype.element_ty))
+
+    return split_kernel, combine_kernel
+
+
+BLOCK_N = 32
+
+
+def split_plan(batch: int, max_len: int, n_sms: int = 132) -> tuple[int, int]:
+    """(number of splits, tokens per split): about two programs per SM over the whole batch."""
+    blocks = max(1, math.ceil(max_len / BLOCK_N))
+    want = max(1, math.ceil(2 * n_sms / batch))
+    n_splits = min(blocks, want)
+    split_len = math.ceil(blocks / n_splits) * BLOCK_N
+    n_splits = math.ceil(max_len / split_len)
+    return n_splits, split_len
+
+
+def mla_decode_triton(
+    cfg: LayerConfig,
+    q_lat: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Split-KV flash decoding on the GPU; two kernels (split, combine)."""
+    global _triton_kernels
+    if _triton_kernels is None:
+        _triton_kernels = _build_triton()
+    split_kernel, combine_kernel = _triton_kernels
+    b, nh, kvl = q_lat.shape
+    n_splits, split_len = split_plan(b, cache.shape[1])
+    part_o = torch.empty(b, n_splits, nh, kvl, device=q_lat.device, dtype=torch.float32)
+    part_ml = torch.empty(b, n_splits, nh, 2, device=q_lat.device, dtype=torch.float32)
+    block_h = max(16, 1 << (nh - 1).bit_length())
+    split_kernel[(b, n_splits)](
+        q_lat, q_pe, cache, positions, part_o, part_ml, cfg.softmax_scale, split_len,
+        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
+        cache.stride(0), cache.stride(1),
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
+        nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=BLOCK_N, num_warps=8, num_stages=2,
+    )  # fmt: skip
+    out = torch.empty(b, nh, kvl, device=q_lat.device, dtype=torch.bfloat16)
+    combine_kernel[(b, nh)](
+        part_o, part_ml, out, n_splits,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
+        out.stride(0), out.stride(1),
+        KVL=kvl, BLOCK_S=max(2, 1 << (n_splits - 1).bit_length()), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+def mla_decode(
+    cfg: LayerConfig,
+    q_lat: torch.Tensor,
+    q_pe: torch.Tensor,
+    cache: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """o_lat (batch, n_heads, kv_lora) bf16 for the absorbed queries; the cache holds the new token.
+
+    q_lat: (batch, n_heads, kv_lora) bf16, q_pe: (batch, n_heads, qk_rope) bf16 (already rotated),
+    cache: (batch, max_len, kv_width) bf16, positions: (batch,) int32.
+    """
+    if q_lat.is_cuda:
+        return mla_decode_triton(cfg, q_lat, q_pe, cache, positions)
+    return mla_decode_torch(cfg, q_lat, q_pe, cache, positions)

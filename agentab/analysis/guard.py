@@ -48,8 +48,9 @@ EXCLUDED_FIELDS: frozenset[str] = frozenset(
         "pid",
         "hostname",
         "status",  # outcome of the run, not its configuration
-        "outcome",
-        "records_written",
+        "stats",  # the run's counters (requests finished, errors, ...)
+        "clock_t0",  # the loop time at which the run started
+        "workload.source",  # where the workload was read from; its content hash is compared
     }
 )
 # Any field whose last dotted component is one of these (e.g. `replay.seed`, `engine.seed`).
@@ -114,7 +115,9 @@ def flatten(manifest: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _excluded(field: str) -> bool:
-    return field in EXCLUDED_FIELDS or field.rsplit(".", 1)[-1] in EXCLUDED_LEAVES
+    parts = field.split(".")
+    prefixes = (".".join(parts[: i + 1]) for i in range(len(parts)))
+    return parts[-1] in EXCLUDED_LEAVES or any(p in EXCLUDED_FIELDS for p in prefixes)
 
 
 def _canonical(value: Any) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from agentab.analysis.bootstrap import weighted_quantiles
-from agentab.analysis.summary import QUANTILES, RunSummary
+from agentab.analysis.summary import CANCELLED, QUANTILES, RunSummary
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,8 @@ def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def _profiling(summaries: Sequence[RunSummary]) -> pl.DataFrame:
     return pl.concat(
-        [s.requests.filter(pl.col("phase") == "profiling") for s in summaries], how="vertical"
+        [s.requests.filter((pl.col("phase") == "profiling") & ~CANCELLED) for s in summaries],
+        how="vertical",
     )
 
 

@@ -41,8 +41,11 @@ DISTRIBUTIONS: dict[str, str] = {
 SUMMARY_FILE = "summary.json"
 SESSIONS_FILE = "sessions.csv"
 
-_ok = pl.col("ok") & (pl.col("phase") == "profiling")
-_profiling = pl.col("phase") == "profiling"
+# Requests cancelled by an aborted run (Ctrl-C, error-rate stop) never finished: they are counted
+# apart and are neither successes nor server errors.
+CANCELLED = pl.col("error_class").fill_null("") == "cancelled"
+_profiling = (pl.col("phase") == "profiling") & ~CANCELLED
+_ok = pl.col("ok") & _profiling
 _has_itl = pl.col("itl_s").is_not_null()
 
 
@@ -135,6 +138,7 @@ def summarize_requests(
         _ok.sum().alias("requests_ok"),
         (_profiling & ~pl.col("ok")).sum().alias("requests_error"),
         (pl.col("phase") == "warmup").sum().alias("requests_warmup"),
+        ((pl.col("phase") == "profiling") & CANCELLED).sum().alias("requests_cancelled"),
         pl.col("session_id").filter(_profiling).n_unique().alias("sessions"),
         pl.col("sent_s").filter(_profiling).min().alias("phase_start_s"),
         pl.col("end_s").filter(_profiling).max().alias("phase_end_s"),
@@ -168,6 +172,7 @@ def summarize_requests(
         "requests_ok": h["requests_ok"],
         "requests_error": h["requests_error"],
         "requests_warmup": h["requests_warmup"],
+        "requests_cancelled": h["requests_cancelled"],
         "error_rate": _ratio(h["requests_error"], h["requests"]),
         "errors_by_class": dict(errors.iter_rows()),
         "sessions": h["sessions"],
@@ -182,6 +187,7 @@ def summarize_requests(
     busy_s = busy.item() if busy.height else None
     values.update(
         {
+            "phase_start_s": start,
             "phase_wall_s": wall,
             "output_tokens": h["output_tokens"],
             "input_tokens": h["input_tokens"],

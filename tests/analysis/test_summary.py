@@ -2,7 +2,8 @@
 
 The hand-built run: 11 successful requests whose ITLs are exactly 1/64 .. 11/64 s (per-token
 chunks and multi-token "spec decode" chunks), one OSL-1 request (no ITL), one request without
-server usage (OSL counted from chunks), two errors (one died mid-stream), one warmup request,
+server usage (OSL counted from chunks), two errors (one died mid-stream), one request cancelled
+by an aborted run (counted apart, in nothing else), one warmup request,
 three sessions with subagents, and scraped counters with a warmup baseline. Times are dyadic so
 every intermediate value is exact; the expected numbers below were worked out on paper.
 """
@@ -57,6 +58,8 @@ HAND_RECORDS = [
         chunk_tokens=[1, 1], error_class="timeout", prompt_tokens=2500),
     rec("err-500", session_id="s3", lane=2, sent_s=14.0, planned_s=14.0,
         error_class="http_500", prompt_tokens=100),
+    rec("cancel", session_id="s2", lane=1, sent_s=13.5, planned_s=13.0, chunk_times_s=[0.25],
+        chunk_tokens=[1], error_class="cancelled", prompt_tokens=700),
     rec("warm", phase="warmup", sent_s=-5.0, planned_s=-5.0, chunk_times_s=[0.1],
         chunk_tokens=[1], completion_tokens=1, prompt_tokens=5000, cached_tokens=0),
 ]  # fmt: skip
@@ -87,6 +90,7 @@ EXPECTED = {
     "requests_ok": 12,
     "requests_error": 2,
     "requests_warmup": 1,
+    "requests_cancelled": 1,
     "error_rate": 2 / 14,
     "errors_by_class": {"http_500": 1, "timeout": 1},
     "sessions": 3,

@@ -1,0 +1,218 @@
+"""`agentab ab`: run an experiment's two arms interleaved, then compare and report.
+
+Order: repeat 1 of A, repeat 1 of B, repeat 2 of A, ... so slow drift (thermal state, a noisy
+neighbour, cache warmth of the host) falls on both arms alike. Repeat k of both arms uses replay
+seed `seed + k`: the two arms of a repeat see the same lane start points and salts, and repeats
+differ from each other (with the deterministic simulator, identical repeats would add nothing).
+
+Layout of the experiment dir:
+    experiment.toml      a copy of the file that was run
+    <arm A>/run-1/ ...   one run dir per (arm, repeat), each with its summary.json
+    <arm B>/run-1/ ...
+    comparison.json      `compare --json` of the two arms
+    report.md            the Markdown report (also printed)
+    report.html          the same with plots (offline)
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentab.analysis.compare import Comparison, compare_runs
+from agentab.analysis.experiment import Arm, Experiment
+from agentab.analysis.html import write_html
+from agentab.analysis.load import load_run
+from agentab.analysis.markdown import comparison_markdown
+from agentab.analysis.summary import summarize_run, write_summary
+from agentab.errors import AgentabError
+
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def load_workload(experiment: Experiment):  # -> agentab.workloads.Workload
+    """The experiment's workload: a trace file, or the generator with the file's parameters."""
+    spec = experiment.workload
+    if "path" in spec:
+        from agentab.workloads import load
+
+        return load(spec["path"], spec["format"])
+    from agentab.workloads.generator import apply_overrides, generate, load_config
+
+    gen = spec["generate"]
+    config = load_config(gen["preset"])
+    if gen["config"]:
+        where = f"{experiment.path}: [workload.generate.config]"
+        config = apply_overrides(config, gen["config"], where).validate()
+    return generate(config, gen["sessions"], gen["seed"])
+
+
+def replay_options(experiment: Experiment, repeat: int):  # -> ReplayOptions
+    from agentab.replay.options import ReplayOptions
+
+    return ReplayOptions.from_mapping(
+        {**experiment.replay, "seed": experiment.seed + repeat},
+        where=f"{experiment.path}: [replay]",
+    )
+
+
+def run_arm(
+    experiment: Experiment,
+    arm: Arm,
+    repeat: int,
+    workload: Any,
+    run_dir: Path,
+    *,
+    progress: bool,
+) -> Path:
+    """One run of one arm into `run_dir`, on the experiment's engine kind."""
+    replay = replay_options(experiment, repeat)
+    extra: dict[str, Any] = {
+        "arm": arm.name,
+        "repeat": repeat,
+        "experiment": experiment.name,
+    }
+    kind = experiment.engine_kind
+    if kind == "simulator":
+        from agentab.replay import simulate_to_dir
+
+        options = {
+            **experiment.engine,
+            "decode_backend": arm.decode_backend,
+            "seed": experiment.seed + repeat,
+        }
+        return simulate_to_dir(
+            workload,
+            engine_options=options,
+            replay=replay,
+            out_dir=run_dir,
+            manifest_extra=extra,
+            progress=progress,
+        )
+    from agentab.replay import replay_to_dir
+
+    model = experiment.engine.get("model")
+    if kind == "http":
+        # The client cannot see the server's GPUs: the experiment file states them.
+        extra.update(
+            decode_backend=arm.decode_backend,
+            gpu_count=arm.gpu_count,
+            gpu_ids=list(experiment.gpu_ids),
+        )
+        return replay_to_dir(
+            workload,
+            url=str(arm.url),
+            replay=replay,
+            out_dir=run_dir,
+            model=model,
+            api_key_env=experiment.engine.get("api_key_env"),
+            manifest_extra=extra,
+            progress=progress,
+        )
+    # vllm: launch this arm's server on the experiment's GPUs, replay, stop it.
+    from agentab.engine.vllm import launched_server
+
+    gpus = list(experiment.gpu_ids) or experiment.gpu_count
+    with launched_server(
+        experiment.engine, decode_backend=arm.decode_backend, gpus=gpus, log_dir=run_dir
+    ) as server:
+        return replay_to_dir(
+            workload,
+            url=server.url,
+            replay=replay,
+            out_dir=run_dir,
+            model=model,
+            manifest_extra={**server.manifest, **extra},
+            progress=progress,
+        )
+
+
+def _check_simulator_gpus(experiment: Experiment) -> None:
+    """Fail before any run when the simulator profile's GPU count is not the experiment's."""
+    if experiment.engine_kind != "simulator":
+        return
+    from agentab.engine.profile import load_profile
+
+    profile = load_profile(experiment.engine["profile"])
+    if profile.gpu_count != experiment.gpu_count:
+        raise AgentabError(
+            f"{experiment.path}: [gpus] count is {experiment.gpu_count} but simulator profile "
+            f"{experiment.engine['profile']!r} models {profile.gpu_count} GPUs"
+        )
+
+
+def run_experiment(
+    experiment: Experiment,
+    out_dir: Path,
+    *,
+    progress: bool = False,
+    log: Log = _stderr,
+) -> tuple[Comparison, str]:
+    """Run every (repeat, arm) interleaved, compare, write the reports; returns the Markdown."""
+    _check_simulator_gpus(experiment)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise AgentabError(f"{out_dir}: experiment dir exists and is not empty (use -o NEW_DIR)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(experiment.path, out_dir / "experiment.toml")
+    started = time.monotonic()
+    workload = load_workload(experiment)
+    log(
+        f"agentab ab: {experiment.name}: {len(workload)} sessions, "
+        f"{workload.num_requests()} requests; {experiment.repeats} repeats x 2 arms -> {out_dir}"
+    )
+    runs: dict[str, list[Path]] = {arm.name: [] for arm in experiment.arms}
+    total = 2 * experiment.repeats
+    for repeat in range(experiment.repeats):
+        for arm in experiment.arms:
+            run_dir = out_dir / arm.name / f"run-{repeat + 1}"
+            t0 = time.monotonic()
+            path = run_arm(experiment, arm, repeat, workload, run_dir, progress=progress)
+            summary = summarize_run(load_run(path))
+            write_summary(summary)
+            runs[arm.name].append(path)
+            done = sum(len(v) for v in runs.values())
+            v = summary.values
+            log(
+                f"  [{done}/{total}] {arm.name} repeat {repeat + 1}: {v['requests_ok']} requests "
+                f"ok, P90 interactivity {_num(v['p90_interactivity_tok_s'])} tok/s/user "
+                f"({time.monotonic() - t0:.1f} s)"
+            )
+    a, b = experiment.arms
+    comparison = compare_runs(
+        [load_run(p) for p in runs[a.name]],
+        [load_run(p) for p in runs[b.name]],
+        resamples=experiment.resamples,
+        seed=experiment.seed,
+        confidence=experiment.confidence,
+    )
+    header = [
+        f"Experiment `{experiment.name}` ({experiment.path.name}), engine "
+        f"{experiment.engine_kind}"
+        + (f" profile {experiment.engine['profile']}" if "profile" in experiment.engine else "")
+        + f", {experiment.repeats} repeats per arm run interleaved A B A B.",
+        *experiment.notes,
+    ]
+    title = f"{experiment.name}: {a.name} (A) vs {b.name} (B)"
+    markdown = comparison_markdown(comparison, title=title, header=header)
+    comparison.extra["experiment"] = {"name": experiment.name, "dir": str(out_dir)}
+    (out_dir / "comparison.json").write_bytes(
+        orjson.dumps(comparison.to_json(), option=orjson.OPT_INDENT_2)
+    )
+    (out_dir / "report.md").write_text(markdown, encoding="utf-8")
+    write_html(comparison, out_dir / "report.html", title=title, header=header)
+    log(f"agentab ab: done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
+    return comparison, markdown
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"

@@ -1,0 +1,101 @@
+"""`agentab ab`, `agentab report`, `agentab compare`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+import orjson
+
+from agentab.analysis.compare import DEFAULT_RESAMPLES
+
+ALLOW_DIFF = click.option(
+    "--allow-diff",
+    "allow_diff",
+    multiple=True,
+    metavar="FIELD",
+    help="Accept a manifest difference (repeatable); the report then says it is confounded.",
+)
+
+
+@click.command()
+@click.argument("experiment_file", type=click.Path(path_type=Path))
+@click.option(
+    "-o",
+    "--out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS).",
+)
+@click.option("--progress/--no-progress", default=False, help="Per-run progress on stderr.")
+def ab(experiment_file: Path, out: Path | None, progress: bool) -> None:
+    """Run an A/B experiment (two arms, interleaved repeats) and print its report.
+
+    Writes every run dir, comparison.json, report.md and report.html into the experiment dir.
+    """
+    from agentab.analysis.ab import run_experiment
+    from agentab.analysis.experiment import load_experiment
+
+    experiment = load_experiment(experiment_file)
+    if out is None:
+        out = Path("runs") / f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    _, markdown = run_experiment(experiment, out, progress=progress)
+    click.echo(markdown, nl=False)
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
+def report(run_dir: Path, as_json: bool) -> None:
+    """Summarize one run dir: print the table and write RUN_DIR/summary.json."""
+    from agentab.analysis.load import load_run
+    from agentab.analysis.markdown import run_markdown
+    from agentab.analysis.summary import summarize_run, write_summary
+
+    summary = summarize_run(load_run(run_dir))
+    path = write_summary(summary)
+    if as_json:
+        click.echo(path.read_text())
+    else:
+        click.echo(run_markdown(summary), nl=False)
+
+
+@click.command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@ALLOW_DIFF
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of Markdown.")
+@click.option("--html", type=click.Path(path_type=Path), default=None, help="Also write this.")
+@click.option(
+    "--resamples", type=click.IntRange(min=100), default=DEFAULT_RESAMPLES, show_default=True
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+def compare(
+    a: Path,
+    b: Path,
+    allow_diff: tuple[str, ...],
+    as_json: bool,
+    html: Path | None,
+    resamples: int,
+    seed: int,
+) -> None:
+    """Compare B against A. Each is a run dir or a folder of run dirs (pooled repeats).
+
+    Refuses (exit 2) when the runs differ in anything but decode_backend, unless each
+    difference is accepted with --allow-diff.
+    """
+    from agentab.analysis.compare import compare_runs
+    from agentab.analysis.html import write_html
+    from agentab.analysis.load import load_runs
+    from agentab.analysis.markdown import comparison_markdown
+
+    comparison = compare_runs(
+        load_runs(a), load_runs(b), allow_diff=allow_diff, resamples=resamples, seed=seed
+    )
+    if html is not None:
+        write_html(comparison, html)
+    if as_json:
+        click.echo(orjson.dumps(comparison.to_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        click.echo(comparison_markdown(comparison), nl=False)

@@ -1,0 +1,359 @@
+"""Experiment files (TOML): one workload, one GPU count, one engine, two arms, N repeats.
+
+The file format is documented in docs/analysis.md. Validation is strict because an experiment
+that silently ignores a typo'd key can compare the wrong things: unknown keys, missing keys,
+wrong types, arms that differ in anything but `decode_backend`, and a GPU count that the arms
+do not share each end in one `AgentabError` line naming the file, the line and the field.
+
+What may vary between the two arms is deliberately tiny: `name`, `decode_backend`, and in attach
+mode (`engine.kind = "http"`) the server's `url` and its `gpu_count` (which must then equal
+`[gpus] count`). Everything else lives in the shared tables, so it cannot differ.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentab.errors import AgentabError
+
+ENGINE_KINDS = ("simulator", "http", "vllm")
+SIMULATOR_KEYS = (
+    "profile",
+    "num_draft_tokens",
+    "acceptance_length",
+    "acceptance_probs",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_blocks",
+    "block_size",
+)
+HTTP_KEYS = ("model", "api_key_env")
+TOP_KEYS = (
+    "name",
+    "description",
+    "repeats",
+    "seed",
+    "notes",
+    "workload",
+    "gpus",
+    "replay",
+    "engine",
+    "analysis",
+    "arms",
+)
+ARM_KEYS = ("name", "decode_backend", "url", "gpu_count")
+WORKLOAD_KEYS = ("path", "format", "generate")
+GENERATE_KEYS = ("preset", "sessions", "seed", "config")
+GPUS_KEYS = ("count", "ids")
+ANALYSIS_KEYS = ("resamples", "confidence")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of the A/B: a decode backend under a name (attach mode: a server URL)."""
+
+    name: str
+    decode_backend: str
+    url: str | None = None
+    gpu_count: int | None = None
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A parsed, validated experiment file."""
+
+    path: Path
+    name: str
+    repeats: int
+    seed: int
+    workload: dict[str, Any]
+    gpu_count: int
+    gpu_ids: tuple[int, ...]
+    replay: dict[str, Any]
+    engine_kind: str
+    engine: dict[str, Any]
+    arms: tuple[Arm, Arm]
+    description: str = ""
+    notes: tuple[str, ...] = ()
+    resamples: int = 10_000
+    confidence: float = 0.95
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+class _Where:
+    """Finds the line of a key in the file text, to name it in errors (tomllib gives none)."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines: dict[tuple[str, str], int] = {}
+        self.tables: dict[str, int] = {}
+        table, counts = "", {}
+        for number, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
+            if header:
+                table = header.group(1)
+                if line.startswith("[["):
+                    counts[table] = counts.get(table, -1) + 1
+                    table = f"{table}.{counts[table]}"
+                self.tables.setdefault(table, number)
+                continue
+            key = re.match(r"^([A-Za-z0-9_\-\"']+)\s*=", line)
+            if key:
+                name = key.group(1).strip("\"'")
+                self.lines.setdefault((table, name), number)
+                # inline tables: `generate = { preset = ..., sessions = ... }`
+                for inner in re.findall(r"[{,]\s*([A-Za-z0-9_\-]+)\s*=", line):
+                    self.lines.setdefault((f"{table}.{name}" if table else name, inner), number)
+
+    def __call__(self, table: str, key: str | None = None) -> str:
+        number = self.lines.get((table, key)) if key else None
+        number = number or self.tables.get(table)
+        return f"{self.path}:{number}" if number else str(self.path)
+
+
+def _table_name(table: str) -> str:
+    return f"[{table}]" if table else "top level"
+
+
+def _check_keys(data: dict[str, Any], known: tuple[str, ...], table: str, where: _Where) -> None:
+    for key in data:
+        if key not in known:
+            raise AgentabError(
+                f"{where(table, key)}: unknown key {key!r} in {_table_name(table)} "
+                f"(known: {', '.join(known)})"
+            )
+
+
+def _int(value: Any, name: str, at: str, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise AgentabError(f"{at}: {name} must be an integer >= {minimum} (got {value!r})")
+    return value
+
+
+def _table(data: dict[str, Any], key: str, where: _Where, *, required: bool) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        if required:
+            raise AgentabError(f"{where.path}: missing table [{key}]")
+        return {}
+    if not isinstance(value, dict):
+        raise AgentabError(f"{where('', key)}: {key} must be a table")
+    return value
+
+
+def load_experiment(path: str | Path) -> Experiment:
+    """Read and validate an experiment file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise AgentabError(f"{path}: no such experiment file") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise AgentabError(f"{path}: invalid TOML ({exc})") from None
+    return parse_experiment(data, path, text)
+
+
+def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experiment:
+    """Validate the parsed TOML of an experiment (see module doc)."""
+    where = _Where(path, text)
+    _check_keys(data, TOP_KEYS, "", where)
+    name = data.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise AgentabError(
+            f"{where('', 'name')}: name must be a string of letters, digits, '_', '.', '-' "
+            f"(got {name!r})"
+        )
+    repeats = _int(data.get("repeats", 3), "repeats", where("", "repeats"), 1)
+    seed = _int(data.get("seed", 42), "seed", where("", "seed"), 0)
+    notes = data.get("notes", [])
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise AgentabError(f"{where('', 'notes')}: notes must be an array of strings")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise AgentabError(f"{where('', 'description')}: description must be a string")
+
+    workload = _workload(_table(data, "workload", where, required=True), path, where, seed)
+    gpus = _table(data, "gpus", where, required=True)
+    _check_keys(gpus, GPUS_KEYS, "gpus", where)
+    if "count" not in gpus:
+        raise AgentabError(f"{where('gpus')}: [gpus] needs count (the GPUs of each arm)")
+    gpu_count = _int(gpus["count"], "[gpus] count", where("gpus", "count"), 1)
+    ids = gpus.get("ids", [])
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+    ):
+        raise AgentabError(f"{where('gpus', 'ids')}: [gpus] ids must be device ids (integers >= 0)")
+    if ids and len(ids) != gpu_count:
+        raise AgentabError(
+            f"{where('gpus', 'ids')}: [gpus] ids name {len(ids)} devices but count is {gpu_count}"
+        )
+
+    replay = _table(data, "replay", where, required=False)
+    if "seed" in replay:
+        raise AgentabError(
+            f"{where('replay', 'seed')}: [replay] seed is set by the top-level seed "
+            "(repeat k of both arms uses seed + k)"
+        )
+    _check_replay(replay, where)
+
+    engine = dict(_table(data, "engine", where, required=True))
+    kind = engine.pop("kind", None)
+    if kind not in ENGINE_KINDS:
+        raise AgentabError(
+            f"{where('engine', 'kind')}: [engine] kind must be one of {', '.join(ENGINE_KINDS)} "
+            f"(got {kind!r})"
+        )
+    _check_engine(kind, engine, where)
+
+    analysis = _table(data, "analysis", where, required=False)
+    _check_keys(analysis, ANALYSIS_KEYS, "analysis", where)
+    resamples = _int(
+        analysis.get("resamples", 10_000), "resamples", where("analysis", "resamples"), 100
+    )
+    confidence = analysis.get("confidence", 0.95)
+    if not isinstance(confidence, float) or not 0.5 <= confidence < 1.0:
+        raise AgentabError(
+            f"{where('analysis', 'confidence')}: confidence must be a number in [0.5, 1) "
+            f"(got {confidence!r})"
+        )
+
+    arms = _arms(data.get("arms"), kind, gpu_count, where)
+    return Experiment(
+        path=path,
+        name=name,
+        repeats=repeats,
+        seed=seed,
+        workload=workload,
+        gpu_count=gpu_count,
+        gpu_ids=tuple(ids),
+        replay=replay,
+        engine_kind=kind,
+        engine=engine,
+        arms=arms,
+        description=description,
+        notes=tuple(notes),
+        resamples=resamples,
+        confidence=confidence,
+        raw=data,
+    )
+
+
+def _workload(table: dict[str, Any], path: Path, where: _Where, seed: int) -> dict[str, Any]:
+    _check_keys(table, WORKLOAD_KEYS, "workload", where)
+    if ("path" in table) == ("generate" in table):
+        raise AgentabError(
+            f"{where('workload')}: [workload] needs exactly one of path (a trace file) or "
+            "generate (a generator table)"
+        )
+    if "path" in table:
+        trace = table["path"]
+        if not isinstance(trace, str):
+            raise AgentabError(f"{where('workload', 'path')}: [workload] path must be a string")
+        fmt = table.get("format")
+        if fmt is not None and fmt not in ("agentx", "mooncake", "native"):
+            raise AgentabError(
+                f"{where('workload', 'format')}: [workload] format must be agentx, mooncake "
+                f"or native (got {fmt!r})"
+            )
+        resolved = Path(trace) if Path(trace).is_absolute() else path.parent / trace
+        return {"path": str(resolved), "format": fmt}
+    if "format" in table:
+        raise AgentabError(f"{where('workload', 'format')}: format applies only to path")
+    gen = table["generate"]
+    if not isinstance(gen, dict):
+        raise AgentabError(f"{where('workload', 'generate')}: generate must be a table")
+    _check_keys(gen, GENERATE_KEYS, "workload.generate", where)
+    at = where("workload.generate", "sessions")
+    if "sessions" not in gen:
+        raise AgentabError(f"{at}: [workload.generate] needs sessions")
+    config = gen.get("config", {})
+    if not isinstance(config, dict):
+        raise AgentabError(f"{where('workload.generate', 'config')}: config must be a table")
+    return {
+        "generate": {
+            "preset": str(gen.get("preset", "agentx-coding")),
+            "sessions": _int(gen["sessions"], "sessions", at, 1),
+            "seed": _int(gen.get("seed", seed), "seed", where("workload.generate", "seed"), 0),
+            "config": config,
+        }
+    }
+
+
+def _check_replay(replay: dict[str, Any], where: _Where) -> None:
+    from agentab.replay.options import ReplayOptions
+
+    for key in replay:
+        try:
+            ReplayOptions.from_mapping({key: replay[key]}, where="[replay]")
+        except AgentabError as exc:
+            raise AgentabError(f"{where('replay', key)}: {exc}") from None
+    try:
+        ReplayOptions.from_mapping(replay, where="[replay]")
+    except AgentabError as exc:
+        raise AgentabError(f"{where('replay')}: {exc}") from None
+
+
+def _check_engine(kind: str, engine: dict[str, Any], where: _Where) -> None:
+    if kind == "simulator":
+        _check_keys(engine, ("kind", *SIMULATOR_KEYS), "engine", where)
+        if not isinstance(engine.get("profile"), str):
+            raise AgentabError(f"{where('engine')}: a simulator [engine] needs profile (a name)")
+    elif kind == "http":
+        _check_keys(engine, ("kind", *HTTP_KEYS), "engine", where)
+    else:  # vllm: the launcher owns its keys and names unknown ones itself
+        from agentab.engine.vllm.args import VllmLaunch
+
+        VllmLaunch.from_mapping(engine, where=f"{where('engine')}: [engine]")
+
+
+def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm]:
+    if not isinstance(arms, list) or len(arms) != 2:
+        count = len(arms) if isinstance(arms, list) else 0
+        raise AgentabError(f"{where.path}: need exactly two [[arms]] (found {count})")
+    parsed = []
+    for i, arm in enumerate(arms):
+        table = f"arms.{i}"
+        for key in arm:
+            if key not in ARM_KEYS:
+                raise AgentabError(
+                    f"{where(table, key)}: arms may differ only in decode_backend, but arm "
+                    f"{i + 1} sets {key!r}; put it in the shared [engine]/[replay]/[gpus] tables"
+                )
+        backend = arm.get("decode_backend")
+        if not isinstance(backend, str) or not backend:
+            raise AgentabError(f"{where(table)}: arm {i + 1} needs decode_backend (a string)")
+        name = arm.get("name", backend)
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise AgentabError(f"{where(table, 'name')}: arm name {name!r} is not a plain name")
+        url = arm.get("url")
+        if kind == "http":
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise AgentabError(
+                    f"{where(table, 'url')}: an http arm needs url (http://host:port)"
+                )
+            arm_gpus = _int(arm.get("gpu_count", gpu_count), "gpu_count", where(table), 1)
+            if arm_gpus != gpu_count:
+                raise AgentabError(
+                    f"{where(table, 'gpu_count')}: arm {name!r} runs on {arm_gpus} GPUs but "
+                    f"[gpus] count is {gpu_count}: both arms must use the same GPU count"
+                )
+        elif url is not None or "gpu_count" in arm:
+            key = "url" if url is not None else "gpu_count"
+            raise AgentabError(
+                f"{where(table, key)}: {key} belongs to attach mode (engine kind http) only"
+            )
+        parsed.append(Arm(name, backend, url, gpu_count if kind == "http" else None))
+    if parsed[0].name == parsed[1].name:
+        raise AgentabError(
+            f"{where('arms.1', 'name')}: both arms are named {parsed[0].name!r}; give an A/A "
+            "experiment two names"
+        )
+    return parsed[0], parsed[1]

@@ -1,0 +1,260 @@
+"""Markdown reports: one run's summary table, and the A/B comparison printed by `ab`/`compare`.
+
+A confounded comparison says so in its very first line, before anything a reader could quote.
+Each figure carries its definition where a number could be misread: the headline is
+1/P90(ITL) (InferenceX), the percentiles of 1/ITL_i are labelled as the other definition, and
+the direction of "better" is stated per metric (lower is better for latencies and errors).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from agentab.analysis.compare import Comparison, MetricResult
+from agentab.analysis.guard import Difference
+from agentab.analysis.summary import DISTRIBUTIONS, STAT_KEYS, RunSummary
+
+# The rows of the printed comparison table (compare --json and report.html have them all).
+TABLE_METRICS: tuple[str, ...] = (
+    "p90_interactivity_tok_s",
+    "itl_s.p50",
+    "itl_s.p90",
+    "itl_s.p99",
+    "ttft_s.p50",
+    "ttft_s.p90",
+    "ttft_s.p99",
+    "e2e_s.p50",
+    "e2e_s.p90",
+    "e2e_s.p99",
+    "interactivity_tok_s.p50",
+    "interactivity_tok_s.p90",
+    "decode_throughput_tok_s",
+    "output_throughput_tok_s",
+    "throughput_per_gpu_tok_s",
+    "cache_hit_ratio",
+    "error_rate",
+)
+
+DEFINITIONS = (
+    "- **P90 interactivity** (headline, InferenceX) = 1 / P90(ITL): the slow tail of per-user "
+    "decode speed, over all successful profiling-phase requests, parents and subagents each once, "
+    "linear-interpolated percentile.",
+    "- **interactivity pNN** = percentiles of the per-request 1/ITL_i (AIPerf's definition; its "
+    "p90 is the *fast* tail): a different number from the headline.",
+    "- ITL_i = (last chunk - first chunk) / (OSL_i - 1); TTFT = first chunk; E2E = last chunk "
+    "(all from the client's send time). Lower is better for ITL, TTFT, E2E and error rate.",
+    "- **decode throughput** excludes prefill: decode tokens (OSL_i - 1) / seconds during which at "
+    "least one request was decoding. Output throughput = output tokens / profiling wall time. "
+    "Throughput per GPU = (input + output tokens) / wall time / GPU count.",
+    "- CI: percentile bootstrap of the B/A ratio, resampling sessions (paired: the same sessions "
+    "weigh both arms), pooled over repeats. Verdict 'better'/'worse' when the CI excludes 1.",
+)
+
+
+def fmt(value: float | None, unit: str = "") -> str:
+    """A human number: seconds below 1 s as ms, rates with one decimal, ratios as percent."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–"
+    if unit == "s":
+        return f"{value * 1000:.1f} ms" if abs(value) < 1 else f"{value:.3f} s"
+    if unit == "":
+        return f"{100 * value:.1f}%"
+    if unit.startswith("tok"):
+        return f"{value:,.1f}"
+    return f"{value:.4g}"
+
+
+def _ratio(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _spread(values: Sequence[float | None], unit: str) -> str:
+    present = [v for v in values if v is not None]
+    if not present:
+        return "–"
+    if len(present) == 1:
+        return fmt(present[0], unit)
+    return f"{fmt(min(present), unit)} – {fmt(max(present), unit)}"
+
+
+def _ratio_spread(values: Sequence[float | None]) -> str:
+    present = [v for v in values if v is not None]
+    if not present:
+        return "–"
+    return f"{min(present):.3f} – {max(present):.3f}" if len(present) > 1 else f"{present[0]:.3f}"
+
+
+def confounded_line(differences: Sequence[Difference]) -> str:
+    """The first line of a report whose runs differ in an accepted (--allow-diff) field."""
+    listed = "; ".join(d.describe() for d in differences if d.allowed)
+    return (
+        f"**CONFOUNDED by {', '.join(d.field for d in differences if d.allowed)}**: the arms "
+        f"also differ in {listed}, so these ratios do not isolate the decode backend."
+    )
+
+
+def _manifest_value(comparison: Comparison, key: str) -> Any:
+    values = {str(s.run.manifest.get(key)) for s in comparison.runs_a + comparison.runs_b}
+    return values.pop() if len(values) == 1 else " / ".join(sorted(values))
+
+
+def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]:
+    """What was compared: arms, runs, GPUs, engine, workload, replay window, bootstrap."""
+    first = comparison.runs_a[0].run.manifest if comparison.runs_a else {}
+    replay = first.get("replay") if isinstance(first.get("replay"), dict) else {}
+    gpus = _manifest_value(comparison, "gpu_count")
+    lines = [
+        f"- Arms: **A = {comparison.arm_a}** ({len(comparison.runs_a)} run(s)), "
+        f"**B = {comparison.arm_b}** ({len(comparison.runs_b)} run(s)); ratios are B/A.",
+        f"- GPUs: {gpus} x {_manifest_value(comparison, 'gpu_name')} in both arms, "
+        f"TP {_manifest_value(comparison, 'tp')}; model {_manifest_value(comparison, 'model')}; "
+        f"engine {_manifest_value(comparison, 'engine')}.",
+        f"- Workload {str(_manifest_value(comparison, 'workload_hash'))[:12]}; "
+        f"{comparison.sessions} sessions played; replay concurrency "
+        f"{replay.get('concurrency', '?')}, profiling window "
+        f"{replay.get('duration_s', '?')} s per run, warmup {replay.get('warmup_requests', '?')} "
+        "requests per lane.",
+        f"- Bootstrap: {comparison.resamples:,} paired session resamples, seed "
+        f"{comparison.seed}, {100 * comparison.confidence:.0f}% CI.",
+    ]
+    lines += [f"- {line}" for line in header]
+    for note in comparison.notes:
+        lines.append(f"- Not compared (differs by design): {note.describe()}.")
+    return lines
+
+
+def headline_line(result: MetricResult, arm_a: str, arm_b: str) -> str:
+    unit = result.metric.unit
+    return (
+        f"**P90 interactivity = 1/P90(ITL)** (InferenceX definition): {arm_a} "
+        f"{fmt(result.a, unit)} -> {arm_b} {fmt(result.b, unit)} {unit}, "
+        f"B/A = {_ratio(result.ratio)} (95% CI {_ratio(result.ci_low)} – "
+        f"{_ratio(result.ci_high)}): **{result.verdict}**."
+    )
+
+
+def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) -> list[list[str]]:
+    """Table cells per metric: label, better-when, A, B, ratio, CI, verdict, run spreads."""
+    rows = []
+    for name in names:
+        r = comparison.metrics[name]
+        unit = r.metric.unit
+        rows.append(
+            [
+                f"{r.metric.label}" + (f" ({unit})" if unit and not unit.startswith("s") else ""),
+                "higher" if r.metric.higher_is_better else "lower",
+                fmt(r.a, unit),
+                fmt(r.b, unit),
+                _ratio(r.ratio),
+                f"{_ratio(r.ci_low)} – {_ratio(r.ci_high)}",
+                r.verdict,
+                _spread(r.runs_a, unit),
+                _spread(r.runs_b, unit),
+                _ratio_spread(r.pair_ratios),
+            ]
+        )
+    return rows
+
+
+TABLE_HEADER = [
+    "metric",
+    "better when",
+    "A",
+    "B",
+    "B/A",
+    "95% CI",
+    "verdict",
+    "A per run",
+    "B per run",
+    "B/A per repeat",
+]
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return out
+
+
+def server_rows(comparison: Comparison) -> list[list[str]]:
+    """Scraped server-side figures per arm (not bootstrapped: one counter pair per run)."""
+    rows = []
+    for key, label in (
+        ("spec_acceptance_length", "spec-decode acceptance length (server)"),
+        ("server_cache_hit_ratio", "prefix-cache hit ratio (server)"),
+    ):
+        a = [s.values.get(key) for s in comparison.runs_a]
+        b = [s.values.get(key) for s in comparison.runs_b]
+        if any(v is not None for v in a + b):
+            unit = "" if "ratio" in key else "x"
+            rows.append([label, _spread(a, unit), _spread(b, unit)])
+    return rows
+
+
+def comparison_markdown(
+    comparison: Comparison, *, title: str | None = None, header: Sequence[str] = ()
+) -> str:
+    """The full A/B report (first line: CONFOUNDED when it is, else the title)."""
+    lines: list[str] = []
+    if comparison.confounded_by:
+        lines += [confounded_line(comparison.differences), ""]
+    lines += [
+        f"# A/B report: {title or f'{comparison.arm_a} vs {comparison.arm_b}'}",
+        "",
+        *setup_lines(comparison, header),
+        "",
+        headline_line(
+            comparison.metrics["p90_interactivity_tok_s"], comparison.arm_a, comparison.arm_b
+        ),
+        "",
+        *_table(TABLE_HEADER, metric_rows(comparison)),
+    ]
+    server = server_rows(comparison)
+    if server:
+        lines += ["", *_table(["server metric", "A per run", "B per run"], server)]
+    lines += ["", "Definitions:", *DEFINITIONS]
+    return "\n".join(lines) + "\n"
+
+
+def run_markdown(summary: RunSummary) -> str:
+    """One run's summary: the distributions table, then the scalar figures."""
+    v = summary.values
+    m = summary.run.manifest
+    lines = [
+        f"# Run {summary.run.path} ({summary.run.arm})",
+        "",
+        f"- {m.get('gpu_count', '?')} x {m.get('gpu_name', '?')} GPUs, TP {m.get('tp', '?')}, "
+        f"decode_backend {m.get('decode_backend', '?')}, engine {m.get('engine', '?')}.",
+        f"- Requests (profiling): {v['requests']} ({v['requests_ok']} ok, {v['requests_error']} "
+        f"errors = {fmt(v['error_rate'])}); warmup {v['requests_warmup']}; sessions "
+        f"{v['sessions']}; errors by class: {v['errors_by_class'] or 'none'}.",
+        "",
+        f"**P90 interactivity = 1/P90(ITL)** (InferenceX, headline): "
+        f"{fmt(v['p90_interactivity_tok_s'], 'tok/s/user')} tok/s/user.",
+        "",
+    ]
+    units = {"osl_tokens": "tok", "prompt_tokens": "tok", "cached_tokens": "tok"}
+    rows = []
+    for key in (*DISTRIBUTIONS, "dispatch_lateness_s"):
+        stats = v.get(key) or {}
+        unit = units.get(key, "tok/s/user" if key == "interactivity_tok_s" else "s")
+        label = (
+            "interactivity 1/ITL_i (AIPerf def.; not the headline)"
+            if key == "interactivity_tok_s"
+            else key
+        )
+        rows.append([label, *(fmt(stats.get(s), unit) for s in STAT_KEYS)])
+    lines += _table(["metric", *STAT_KEYS], rows)
+    scalars = [
+        ("decode throughput (prefill excluded)", v["decode_throughput_tok_s"], "tok/s"),
+        ("output throughput", v["output_throughput_tok_s"], "tok/s"),
+        ("throughput per GPU (input + output)", v["throughput_per_gpu_tok_s"], "tok/s"),
+        ("cache hit ratio (client)", v["cache_hit_ratio"], ""),
+        ("cache hit ratio (server)", v.get("server_cache_hit_ratio"), ""),
+        ("spec-decode acceptance length (server)", v.get("spec_acceptance_length"), "x"),
+        ("profiling wall time", v["phase_wall_s"], "s"),
+    ]
+    lines += ["", *_table(["figure", "value"], [[k, fmt(x, u)] for k, x, u in scalars])]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,214 @@
+"""Run a workload into a run dir: against a URL (real clock) or the simulator (virtual clock).
+
+`simulate_to_dir` and `replay_to_dir` are the entry points the CLI and the A/B orchestration
+call (docs/interfaces.md, replay). Both go through `run_to_dir`, which owns the order that
+makes a run dir trustworthy: manifest first, records appended during the run, manifest
+rewritten with the outcome last, and a failure (error rate, interruption) raised only after
+everything is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agentab.clock import run_real, run_virtual
+from agentab.errors import AgentabError
+from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir, write_manifest
+from agentab.replay.metrics import scrape_loop
+from agentab.replay.options import ReplayOptions
+from agentab.replay.plan import build_plan
+from agentab.replay.progress import ProgressView
+from agentab.replay.records import (
+    METRICS_DIR,
+    METRICS_SCHEMA,
+    RECORD_SCHEMA,
+    RECORDS_DIR,
+    PartWriter,
+)
+from agentab.replay.runner import Runner, RunStats
+from agentab.replay.targets.base import Target
+from agentab.workloads.model import Workload
+
+EXIT_INTERRUPTED = 130
+
+
+def run_to_dir(
+    workload: Workload,
+    target: Target,
+    *,
+    replay: ReplayOptions,
+    out_dir: str | Path,
+    virtual: bool,
+    manifest_extra: dict[str, Any] | None = None,
+    progress: bool = True,
+    label: str = "replay",
+) -> Path:
+    """Replay `workload` against `target` into `out_dir`; return the run dir.
+
+    Raises AgentabError (after writing everything) when the run was interrupted or its error
+    rate exceeded `replay.max_error_rate`.
+    """
+    plan = build_plan(workload, replay)
+    if workload.num_requests() == 0:
+        raise AgentabError(f"{workload.source or 'workload'}: no requests to replay")
+    run_dir = prepare_run_dir(out_dir)
+    coro = _run(workload, target, plan, run_dir, replay, manifest_extra, progress, label)
+    stats, _manifest = run_virtual(coro) if virtual else run_real(coro)
+    _raise_if_failed(stats, replay, run_dir)
+    return run_dir
+
+
+async def _run(
+    workload: Workload,
+    target: Target,
+    plan: Any,
+    run_dir: Path,
+    replay: ReplayOptions,
+    manifest_extra: dict[str, Any] | None,
+    progress: bool,
+    label: str,
+) -> tuple[RunStats, dict[str, Any]]:
+    await target.start()
+    records: PartWriter | None = None
+    metrics: PartWriter | None = None
+    scraper: asyncio.Task[None] | None = None
+    stop_scrape = asyncio.Event()
+    try:
+        manifest = build_manifest(
+            workload,
+            replay,
+            run_dir,
+            target_facts=target.describe(),
+            manifest_extra=manifest_extra,
+        )
+        loop = asyncio.get_running_loop()
+        write_manifest(run_dir, manifest)
+        records = PartWriter(run_dir / RECORDS_DIR, RECORD_SCHEMA)
+        runner = Runner(plan, target, records)
+        if replay.scrape_metrics:
+            metrics = PartWriter(run_dir / METRICS_DIR, METRICS_SCHEMA)
+            scraper = loop.create_task(
+                scrape_loop(
+                    target.scrape,
+                    metrics,
+                    t0=loop.time(),
+                    interval_s=replay.scrape_interval_s,
+                    stop=stop_scrape,
+                )
+            )
+        with ProgressView(runner, enabled=progress, label=label):
+            stats = await runner.run()
+        manifest["clock_t0"] = runner.t0
+    finally:
+        stop_scrape.set()
+        if scraper is not None:
+            await scraper
+        if records is not None:
+            records.close()
+        if metrics is not None:
+            metrics.close()
+        await target.close()
+    manifest.update(
+        {
+            "status": _status(stats, replay),
+            "finished_at": now_iso(),
+            "stats": stats.to_dict(),
+        }
+    )
+    write_manifest(run_dir, manifest)
+    return stats, manifest
+
+
+def _status(stats: RunStats, replay: ReplayOptions) -> str:
+    if stats.stop_reason in ("interrupted", "error_rate"):
+        return stats.stop_reason
+    if stats.finished and stats.error_rate > replay.max_error_rate:
+        return "error_rate"
+    return "completed"
+
+
+def _raise_if_failed(stats: RunStats, replay: ReplayOptions, run_dir: Path) -> None:
+    where = f"records in {run_dir}"
+    if stats.stop_reason == "interrupted":
+        raise AgentabError(
+            f"{stats.message}; {stats.cancelled} in-flight request(s) recorded as cancelled; "
+            f"{where}",
+            exit_code=EXIT_INTERRUPTED,
+        )
+    if stats.stop_reason == "error_rate":
+        raise AgentabError(f"run ended early: {stats.message}; {where}")
+    if stats.finished and stats.error_rate > replay.max_error_rate:
+        raise AgentabError(
+            f"run failed: error rate {stats.error_rate:.1%} ({stats.errors} of {stats.finished} "
+            f"requests) exceeds max_error_rate {replay.max_error_rate:.1%}; {where}"
+        )
+
+
+def replay_to_dir(
+    workload: Workload,
+    *,
+    url: str,
+    replay: ReplayOptions,
+    out_dir: str | Path,
+    model: str | None = None,
+    api_key_env: str | None = None,
+    manifest_extra: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> Path:
+    """Replay against an OpenAI-compatible server at `url` on the real clock."""
+    from agentab.replay.targets.http import HttpTarget, api_key_from_env
+
+    target = HttpTarget(
+        url,
+        model=model,
+        endpoint=replay.endpoint,
+        api_key=api_key_from_env(api_key_env),
+        timeout_s=replay.request_timeout_s,
+    )
+    return run_to_dir(
+        workload,
+        target,
+        replay=replay,
+        out_dir=out_dir,
+        virtual=False,
+        manifest_extra=manifest_extra,
+        progress=progress,
+        label="replay",
+    )
+
+
+def simulate_to_dir(
+    workload: Workload,
+    *,
+    engine_options: dict[str, Any],
+    replay: ReplayOptions,
+    out_dir: str | Path,
+    manifest_extra: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> Path:
+    """Replay against the in-process simulator on the virtual clock.
+
+    `engine_options`: `profile` (required), `decode_backend` (default "auto") and any other
+    keyword of `agentab.engine.build_simulator`.
+    """
+    from agentab.engine import build_simulator
+    from agentab.replay.targets.engine import EngineTarget
+
+    opts = dict(engine_options)
+    if "profile" not in opts:
+        raise AgentabError("engine_options: 'profile' is required (a profile name or path)")
+    profile = opts.pop("profile")
+    backend = opts.pop("decode_backend", "auto")
+    engine = build_simulator(profile, backend, **opts)
+    return run_to_dir(
+        workload,
+        EngineTarget(engine),
+        replay=replay,
+        out_dir=out_dir,
+        virtual=True,
+        manifest_extra=manifest_extra,
+        progress=progress,
+        label="simulate",
+    )

@@ -1,0 +1,122 @@
+"""The run manifest: everything that defines an arm, written before the first request.
+
+Why before: a run killed mid-way must still say what it was (the analysis refuses to compare
+runs whose manifests differ in anything but the decode backend). It is rewritten atomically at
+the end with the outcome (`status`, `finished_at`, `stats`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentab import __version__
+from agentab.errors import AgentabError
+from agentab.replay.options import ReplayOptions
+from agentab.workloads.model import Workload
+
+MANIFEST = "manifest.json"
+REQUIRED_KEYS: tuple[str, ...] = (
+    "gpu_count",
+    "gpu_ids",
+    "gpu_name",
+    "tp",
+    "decode_backend",
+    "workload_hash",
+    "engine",
+    "profile",
+    "seed",
+    "model",
+    "spec",
+    "replay",
+    "agentab_version",
+    "started_at",
+    "arm",
+)
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
+
+
+def build_manifest(
+    workload: Workload,
+    replay: ReplayOptions,
+    run_dir: Path,
+    *,
+    target_facts: dict[str, Any],
+    manifest_extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """Defaults (null where unknown) <- facts the target knows <- what the caller passes."""
+    manifest: dict[str, Any] = {
+        "arm": run_dir.name,
+        "engine": None,
+        "profile": None,
+        "model": None,
+        "gpu_count": None,
+        "gpu_ids": [],
+        "gpu_name": None,
+        "tp": None,
+        "decode_backend": None,
+        "spec": None,
+    }
+    server = target_facts.get("server")
+    if isinstance(server, dict):  # `agentab serve` describes its engine
+        manifest.update(server)
+    manifest.update({k: v for k, v in target_facts.items() if k != "server"})
+    manifest.update(
+        {
+            "workload_hash": workload.content_hash,
+            "workload": {
+                "source": workload.source,
+                "sessions": len(workload.sessions),
+                "requests": workload.num_requests(),
+            },
+            "seed": replay.seed,
+            "replay": replay.to_dict(),
+            "agentab_version": __version__,
+            "started_at": now_iso(),
+            "status": "running",
+        }
+    )
+    if manifest_extra:
+        manifest.update(manifest_extra)
+    return manifest
+
+
+def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
+    path = run_dir / MANIFEST
+    tmp = run_dir / f".tmp-{MANIFEST}"
+    tmp.write_bytes(
+        orjson.dumps(
+            manifest,
+            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
+            default=str,
+        )
+    )
+    os.replace(tmp, path)
+
+
+def read_manifest(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir) / MANIFEST
+    try:
+        return orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise AgentabError(f"{path}: no manifest (not a run dir)") from None
+    except orjson.JSONDecodeError as exc:
+        raise AgentabError(f"{path}: invalid JSON: {exc}") from None
+
+
+def prepare_run_dir(out_dir: str | Path) -> Path:
+    """Create the run dir; refuse one that already holds a run."""
+    run_dir = Path(out_dir)
+    if (run_dir / MANIFEST).exists():
+        raise AgentabError(f"{run_dir}: already holds a run (manifest.json); choose another --out")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise AgentabError(f"{run_dir}: exists and is not a directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir

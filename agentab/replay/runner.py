@@ -1,0 +1,432 @@
+"""The runner: evaluates a Plan on the running loop's clock and records every request.
+
+The same code runs in real time (HttpTarget) and on the virtual clock (EngineTarget over the
+simulator): it only uses `loop.time()`, `loop.call_at` and tasks. One timer heap holds every
+pending dispatch (request nodes, subagent markers, open-loop arrivals); a single `call_at`
+handle is armed for the earliest, so dispatch lateness is one loop wakeup, and nothing waits
+behind a connection limit or a worker pool.
+
+Idle compression is done here because it depends on what is in flight:
+- global: when nothing is in flight anywhere and the next timer is more than `idle_cap_global_s`
+  after the moment the run went idle, every pending timer moves earlier by the excess (a shared
+  offset, so their order and spacing are kept);
+- per tree: when one tree has nothing in flight and its next timer is more than
+  `idle_cap_tree_s` after that tree went idle, only that tree's timers move earlier.
+The planned time recorded for a request is its due time after compression.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+import signal
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentab.replay.plan import Plan, Play
+from agentab.replay.records import PartWriter
+from agentab.replay.targets.base import Outcome, RequestSpec, Target
+
+_EPS = 1e-9
+MIN_REQUESTS_FOR_ERROR_RATE = 20
+"""The error-rate guard acts mid-run only after this many finished requests (and at the end)."""
+
+
+@dataclass
+class RunStats:
+    """Live counters (the progress view reads them) and the run's final account."""
+
+    dispatched: int = 0
+    finished: int = 0  # responses ended, successfully or not (cancelled ones excluded)
+    errors: int = 0
+    cancelled: int = 0
+    inflight: int = 0
+    completion_tokens: int = 0
+    warmup: int = 0
+    error_classes: Counter[str] = field(default_factory=Counter)
+    stop_reason: str = "running"
+    message: str = ""
+    elapsed_s: float = 0.0  # loop time from run start to the last request's end
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.finished if self.finished else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stop_reason": self.stop_reason,
+            "message": self.message,
+            "dispatched": self.dispatched,
+            "finished": self.finished,
+            "errors": self.errors,
+            "error_rate": self.error_rate,
+            "cancelled": self.cancelled,
+            "warmup_requests": self.warmup,
+            "completion_tokens": self.completion_tokens,
+            "error_classes": dict(sorted(self.error_classes.items())),
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+class _Tree:
+    """Live state of one play: dependency counters, send times, pending timers."""
+
+    __slots__ = ("idle_since", "inflight", "open", "play", "ready", "remaining", "sent", "timers")
+
+    def __init__(self, play: Play, start: float) -> None:
+        nodes = play.schedule.nodes
+        self.play = play
+        self.remaining = [len(n.deps) for n in nodes]
+        self.ready = [start] * len(nodes)
+        self.sent: list[float | None] = [None] * len(nodes)
+        self.open = len(nodes)
+        self.inflight = 0
+        self.idle_since = start
+        self.timers: dict[int, list[Any]] = {}
+
+
+class Runner:
+    """Runs `plan` against `target`, writing one record per dispatched request to `writer`."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        target: Target,
+        writer: PartWriter,
+        *,
+        handle_signals: bool = True,
+    ) -> None:
+        self.plan = plan
+        self.opts = plan.options
+        self.target = target
+        self.writer = writer
+        self.handle_signals = handle_signals
+        self.stats = RunStats()
+        self.t0 = 0.0
+        self._heap: list[list[Any]] = []  # [key, seq, tree | None, node | play, alive]
+        self._seq = 0
+        self._offset = 0.0  # global compression: effective due = key + offset
+        self._handle: asyncio.TimerHandle | None = None
+        self._handle_when = math.nan
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False  # no more dispatches
+        self._cancel_reason = ""
+        self._idle_since = 0.0
+        self._arrivals: Any = None
+        self._signals: list[signal.Signals] = []
+
+    # -- public -----------------------------------------------------------------------------
+
+    @property
+    def now_s(self) -> float:
+        """Seconds since the run started (for the progress view)."""
+        loop = getattr(self, "loop", None)
+        return loop.time() - self.t0 if loop is not None else 0.0
+
+    async def run(self) -> RunStats:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.t0 = loop.time()
+        self._idle_since = self.t0
+        self.end_t = self.t0 + self.opts.duration_s if self.opts.duration_s else math.inf
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._install_signals()
+        try:
+            if self.opts.open_loop:
+                self._arrivals = self.plan.arrivals()
+                self._push_next_arrival()
+            else:
+                for lane in range(self.plan.lanes):
+                    self._start_lane(lane, 0, self.t0)
+            self._after_change(None)
+            await self._done
+        finally:
+            self._remove_signals()
+            if self._handle is not None:
+                self._handle.cancel()
+        return self.stats
+
+    def abort(self, reason: str, message: str) -> None:
+        """Stop dispatching and cancel what is in flight (recorded as `cancelled`)."""
+        if self._stopping and self.stats.stop_reason in ("error_rate", "interrupted"):
+            return
+        self._stopping = True
+        self.stats.stop_reason = reason
+        self.stats.message = message
+        self._cancel_reason = message
+        for task in list(self._tasks):
+            task.cancel()
+        self._after_change(None)
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _install_signals(self) -> None:
+        if not self.handle_signals:
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.loop.add_signal_handler(sig, self._on_signal, sig)
+                self._signals.append(sig)
+            except (ValueError, RuntimeError, NotImplementedError):
+                pass  # not the main thread: the caller handles signals
+
+    def _remove_signals(self) -> None:
+        for sig in self._signals:
+            self.loop.remove_signal_handler(sig)
+        self._signals = []
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        # A second signal falls through to the default handler (the user insists).
+        self._remove_signals()
+        self.abort("interrupted", f"interrupted by {sig.name}")
+
+    # -- timers -----------------------------------------------------------------------------
+
+    def _push(self, tree: _Tree | None, node: Any, due: float) -> list[Any]:
+        entry = [due - self._offset, self._seq, tree, node, True]
+        self._seq += 1
+        heapq.heappush(self._heap, entry)
+        if tree is not None:
+            tree.timers[node] = entry
+        return entry
+
+    def _earliest(self) -> list[Any] | None:
+        heap = self._heap
+        while heap and not heap[0][4]:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def _arm(self) -> None:
+        entry = self._earliest()
+        if entry is None or self._stopping or entry[0] + self._offset > self.end_t:
+            if self._handle is not None:
+                self._handle.cancel()
+                self._handle = None
+            return
+        when = entry[0] + self._offset
+        if self._handle is not None:
+            if self._handle_when == when:
+                return
+            self._handle.cancel()
+        self._handle_when = when
+        self._handle = self.loop.call_at(when, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._handle = None
+        now = self.loop.time()
+        touched: list[_Tree | None] = []
+        while not self._stopping:
+            entry = self._earliest()
+            if entry is None:
+                break
+            due = entry[0] + self._offset
+            if due > now + _EPS or due > self.end_t:
+                break
+            heapq.heappop(self._heap)
+            entry[4] = False
+            tree = entry[2]
+            if tree is not None:
+                del tree.timers[entry[3]]
+            touched.append(tree)
+            self._fire(tree, entry[3], due)
+        self._after_change(touched)
+
+    def _fire(self, tree: _Tree | None, node_idx: Any, due: float) -> None:
+        if tree is None:  # an open-loop arrival
+            self._start_tree(node_idx, due)
+            self._push_next_arrival()
+            return
+        node = tree.play.schedule.nodes[node_idx]
+        if node.kind != "request":
+            self._complete(tree, node_idx, due)
+            return
+        self.stats.dispatched += 1
+        max_req = self.opts.max_requests
+        if max_req is not None and self.stats.dispatched >= max_req:
+            self._stopping = True  # this one is the last; the run ends when it is done
+            self.stats.stop_reason = "max_requests"
+        self.stats.inflight += 1
+        tree.inflight += 1
+        task = self.loop.create_task(self._execute(tree, node_idx, due))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- compression ------------------------------------------------------------------------
+
+    def _after_change(self, touched: list[_Tree | None] | None) -> None:
+        if touched:
+            seen: set[int] = set()
+            for tree in touched:
+                if tree is not None and id(tree) not in seen:
+                    seen.add(id(tree))
+                    self._compress_tree(tree)
+        self._compress_global()
+        self._arm()
+        self._check_done()
+
+    def _compress_tree(self, tree: _Tree) -> None:
+        cap = self.opts.idle_cap_tree_s
+        if cap <= 0 or tree.inflight or not tree.timers:
+            return
+        nxt = min(e[0] for e in tree.timers.values()) + self._offset
+        target = max(self.loop.time(), tree.idle_since + cap)
+        delta = nxt - target
+        if delta <= _EPS:
+            return
+        for node, entry in list(tree.timers.items()):
+            entry[4] = False
+            self._push(tree, node, entry[0] + self._offset - delta)
+
+    def _compress_global(self) -> None:
+        cap = self.opts.idle_cap_global_s
+        if cap <= 0 or self.stats.inflight or self._stopping:
+            return
+        entry = self._earliest()
+        if entry is None:
+            return
+        nxt = entry[0] + self._offset
+        target = max(self.loop.time(), self._idle_since + cap)
+        if nxt - target > _EPS:
+            self._offset -= nxt - target
+
+    # -- trees ------------------------------------------------------------------------------
+
+    def _push_next_arrival(self) -> None:
+        nxt = next(self._arrivals, None)
+        if nxt is not None:
+            offset, play = nxt
+            self._push(None, play, self.t0 + offset)
+
+    def _start_lane(self, lane: int, pass_: int, t: float) -> None:
+        """Start the lane's next play with requests (skipping empty sessions)."""
+        while not self._stopping and t <= self.end_t:
+            play = self.plan.closed_play(lane, pass_)
+            if play is None:
+                return
+            if play.schedule.nodes:
+                self._start_tree(play, t)
+                return
+            pass_ += 1
+
+    def _start_tree(self, play: Play, t: float) -> None:
+        tree = _Tree(play, t)
+        nodes = play.schedule.nodes
+        for r in play.schedule.roots:
+            self._push(tree, r, t + nodes[r].delay_s)
+        self._compress_tree(tree)
+
+    def _complete(self, tree: _Tree, idx: int, t: float) -> None:
+        sched = tree.play.schedule
+        nodes = sched.nodes
+        tree.open -= 1
+        for d in sched.dependents[idx]:
+            tree.remaining[d] -= 1
+            if t > tree.ready[d]:
+                tree.ready[d] = t
+            if tree.remaining[d] == 0:
+                node = nodes[d]
+                due = tree.ready[d] + node.delay_s
+                if node.start_gap is not None:
+                    g, gap = node.start_gap
+                    sent = tree.sent[g]
+                    if sent is not None and sent + gap > due:
+                        due = sent + gap
+                self._push(tree, d, due)
+        if tree.open == 0 and not self.opts.open_loop:
+            self._start_lane(tree.play.lane, tree.play.pass_ + 1, t)
+
+    def _check_done(self) -> None:
+        if self.stats.inflight or self._done.done():
+            return
+        entry = self._earliest()
+        if entry is not None and not self._stopping:
+            if entry[0] + self._offset <= self.end_t:
+                return
+            self.stats.stop_reason = "duration"
+        if self.stats.stop_reason == "running":
+            self.stats.stop_reason = "completed"
+        self._done.set_result(None)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def _execute(self, tree: _Tree, idx: int, planned: float) -> None:
+        play = tree.play
+        node = play.schedule.nodes[idx]
+        assert node.request is not None
+        spec = RequestSpec(
+            play.request_id(node), play.session, node.request, play.salt, node.max_tokens
+        )
+        out = Outcome()
+        cancelled = False
+        try:
+            await self.target.send(spec, out)
+        except asyncio.CancelledError:
+            cancelled = True
+            out.error_class = None
+            out.fail("cancelled", self._cancel_reason or "cancelled")
+        except Exception as exc:  # a failing target must not lose the record or the run
+            out.fail("client", f"{type(exc).__name__}: {exc}")
+        now = self.loop.time()
+        if out.end is None:
+            out.end = now
+        self._record(tree, node, planned, out)
+        stats = self.stats
+        stats.inflight -= 1
+        tree.inflight -= 1
+        tree.sent[idx] = out.sent if out.sent is not None else planned
+        if tree.inflight == 0:
+            tree.idle_since = now
+        if stats.inflight == 0:
+            self._idle_since = now
+        stats.elapsed_s = max(stats.elapsed_s, out.end - self.t0)
+        if cancelled:
+            stats.cancelled += 1
+        else:
+            stats.finished += 1
+            if node.phase == "warmup":
+                stats.warmup += 1
+            if out.error_class is not None:
+                stats.errors += 1
+                stats.error_classes[out.error_class] += 1
+            stats.completion_tokens += out.completion_tokens or len(out.chunk_times)
+            self._complete(tree, idx, now)
+            self._check_error_rate()
+        self._after_change([tree])
+
+    def _check_error_rate(self) -> None:
+        s = self.stats
+        if s.finished >= MIN_REQUESTS_FOR_ERROR_RATE and s.error_rate > self.opts.max_error_rate:
+            self.abort(
+                "error_rate",
+                f"error rate {s.error_rate:.1%} ({s.errors} of {s.finished} requests) exceeds "
+                f"max_error_rate {self.opts.max_error_rate:.1%}",
+            )
+
+    def _record(self, tree: _Tree, node: Any, planned: float, out: Outcome) -> None:
+        play = tree.play
+        t0 = self.t0
+        sent = out.sent
+        self.writer.add(
+            {
+                "request_id": play.request_id(node),
+                "session_id": play.session.id,
+                "lane": play.lane,
+                "pass": play.pass_,
+                "agent_id": node.agent_id,
+                "turn": node.turn,
+                "phase": node.phase,
+                "planned_s": planned - t0,
+                "sent_s": None if sent is None else sent - t0,
+                "chunk_times_s": out.chunk_times,
+                "chunk_tokens": out.chunk_tokens,
+                "reasoning_chunks": out.reasoning_chunks,
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "cached_tokens": out.cached_tokens,
+                "osl": node.max_tokens,
+                "error_class": out.error_class,
+                "error_message": out.error_message,
+            }
+        )

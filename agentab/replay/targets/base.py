@@ -1,0 +1,81 @@
+"""What the runner sends to and gets back from a target, whatever the target is.
+
+A target gets a `RequestSpec` (which recorded request, with which salt and `max_tokens`) and fills
+an `Outcome` in place while the response streams: the send time, every chunk's arrival time, the
+server's usage, or an error class. Filling in place (rather than yielding chunks) keeps the
+per-chunk cost to one list append, and leaves the partial outcome in the runner's hands when a
+request is cancelled mid-stream (SIGINT, error-rate abort).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agentab.workloads.model import Request, Session
+
+ERROR_CLASSES: tuple[str, ...] = (
+    "connect",  # no connection to the server (refused, unreachable, connect timeout)
+    "timeout",  # no bytes for request_timeout_s (before the headers or between chunks)
+    "http",  # a non-2xx status; the message starts with the status and an excerpt of the body
+    "context_overflow",  # the server refused the prompt as longer than its context
+    "broken_stream",  # the connection closed or reset before the stream ended properly
+    "malformed_stream",  # a chunk that is not a JSON object, or a stream the client cannot read
+    "stream_error",  # the server sent an error object inside the stream
+    "engine",  # the in-process engine refused or failed the request
+    "client",  # an unexpected failure inside the client (a bug; the message says what)
+    "cancelled",  # the run ended (signal, error-rate abort) while the request was in flight
+)
+"""Values of the `error_class` record column (null on success)."""
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One request to send: the recorded request, its session, salt and output length."""
+
+    request_id: str
+    session: Session
+    request: Request
+    salt: int
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Filled by the target while the response streams (loop times are absolute)."""
+
+    sent: float | None = None  # loop time just before the request left the client
+    end: float | None = None  # loop time when the response ended (or failed)
+    chunk_times: list[float] = field(default_factory=list)  # seconds after `sent`
+    chunk_tokens: list[int] | None = None  # tokens per chunk when the target knows them
+    reasoning_chunks: int | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error_class: str | None = None
+    error_message: str | None = None
+
+    def fail(self, error_class: str, message: str) -> None:
+        if self.error_class is None:  # the first failure is the cause; keep it
+            self.error_class = error_class
+            self.error_message = message[:500]
+
+
+class Target(Protocol):
+    """Where requests go. `start` before the first `send`, `close` after the last."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def send(self, spec: RequestSpec, out: Outcome) -> None:
+        """Send `spec` and fill `out`; failures go into `out`, never raised (but cancellation)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for the run manifest (target kind, url, model, engine facts when known)."""
+        ...
+
+    async def scrape(self) -> list[tuple[str, dict[str, str], float]]:
+        """The server's current metrics as (name, labels, value); [] when it has none."""
+        ...

@@ -1,0 +1,297 @@
+"""HttpTarget: OpenAI-compatible servers (vLLM, `agentab serve`) over aiohttp, streaming.
+
+Why the details matter: the analysis derives TTFT, ITL and interactivity from the arrival time
+of every chunk, so the client must (1) never queue requests behind a connection limit (the pool
+is unbounded; idle connections are kept alive and reused, so it settles at the peak number of
+concurrent streams), (2) timestamp each read from the monotonic loop clock as soon as bytes
+arrive, and (3) classify failures precisely instead of dropping them.
+
+Prompts: `/v1/completions` gets the exact token ids (default; prefix-cache hits are then exact);
+`/v1/chat/completions` gets the same content rendered as words. Both ask for `max_tokens` = the
+recorded output length with `ignore_eos`, streaming with usage in the last chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import aiohttp
+import orjson
+
+from agentab.errors import AgentabError
+from agentab.replay.targets.base import Outcome, RequestSpec
+from agentab.workloads.tokens import prompt_text, prompt_token_ids
+
+_CONTEXT_MARKERS = (
+    "maximum context length",
+    "maximum model length",
+    "context length",
+    "longer than the maximum",
+    "too long",
+)
+_REASONING_KEYS = ("reasoning_content", "reasoning")
+# aiohttp >= 3.10 tells a connect timeout apart from a read timeout.
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,) + (
+    (aiohttp.ConnectionTimeoutError,) if hasattr(aiohttp, "ConnectionTimeoutError") else ()
+)
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The API key held in environment variable `name` (never stored anywhere else)."""
+    if name is None:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise AgentabError(f"--api-key-env {name}: environment variable {name} is not set")
+    return value
+
+
+class HttpTarget:
+    """Streams requests to an OpenAI-compatible server at `url` (scheme://host:port)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        model: str | None = None,
+        endpoint: str = "completions",
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        vocab_size: int = 32000,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise AgentabError(f"--url {url}: expected http://HOST:PORT or https://HOST:PORT")
+        self.url = url.rstrip("/")
+        if self.url.endswith("/v1"):
+            self.url = self.url[:-3]
+        self.model = model
+        self.endpoint = endpoint
+        self.path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+        self._api_key = api_key
+        self.timeout_s = timeout_s
+        self.vocab_size = vocab_size
+        self._session: aiohttp.ClientSession | None = None
+        self._server_facts: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers=headers, auto_decompress=False
+        )
+        if self.model is None:
+            self.model = await self._discover_model()
+        self._server_facts = await self._describe_server()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def describe(self) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "target": "http",
+            "url": self.url,
+            "endpoint": self.endpoint,
+            "model": self.model,
+        }
+        if self._server_facts:
+            facts["server"] = self._server_facts
+        return facts
+
+    async def _get_json(self, path: str) -> Any:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                self.url + path, timeout=aiohttp.ClientTimeout(total=30)
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                return orjson.loads(await resp.read())
+        except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
+            return None
+
+    async def _discover_model(self) -> str:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                self.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=30)
+            ) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise AgentabError(
+                        f"{self.url}/v1/models: HTTP {resp.status}: {body[:200]!r} "
+                        "(pass --model to skip discovery)"
+                    )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise AgentabError(f"{self.url}: cannot reach the server: {exc}") from None
+        try:
+            return str(orjson.loads(body)["data"][0]["id"])
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise AgentabError(
+                f"{self.url}/v1/models: no model listed (pass --model NAME)"
+            ) from None
+
+    async def _describe_server(self) -> dict[str, Any]:
+        """Engine facts from `agentab serve` (GET /agentab/describe); {} for other servers."""
+        data = await self._get_json("/agentab/describe")
+        return data if isinstance(data, dict) else {}
+
+    def _body(self, spec: RequestSpec) -> bytes:
+        req: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": spec.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+        if self.endpoint == "completions":
+            req["prompt"] = prompt_token_ids(
+                spec.session, spec.request, salt=spec.salt, vocab_size=self.vocab_size
+            )
+        else:
+            text = prompt_text(
+                spec.session, spec.request, salt=spec.salt, vocab_size=self.vocab_size
+            )
+            req["messages"] = [{"role": "user", "content": text}]
+        return orjson.dumps(req, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    async def send(self, spec: RequestSpec, out: Outcome) -> None:
+        assert self._session is not None, "start() first"
+        loop = asyncio.get_running_loop()
+        body = self._body(spec)
+        headers = {"X-Request-Id": spec.request_id}
+        out.sent = loop.time()
+        try:
+            async with self._session.post(self.url + self.path, data=body, headers=headers) as resp:
+                if resp.status != 200:
+                    text = (await resp.read())[:2000].decode("utf-8", "replace")
+                    out.end = loop.time()
+                    _classify_status(out, resp.status, text)
+                    return
+                await self._read_stream(resp, out, loop)
+        except _CONNECT_ERRORS as exc:
+            out.fail("connect", f"{type(exc).__name__}: {exc}")
+        except (TimeoutError, aiohttp.ServerTimeoutError):
+            out.fail("timeout", f"no bytes for {self.timeout_s:g} s")
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+            out.fail("broken_stream", f"{type(exc).__name__}: {exc}")
+        except aiohttp.ClientError as exc:
+            out.fail("broken_stream", f"{type(exc).__name__}: {exc}")
+        except OSError as exc:  # a reset surfacing below aiohttp
+            out.fail("broken_stream", f"{type(exc).__name__}: {exc}")
+        if out.end is None:
+            out.end = loop.time()
+
+    async def _read_stream(
+        self, resp: aiohttp.ClientResponse, out: Outcome, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Parse SSE `data:` lines; time every content chunk at the read that delivered it."""
+        chat = self.endpoint == "chat"
+        sent = out.sent
+        assert sent is not None
+        times = out.chunk_times
+        tokens: list[int] | None = []
+        reasoning = 0
+        buf = b""
+        done = False
+        content = resp.content
+        while not done:
+            data = await content.readany()
+            if not data:
+                break
+            now = loop.time() - sent
+            buf = buf + data if buf else data
+            while True:
+                nl = buf.find(b"\n")
+                if nl < 0:
+                    break
+                line = buf[:nl]
+                buf = buf[nl + 1 :]
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, other SSE fields
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                try:
+                    obj = orjson.loads(payload)
+                except orjson.JSONDecodeError:
+                    out.fail("malformed_stream", f"undecodable SSE data: {payload[:120]!r}")
+                    out.end = loop.time()
+                    return
+                if not isinstance(obj, dict):
+                    out.fail("malformed_stream", f"SSE data is not an object: {payload[:120]!r}")
+                    out.end = loop.time()
+                    return
+                if "error" in obj:
+                    err = obj["error"]
+                    msg = err.get("message", err) if isinstance(err, dict) else err
+                    out.fail("stream_error", str(msg))
+                    out.end = loop.time()
+                    return
+                usage = obj.get("usage")
+                if usage:
+                    _take_usage(out, usage)
+                choices = obj.get("choices")
+                if not choices:
+                    continue
+                choice = choices[0]
+                if chat:
+                    delta = choice.get("delta") or {}
+                    is_reasoning = any(delta.get(k) for k in _REASONING_KEYS)
+                    if not (is_reasoning or delta.get("content") or delta.get("tool_calls")):
+                        continue  # the role-only opening chunk, or an empty delta
+                    reasoning += is_reasoning
+                ids = choice.get("token_ids")
+                if tokens is not None:
+                    if ids is None:
+                        tokens = None
+                    else:
+                        tokens.append(len(ids))
+                times.append(now)
+        out.end = loop.time()
+        out.chunk_tokens = tokens if tokens else None
+        if chat:
+            out.reasoning_chunks = reasoning
+        if not done:
+            out.fail("broken_stream", "the stream ended without data: [DONE]")
+
+    async def scrape(self) -> list[tuple[str, dict[str, str], float]]:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=10)
+            ) as resp:
+                if resp.status != 200:
+                    return []
+                text = (await resp.read()).decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError):
+            return []
+        from agentab.replay.metrics import parse_prometheus
+
+        return parse_prometheus(text)
+
+
+def _take_usage(out: Outcome, usage: dict[str, Any]) -> None:
+    out.prompt_tokens = usage.get("prompt_tokens")
+    out.completion_tokens = usage.get("completion_tokens")
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and details.get("cached_tokens") is not None:
+        out.cached_tokens = details["cached_tokens"]
+
+
+def _classify_status(out: Outcome, status: int, text: str) -> None:
+    excerpt = " ".join(text.split())[:300]
+    lowered = text.lower()
+    if status == 400 and any(m in lowered for m in _CONTEXT_MARKERS):
+        out.fail("context_overflow", f"HTTP 400: {excerpt}")
+    else:
+        out.fail("http", f"HTTP {status}: {excerpt}")

@@ -32,7 +32,13 @@ from agentab.workloads.checks import (
     str_tuple,
 )
 from agentab.workloads.model import PARENT_AGENT_ID, Request, Session, Subagent, Workload
-from agentab.workloads.source import jsonl_lines, parse_json, read_bytes, trace_files
+from agentab.workloads.source import (
+    TRACE_SUFFIXES,
+    jsonl_lines,
+    parse_json,
+    read_bytes,
+    trace_files,
+)
 
 SESSION_FIELDS = frozenset(
     {
@@ -357,7 +363,12 @@ def dump_agentx(workload: Workload, out: Path) -> None:
         with opener(out, "wb") as fh:
             fh.write(orjson.dumps(session_to_agentx(workload.sessions[0])))
         return
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_dir() and any(p.name.endswith(TRACE_SUFFIXES) for p in out.iterdir()):
+        raise AgentabError(f"{out}: directory already holds trace files; use an empty one")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AgentabError(f"{out}: cannot create directory ({exc.strerror or exc})") from None
     width = max(4, len(str(len(workload.sessions))))
     for index, s in enumerate(workload.sessions):
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in s.id)[:80]

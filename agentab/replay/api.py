@@ -70,12 +70,12 @@ async def _run(
     progress: bool,
     label: str,
 ) -> tuple[RunStats, dict[str, Any]]:
-    await target.start()
     records: PartWriter | None = None
     metrics: PartWriter | None = None
     scraper: asyncio.Task[None] | None = None
     stop_scrape = asyncio.Event()
     try:
+        await target.start()
         manifest = build_manifest(
             workload,
             replay,

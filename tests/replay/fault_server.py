@@ -1,0 +1,150 @@
+"""A small OpenAI-style streaming server on 127.0.0.1 that misbehaves on purpose.
+
+Each request's behaviour comes from its `X-Request-Id` (the replay sends `L<lane>-P<pass>-N<node>`):
+`mode_for(request_id)` picks one of MODES. The server runs in a thread with its own event loop,
+so a test can drive a blocking replay (real clock) against it from the main thread. It logs, per
+request id, the monotonic time at which it finished writing a successful response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import orjson
+from aiohttp import web
+
+MODES = ("ok", "500", "reset", "stall", "malformed", "overflow")
+_NODE = re.compile(r"N(\d+)$")
+
+
+def node_of(request_id: str) -> int:
+    m = _NODE.search(request_id)
+    return int(m.group(1)) if m else 0
+
+
+def chunk(i: int, text: str = " tok") -> bytes:
+    body = {"id": "cmpl-x", "object": "text_completion", "choices": [{"index": 0, "text": text}]}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def usage_chunk(prompt: int, completion: int, cached: int | None) -> bytes:
+    usage: dict[str, object] = {"prompt_tokens": prompt, "completion_tokens": completion}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return b"data: " + orjson.dumps({"id": "cmpl-x", "choices": [], "usage": usage}) + b"\n\n"
+
+
+class FaultServer:
+    """`with FaultServer(mode_for) as srv:` serves on `srv.url` until the block ends."""
+
+    def __init__(
+        self,
+        mode_for: Callable[[str], str] = lambda rid: "ok",
+        *,
+        token_interval_s: float = 0.002,
+        stall_s: float = 30.0,
+    ) -> None:
+        self.mode_for = mode_for
+        self.token_interval_s = token_interval_s
+        self.stall_s = stall_s
+        self.finished: dict[str, float] = {}  # request id -> monotonic end of a full response
+        self.seen: list[str] = []
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FaultServer:
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("fault server did not start")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        assert self._thread is not None
+        self._thread.join(10)
+
+    def _serve(self) -> None:
+        asyncio.run(self._main())
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        self.port = sock.getsockname()[1]
+        self._ready.set()
+        await self._stop.wait()
+        await runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fault-model"}]})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        rid = request.headers.get("X-Request-Id", "")
+        body = orjson.loads(await request.read())
+        self.seen.append(rid)
+        mode = self.mode_for(rid)
+        n = int(body.get("max_tokens", 1))
+        prompt = len(body.get("prompt", []))
+        if mode == "500":
+            return web.Response(status=500, text="internal boom")
+        if mode == "overflow":
+            msg = (
+                "This model's maximum context length is 1024 tokens. However, you requested "
+                f"{prompt + n} tokens. Please reduce the length of the messages or completion."
+            )
+            return web.json_response(
+                {"object": "error", "message": msg, "type": "BadRequestError", "code": 400},
+                status=400,
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if mode == "malformed":
+            await resp.write(chunk(0))
+            await resp.write(b"data: {not json at all\n\n")
+            await resp.write_eof()
+            return resp
+        if mode in ("reset", "stall"):
+            await resp.write(chunk(0))
+            await resp.write(chunk(1))
+            if mode == "stall":
+                await asyncio.sleep(self.stall_s)
+                return resp
+            transport = request.transport
+            assert transport is not None
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # RST instead of FIN
+                sock.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
+            transport.abort()
+            return resp
+        for i in range(n):
+            await resp.write(chunk(i))
+            if self.token_interval_s:
+                await asyncio.sleep(self.token_interval_s)
+        await resp.write(usage_chunk(prompt, n, None))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        self.finished[rid] = time.monotonic()
+        return resp

@@ -1,0 +1,314 @@
+"""The Engine: a step loop over a Scheduler and an executor, on asyncio's clock.
+
+Time is the running loop's time. On the virtual clock (agentab.clock.run_virtual) a step's
+`asyncio.sleep` jumps straight to its end; served over HTTP it is real time. Token events carry
+the loop time of the step that produced them and reach the client no earlier than that; a
+request's last event (and its FinalUsage) is delivered at exactly its time, so whatever the
+client does next (the replay's next turn) happens at the right moment.
+
+Speed on the virtual clock: while nothing changes but decode progress, the engine prices a whole
+window of steps at once (Scheduler.plan_window) and sleeps to the window's end, or until a new
+request or an abort arrives. Then it commits only the steps that had started before the arrival
+(the step in flight completes, as on a GPU) and resumes step by step, so the result is the same
+as stepping one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+
+from agentab.clock import is_virtual
+from agentab.engine.executor import SimExecutor
+from agentab.engine.scheduler import Req, Scheduler, StepPlan, WindowPlan
+from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
+
+StepObserver = Callable[[dict[str, Any]], None]
+
+
+class _Channel:
+    """A request's event stream: a deque plus one waiter (cheaper than asyncio.Queue)."""
+
+    __slots__ = ("done", "items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[TokenEvent | FinalUsage] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.done = False
+
+    def wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+
+class Engine:
+    """Continuous-batching engine: `Engine(scheduler, executor)`; see docs/interfaces.md."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: SimExecutor,
+        *,
+        describe: dict[str, Any] | None = None,
+        fast_forward: bool = True,
+        max_window_steps: int = 256,
+    ) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self._describe = dict(describe or {})
+        self.fast_forward = fast_forward
+        self.max_window_steps = max_window_steps
+        self.step_observer: StepObserver | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Future[None] | None = None
+        self._aborts: list[str] = []
+        self._step_no = 0
+
+    # -- public API ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the step loop as a task of the running loop."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine-loop")
+
+    async def stop(self) -> None:
+        """Stop the loop; requests still in flight end with finish_reason "abort"."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for rid in list(self.scheduler.requests):
+            req = self.scheduler.abort(rid)
+            if req is not None:
+                self._finish(req)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent | FinalUsage]:
+        """Stream `TokenEvent`s, then one `FinalUsage`. Leaving early aborts the request."""
+        req = self.scheduler.add(request.request_id, request.prompt_token_ids, request.max_tokens)
+        ch = _Channel()
+        req.sink = ch
+        self._wake()
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                while ch.items:
+                    item = ch.items.popleft()
+                    yield item
+                    if type(item) is FinalUsage:
+                        return
+                ch.waiter = loop.create_future()
+                await ch.waiter
+                ch.waiter = None
+        finally:
+            if not ch.done:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request at the next step boundary (its stream ends with "abort")."""
+        self._aborts.append(request_id)
+        self._wake()
+
+    def metrics(self) -> dict[str, float]:
+        """Counters and gauges under vLLM's Prometheus names (plus a few agentab:* ones)."""
+        c = self.scheduler.counters
+        pool = self.scheduler.pool
+        return {
+            "vllm:prefix_cache_queries_total": c["prefix_cache_queries"],
+            "vllm:prefix_cache_hits_total": c["prefix_cache_hits"],
+            "vllm:spec_decode_num_drafts_total": c["spec_decode_num_drafts"],
+            "vllm:spec_decode_num_draft_tokens_total": c["spec_decode_num_draft_tokens"],
+            "vllm:spec_decode_num_accepted_tokens_total": c["spec_decode_num_accepted_tokens"],
+            "vllm:num_preemptions_total": c["num_preemptions"],
+            "vllm:prompt_tokens_total": c["prompt_tokens"],
+            "vllm:generation_tokens_total": c["generation_tokens"],
+            "vllm:request_success_total": c["request_success"],
+            "vllm:num_requests_running": float(self.scheduler.num_running),
+            "vllm:num_requests_waiting": float(len(self.scheduler.waiting)),
+            "vllm:kv_cache_usage_perc": pool.usage(),
+            "agentab:request_abort_total": c["request_abort"],
+            "agentab:prefix_cache_preempted_queries_total": c["prefix_cache_preempted_queries"],
+            "agentab:prefix_cache_preempted_hits_total": c["prefix_cache_preempted_hits"],
+            "agentab:kv_cache_evicted_blocks_total": float(pool.evictions),
+            "agentab:steps_standard_total": c["steps_standard"],
+            "agentab:steps_specialized_total": c["steps_specialized"],
+        }
+
+    def describe(self) -> dict[str, Any]:
+        """What a run manifest records about this engine."""
+        return dict(self._describe)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self._wakeup
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self, loop: asyncio.AbstractEventLoop, until: float | None) -> None:
+        """Sleep until `until` (None: forever) or until a request or abort arrives."""
+        fut = loop.create_future()
+        self._wakeup = fut
+        handle = None
+        if until is not None:
+            handle = loop.call_at(until, _resolve, fut)
+        try:
+            await fut
+        finally:
+            self._wakeup = None
+            if handle is not None:
+                handle.cancel()
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        virtual = is_virtual(loop)
+        sched = self.scheduler
+        while True:
+            if self._aborts:
+                self._apply_aborts()
+            if not sched.has_work():
+                await self._wait(loop, None)
+                continue
+            t0 = loop.time()
+            if virtual and self.fast_forward:
+                window = sched.plan_window(self.max_window_steps)
+                if window is not None:
+                    await self._run_window(loop, window, t0)
+                    continue
+            plan = sched.schedule()
+            if plan.total_tokens == 0:
+                await asyncio.sleep(0)  # everything was preempted: the next step re-admits
+                continue
+            end = t0 + self.executor.step_seconds(plan)
+            delay = end - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            t = loop.time() if not virtual else max(loop.time(), end)
+            if self.step_observer is not None:
+                self._observe_step(plan, t0, t)
+            reqs, counts, finished = sched.update(plan)
+            for req, n in zip(reqs, counts, strict=True):
+                ch: _Channel = req.sink  # type: ignore[assignment]
+                ch.items.append(TokenEvent(t, n))
+                ch.wake()
+            for req in finished:
+                self._finish(req)
+
+    async def _run_window(self, loop: asyncio.AbstractEventLoop, w: WindowPlan, t0: float) -> None:
+        ends = t0 + np.cumsum(self.executor.window_seconds(w))
+        await self._wait(loop, float(ends[-1]))
+        now = loop.time()
+        # the step in flight at `now` completes before anything new is scheduled (as on a GPU)
+        m = min(int(np.searchsorted(ends, now, side="left")) + 1, len(ends))
+        delay = float(ends[m - 1]) - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t_last = max(loop.time(), float(ends[m - 1]))
+        times = ends[:m].tolist()
+        times[-1] = t_last
+        if self.step_observer is not None:
+            self._observe_window(w, m, t0, times)
+        reqs, finished = self.scheduler.commit_window(w, m)
+        for req, col in zip(reqs, w.emitted[:m].T.tolist(), strict=True):
+            ch: _Channel = req.sink  # type: ignore[assignment]
+            ch.items.extend([TokenEvent(t, n) for t, n in zip(times, col, strict=True) if n])
+            ch.wake()
+        for req in finished:
+            self._finish(req)
+
+    def _finish(self, req: Req) -> None:
+        ch: _Channel = req.sink  # type: ignore[assignment]
+        if ch is None:
+            return
+        ch.done = True
+        ch.items.append(
+            FinalUsage(
+                prompt_tokens=req.prompt_len,
+                completion_tokens=req.num_output,
+                cached_tokens=max(req.cached_tokens, 0),
+                finish_reason=req.finish_reason or "length",
+            )
+        )
+        ch.wake()
+
+    def _apply_aborts(self) -> None:
+        aborts, self._aborts = self._aborts, []
+        for rid in aborts:
+            req = self.scheduler.abort(rid)
+            if req is not None:
+                self._finish(req)
+
+    # -- step records (engine trace) ----------------------------------------------------------
+    def _observe_step(self, plan: StepPlan, t0: float, t: float) -> None:
+        slot_req = self.scheduler.slot_req
+        rows = [
+            {"id": slot_req[s].id, "tokens": n, "cached_tokens": max(slot_req[s].cached_tokens, 0)}  # type: ignore[union-attr]
+            for s, n in zip(plan.slots.tolist(), plan.num_sched.tolist(), strict=True)
+        ]
+        self._emit_record(
+            t0,
+            t - t0,
+            plan.path,
+            plan.num_prefill_tokens,
+            plan.num_decode_tokens,
+            plan.num_running,
+            plan.num_waiting,
+            plan.preempted,
+            rows,
+        )
+
+    def _observe_window(self, w: WindowPlan, m: int, t0: float, times: list[float]) -> None:
+        slot_req = self.scheduler.slot_req
+        reqs = [slot_req[s] for s in w.slots.tolist()]
+        rows = [{"id": r.id, "tokens": w.q, "cached_tokens": max(r.cached_tokens, 0)} for r in reqs]  # type: ignore[union-attr]
+        start = t0
+        for j in range(m):
+            self._emit_record(
+                start,
+                times[j] - start,
+                w.path,
+                0,
+                w.q * len(reqs),
+                w.num_running,
+                w.num_waiting,
+                [],
+                rows,
+            )
+            start = times[j]
+
+    def _emit_record(
+        self,
+        t0: float,
+        duration: float,
+        path: str,
+        prefill: int,
+        decode: int,
+        running: int,
+        waiting: int,
+        preempted: list[str],
+        rows: list[dict[str, Any]],
+    ) -> None:
+        assert self.step_observer is not None
+        self.step_observer(
+            {
+                "step": self._step_no,
+                "t_start_s": t0,
+                "duration_s": duration,
+                "path": path,
+                "num_prefill_tokens": prefill,
+                "num_decode_tokens": decode,
+                "num_running": running,
+                "num_waiting": waiting,
+                "preempted": list(preempted),
+                "requests": rows,
+            }
+        )
+        self._step_no += 1
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,103 @@
+"""Prefix-block hashes and synthetic output tokens, vectorized with numpy.
+
+vLLM's prefix cache keys each full block by a hash chained from the first block, so a block's
+key identifies the whole prefix that ends with it. Chaining block by block in Python would cost
+16k Python steps for a 256k-token prompt; instead each block's key is a polynomial hash of the
+entire prefix, H_j = sum_{l<=j} local_l * Q^(j-l) (mod 2**64), computed for every block at once as
+Q^j * cumsum(local_l * Q^-l) (Q odd, so invertible mod 2**64). It identifies the same thing as
+the chained hash (two blocks get one key iff their whole prefixes are equal, up to 64-bit
+collisions), so hit/miss behaviour is vLLM's.
+
+Generated tokens are hashed too (the next turn of a conversation hits what this turn
+generated). The simulator has no model, so its output ids are synthetic: a deterministic function
+of the prompt (`synthetic_output_ids`), which a client can reproduce to build a next turn that
+continues this one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+_MASK = (1 << 64) - 1
+_P = 0x9FB21C651E98DF25  # odd base of the within-block polynomial
+_TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
+_TOK_MUL = np.uint64(0xD6E8FEB86659FD93)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+def mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer over a uint64 array (returns a new array)."""
+    z = z ^ (z >> _S30)
+    z = z * _M1
+    z = z ^ (z >> _S27)
+    z = z * _M2
+    return z ^ (z >> _S31)
+
+
+class _Powers:
+    """Tables Q^j and Q^-j (mod 2**64) for one block size, grown on demand."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        p = _P
+        within = [pow(p, block_size - 1 - i, 1 << 64) for i in range(block_size)]
+        self.within = np.array(within, dtype=np.uint64)
+        self.q = pow(p, block_size, 1 << 64)
+        self.q_inv = pow(self.q, -1, 1 << 64)
+        self.fwd = np.ones(0, dtype=np.uint64)
+        self.inv = np.ones(0, dtype=np.uint64)
+        self.salt = np.zeros(0, dtype=np.uint64)
+
+    def ensure(self, n: int) -> None:
+        if len(self.fwd) >= n:
+            return
+        size = max(n, 2 * len(self.fwd), 1024)
+        fwd = [1] * size
+        inv = [1] * size
+        for j in range(1, size):
+            fwd[j] = (fwd[j - 1] * self.q) & _MASK
+            inv[j] = (inv[j - 1] * self.q_inv) & _MASK
+        self.fwd = np.array(fwd, dtype=np.uint64)
+        self.inv = np.array(inv, dtype=np.uint64)
+        self.salt = np.arange(1, size + 1, dtype=np.uint64) * _GOLDEN
+
+
+_POWERS: dict[int, _Powers] = {}
+
+
+def block_hashes(token_ids: np.ndarray, block_size: int) -> np.ndarray:
+    """Nonzero uint64 keys of every full block; key j covers tokens [0, (j+1)*bs)."""
+    n_full = len(token_ids) // block_size
+    if n_full == 0:
+        return np.zeros(0, dtype=np.uint64)
+    pw = _POWERS.get(block_size)
+    if pw is None:
+        pw = _POWERS[block_size] = _Powers(block_size)
+    pw.ensure(n_full)
+    x = np.asarray(token_ids[: n_full * block_size]).astype(np.uint64)
+    x += _TOK_ADD
+    x *= _TOK_MUL
+    local = (x.reshape(n_full, block_size) * pw.within).sum(axis=1, dtype=np.uint64)
+    chained = np.cumsum(local * pw.inv[:n_full], dtype=np.uint64) * pw.fwd[:n_full]
+    return mix64(chained ^ pw.salt[:n_full]) | np.uint64(1)
+
+
+def synthetic_output_ids(
+    prompt_token_ids: np.ndarray, n: int, vocab_size: int = 32000
+) -> np.ndarray:
+    """The `n` int64 token ids the simulator 'generates' for this prompt, in [1, vocab_size).
+
+    A pure function of the prompt's content (like greedy decoding), so a client that wants its
+    next turn to continue this one exactly can append these ids to the prompt.
+    """
+    prompt = np.ascontiguousarray(np.asarray(prompt_token_ids, dtype=np.int64))
+    digest = hashlib.blake2b(prompt.tobytes(), digest_size=8, person=b"agentab-out").digest()
+    seed = np.uint64(int.from_bytes(digest, "little"))
+    pos = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN
+    z = mix64(pos + seed)
+    return (z % np.uint64(vocab_size - 1)).astype(np.int64) + 1

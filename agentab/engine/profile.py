@@ -1,0 +1,258 @@
+"""HardwareProfile: what one GPU configuration costs per step, loaded from a validated TOML file.
+
+The simulator has no GPU; a profile is its cost model. Everything that differs between decode
+paths lives here (per-layer time tables, fixed per-step costs), so the A/B effect the simulator
+shows is exactly what the profile encodes. A profile names its `gpu_count`: both arms of an A/B
+must use the same profile, hence the same GPU count. The file format is documented in
+docs/engine.md; units are in the key names (`_us`, `_per_s`, `_bytes`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentab.errors import AgentabError
+
+PATHS = ("standard", "specialized")
+STATUSES = ("published-derived", "measured", "unmeasured-placeholder")
+
+
+@dataclass(frozen=True)
+class DecodeTable:
+    """Per-layer time of one decode path over (padded) batch tokens, interpolated linearly."""
+
+    batch_tokens: np.ndarray
+    layer_time_us: np.ndarray
+    step_fixed_us: float
+
+    def layer_us(self, tokens: float) -> float:
+        return float(np.interp(tokens, self.batch_tokens, self.layer_time_us))
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.batch_tokens[-1])
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """A validated profile. `content_hash` (sha256 of the file bytes) identifies it in manifests."""
+
+    name: str
+    status: str
+    source: str
+    content_hash: str
+    model: str
+    gpu_name: str
+    gpu_count: int
+    tp: int
+    num_layers: int
+    kv_layers: int
+    kv_block_size_tokens: int
+    kv_capacity_blocks: int
+    kv_bytes_per_token_per_layer: float
+    hbm_read_bytes_per_s: float
+    cuda_graph_max_tokens: int
+    standard: DecodeTable
+    specialized: DecodeTable
+    specialized_max_padded_tokens: int
+    specialized_max_requests_by_q: tuple[int, ...]
+    drafter_step_us: float
+    prefill_tokens_per_s_per_gpu: float
+    attention_flops_per_token_pair: float
+    attention_flops_per_s_per_gpu: float
+
+    def table(self, path: str) -> DecodeTable:
+        return self.specialized if path == "specialized" else self.standard
+
+    def capacity_blocks(self, block_size: int) -> int:
+        """KV capacity in blocks of `block_size` tokens (the profile states it at its own size)."""
+        return self.kv_capacity_blocks * self.kv_block_size_tokens // block_size
+
+    def kv_read_us_per_context_token(self) -> float:
+        """Microseconds per step for each context token attended by a decode row (all layers)."""
+        return self.kv_layers * self.kv_bytes_per_token_per_layer / self.hbm_read_bytes_per_s * 1e6
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "profile": self.name,
+            "profile_hash": self.content_hash,
+            "profile_status": self.status,
+            "gpu_name": self.gpu_name,
+            "gpu_count": self.gpu_count,
+            "tp": self.tp,
+            "model": self.model,
+        }
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the profiles shipped inside the package."""
+    root = resources.files("agentab.engine") / "profiles"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def load_profile(profile: str | Path) -> HardwareProfile:
+    """Load a profile by builtin name or file path; bad content raises a one-line AgentabError."""
+    path = Path(profile)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise AgentabError(f"{path}: profile file not found")
+        data = path.read_bytes()
+        source = str(path)
+    else:
+        res = resources.files("agentab.engine") / "profiles" / f"{profile}.toml"
+        if not res.is_file():
+            known = ", ".join(builtin_profiles())
+            raise AgentabError(f"profile {profile!r}: no such builtin profile (known: {known})")
+        data = res.read_bytes()
+        source = f"builtin:{profile}"
+    return parse_profile(data, source)
+
+
+def parse_profile(data: bytes, source: str) -> HardwareProfile:
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise AgentabError(f"{source}: not valid TOML: {exc}") from None
+    r = _Reader(doc, source)
+    fmt = r.int("format_version", 1, 1)
+    del fmt
+    status = r.str("status")
+    if status not in STATUSES:
+        raise AgentabError(f"{source}: status: must be one of {', '.join(STATUSES)}")
+    num_layers = r.int("num_layers", 1)
+    kv = r.table("kv_cache")
+    dec = r.table("decode")
+    std = dec.table("standard")
+    spec = dec.table("specialized")
+    pre = r.table("prefill")
+    sd = r.table("spec_decode")
+    limits = spec.int_list("max_requests_by_q")
+    if len(limits) != 8:
+        raise AgentabError(
+            f"{source}: decode.specialized.max_requests_by_q: needs 8 entries (q=1..8)"
+        )
+    profile = HardwareProfile(
+        name=r.str("name"),
+        status=status,
+        source=source,
+        content_hash=hashlib.sha256(data).hexdigest(),
+        model=r.str("model"),
+        gpu_name=r.str("gpu_name"),
+        gpu_count=r.int("gpu_count", 1),
+        tp=r.int("tp", 1),
+        num_layers=num_layers,
+        kv_layers=r.int("kv_layers", 0, num_layers),
+        kv_block_size_tokens=kv.int("block_size_tokens", 1),
+        kv_capacity_blocks=kv.int("capacity_blocks", 1),
+        kv_bytes_per_token_per_layer=kv.float("bytes_per_token_per_layer", 0.0),
+        hbm_read_bytes_per_s=kv.float("hbm_read_bytes_per_s", 1.0),
+        cuda_graph_max_tokens=dec.int("cuda_graph_max_tokens", 1),
+        standard=_decode_table(std),
+        specialized=_decode_table(spec),
+        specialized_max_padded_tokens=spec.int("max_padded_tokens", 1),
+        specialized_max_requests_by_q=tuple(limits),
+        drafter_step_us=sd.float("drafter_step_us", 0.0),
+        prefill_tokens_per_s_per_gpu=pre.float("tokens_per_s_per_gpu", 1.0),
+        attention_flops_per_token_pair=pre.float("attention_flops_per_token_pair", 0.0),
+        attention_flops_per_s_per_gpu=pre.float("attention_flops_per_s_per_gpu", 1.0),
+    )
+    for sub in (r, kv, dec, std, spec, pre, sd):
+        sub.done()
+    return profile
+
+
+def _decode_table(r: _Reader) -> DecodeTable:
+    tokens = r.float_list("batch_tokens")
+    times = r.float_list("layer_time_us")
+    if len(tokens) != len(times) or not tokens:
+        raise AgentabError(f"{r.where('layer_time_us')}: needs one value per batch_tokens entry")
+    if any(b <= a for a, b in itertools.pairwise(tokens)) or tokens[0] < 1:
+        raise AgentabError(f"{r.where('batch_tokens')}: must be increasing and >= 1")
+    if any(t <= 0 for t in times):
+        raise AgentabError(f"{r.where('layer_time_us')}: every time must be > 0")
+    return DecodeTable(
+        np.array(tokens, dtype=np.float64),
+        np.array(times, dtype=np.float64),
+        r.float("step_fixed_us", 0.0),
+    )
+
+
+class _Reader:
+    """Typed access to one TOML table that names the file and key in every error and rejects
+    keys it was never asked for (a misspelt key must not silently fall back to nothing)."""
+
+    def __init__(self, doc: dict[str, Any], source: str, prefix: str = "") -> None:
+        self.doc = doc
+        self.source = source
+        self.prefix = prefix
+        self.used: set[str] = set()
+
+    def where(self, key: str) -> str:
+        return f"{self.source}: {self.prefix}{key}"
+
+    def _get(self, key: str) -> Any:
+        self.used.add(key)
+        if key not in self.doc:
+            raise AgentabError(f"{self.where(key)}: missing")
+        return self.doc[key]
+
+    def table(self, key: str) -> _Reader:
+        value = self._get(key)
+        if not isinstance(value, dict):
+            raise AgentabError(f"{self.where(key)}: must be a table")
+        return _Reader(value, self.source, f"{self.prefix}{key}.")
+
+    def str(self, key: str) -> str:
+        value = self._get(key)
+        if not isinstance(value, str) or not value:
+            raise AgentabError(f"{self.where(key)}: must be a non-empty string")
+        return value
+
+    def int(self, key: str, lo: int | None = None, hi: int | None = None) -> int:
+        value = self._get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise AgentabError(f"{self.where(key)}: must be an integer")
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise AgentabError(f"{self.where(key)}: {value} out of range [{lo}, {hi}]")
+        return value
+
+    def float(self, key: str, lo: float | None = None) -> float:
+        value = self._get(key)
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise AgentabError(f"{self.where(key)}: must be a number")
+        if not math.isfinite(value) or (lo is not None and value < lo):
+            raise AgentabError(f"{self.where(key)}: {value} must be finite and >= {lo}")
+        return float(value)
+
+    def float_list(self, key: str) -> list[float]:
+        value = self._get(key)
+        ok = isinstance(value, list) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value
+        )
+        if not ok:
+            raise AgentabError(f"{self.where(key)}: must be a list of numbers")
+        return [float(v) for v in value]
+
+    def int_list(self, key: str) -> list[int]:
+        value = self._get(key)
+        ok = isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+        )
+        if not ok:
+            raise AgentabError(f"{self.where(key)}: must be a list of integers >= 1")
+        return list(value)
+
+    def done(self) -> None:
+        extra = sorted(set(self.doc) - self.used)
+        if extra:
+            raise AgentabError(f"{self.where(extra[0])}: unknown key")

@@ -1,0 +1,647 @@
+"""Continuous batching with vLLM V1 semantics over a struct-of-arrays running set.
+
+Each step (REFERENCE.md section 4): running requests first, in admission order, each given
+min(remaining, budget) tokens of `max_num_batched_tokens` (a decoding request's remaining work is
+1 + k: its last sampled token plus k drafts); if a running request's blocks cannot be allocated,
+the most recently admitted running request is preempted (recompute: blocks freed with their
+hashes, back to the head of the waiting queue) until it fits or it preempted itself. Then, only if
+nothing was preempted this step, waiting requests FCFS while the budget lasts and fewer than
+`max_num_seqs` run: a request is admitted only if its whole prompt (less its prefix hit) fits in
+free blocks, and the first one that does not fit stops admission (head-of-line blocking). Prompts
+are chunked to the budget.
+
+Speed: the simulator must not do Python work per running request per step. Per-request state of
+the running set lives in numpy arrays indexed by slot (computed tokens, output tokens, block
+table, block hashes), so one step is a few dozen array operations whatever the batch size, and
+`plan_window` prices many pure-decode steps at once (see engine.core).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agentab.engine.hashing import block_hashes, synthetic_output_ids
+from agentab.engine.kv_cache import BlockPool
+from agentab.engine.paths import padded_tokens, specialized_ok
+from agentab.engine.spec_decode import SpecConfig, request_key
+from agentab.errors import AgentabError
+
+_I64 = np.int64
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler limits (vLLM's defaults on H100/H200 where they have one)."""
+
+    num_blocks: int
+    block_size: int = 16
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    specialized: bool = False  # decode_backend == "latency_specialized"
+    specialized_max_padded: int = 64
+    specialized_max_requests_by_q: tuple[int, ...] = (64, 32, 19, 16, 12, 10, 8, 8)
+    cuda_graph_max_tokens: int = 512
+    vocab_size: int = 32000
+
+    def __post_init__(self) -> None:
+        for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise AgentabError(f"{name}: {value!r} must be an integer >= 1")
+        if self.max_num_batched_tokens < 1 + self.spec.num_draft_tokens:
+            raise AgentabError("max_num_batched_tokens: smaller than one verify step (1 + k)")
+
+
+class Req:
+    """One request's identity and the state that survives preemption."""
+
+    __slots__ = (
+        "cached_tokens",
+        "finish_reason",
+        "hashes",
+        "id",
+        "key",
+        "max_tokens",
+        "num_output",
+        "num_preemptions",
+        "prompt_len",
+        "sink",
+        "slot",
+        "spec_index",
+        "tokens",
+    )
+
+    def __init__(self, request_id: str, tokens: np.ndarray, prompt_len: int, max_tokens: int):
+        self.id = request_id
+        self.key = request_key(request_id)
+        self.tokens = tokens  # prompt followed by the synthetic output ids
+        self.hashes: np.ndarray = np.zeros(0, dtype=np.uint64)
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.num_output = 0
+        self.cached_tokens = -1
+        self.num_preemptions = 0
+        self.slot = -1
+        self.spec_index = 0
+        self.finish_reason: str | None = None
+        self.sink: object = None  # the engine's event channel
+
+
+@dataclass
+class StepPlan:
+    """What one step runs: rows (slots) in schedule order and their token counts."""
+
+    slots: np.ndarray
+    num_sched: np.ndarray
+    computed_before: np.ndarray
+    is_decode: np.ndarray
+    drafts: np.ndarray
+    path: str
+    total_tokens: int
+    padded_tokens: int
+    preempted: list[str]
+    num_running: int
+    num_waiting: int
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return int(self.num_sched[~self.is_decode].sum())
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return int(self.num_sched[self.is_decode].sum())
+
+    @property
+    def decode_context_tokens(self) -> int:
+        """Context tokens the decode rows attend to (their KV read this step)."""
+        d = self.is_decode
+        return int((self.computed_before[d] + self.num_sched[d]).sum())
+
+
+@dataclass
+class WindowPlan:
+    """`num_steps` pure-decode steps of the same rows, priced at once (see plan_window)."""
+
+    slots: np.ndarray
+    q: int
+    path: str
+    padded_tokens: int
+    emitted: np.ndarray  # (steps, rows) tokens emitted per step, capped at max_tokens
+    accepted: np.ndarray  # (steps, rows) drafts accepted
+    context: np.ndarray  # (steps,) context tokens read per step (sum over rows)
+    computed0: np.ndarray  # (rows,) computed tokens at the window start
+    cum_uncapped: np.ndarray  # (steps, rows) inclusive cumulative emitted before capping
+    num_running: int
+    num_waiting: int
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.emitted.shape[0])
+
+
+class Scheduler:
+    """Requests, the running set (arrays by slot), the waiting queue and the block pool."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.cfg = config
+        self.bs = config.block_size
+        self.k = config.spec.num_draft_tokens
+        self.pool = BlockPool(config.num_blocks)
+        self.waiting: deque[Req] = deque()
+        self.requests: dict[str, Req] = {}
+        self.run = np.zeros(0, dtype=_I64)  # running slots in admission order
+        self.slot_req: list[Req | None] = []
+        self._free_slots: list[int] = []
+        self._cap = 0
+        self._cols = 0
+        self._grow(16, 64)
+        self.counters: dict[str, float] = dict.fromkeys(
+            (
+                "prefix_cache_queries",
+                "prefix_cache_hits",
+                "prefix_cache_preempted_queries",
+                "prefix_cache_preempted_hits",
+                "spec_decode_num_drafts",
+                "spec_decode_num_draft_tokens",
+                "spec_decode_num_accepted_tokens",
+                "num_preemptions",
+                "prompt_tokens",
+                "generation_tokens",
+                "request_success",
+                "request_abort",
+                "steps_standard",
+                "steps_specialized",
+            ),
+            0.0,
+        )
+
+    # -- slot arrays -------------------------------------------------------------------------
+    def _grow(self, cap: int, cols: int) -> None:
+        """Resize the per-slot arrays to `cap` rows and the per-block tables to `cols` columns."""
+        old_cap, old_cols = self._cap, self._cols
+
+        def vec(name: str, dtype: type) -> None:
+            new = np.zeros(cap, dtype=dtype)
+            if old_cap:
+                new[:old_cap] = getattr(self, name)
+            setattr(self, name, new)
+
+        def mat(name: str, dtype: type) -> None:
+            new = np.zeros((cap, cols), dtype=dtype)
+            if old_cap:
+                new[:old_cap, :old_cols] = getattr(self, name)
+            setattr(self, name, new)
+
+        if cap != old_cap:
+            for name in ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached"):
+                vec(name, _I64)
+            vec("spec_idx", _I64)
+            vec("keys", np.uint64)
+            vec("in_decode", np.bool_)
+            self.slot_req.extend([None] * (cap - old_cap))
+            self._free_slots.extend(range(cap - 1, old_cap - 1, -1))
+        mat("block_table", _I64)
+        mat("hash_table", np.uint64)
+        self._cap, self._cols = cap, cols
+
+    def _take_slot(self, req: Req) -> int:
+        cols_needed = self._blocks_for(len(req.tokens) + self.k)
+        if not self._free_slots or cols_needed > self._cols:
+            cap = self._cap * 2 if not self._free_slots else self._cap
+            cols = self._cols
+            while cols < cols_needed:
+                cols *= 2
+            self._grow(cap, cols)
+        slot = self._free_slots.pop()
+        self.slot_req[slot] = req
+        req.slot = slot
+        return slot
+
+    def _release_slot(self, slot: int) -> None:
+        self.slot_req[slot] = None
+        self._free_slots.append(slot)
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.bs)
+
+    # -- requests ----------------------------------------------------------------------------
+    def add(self, request_id: str, prompt: np.ndarray, max_tokens: int) -> Req:
+        """Queue a request (validated); its block hashes cover prompt and future output."""
+        if request_id in self.requests:
+            raise AgentabError(f"request {request_id!r}: id already in flight")
+        prompt = np.asarray(prompt)
+        if prompt.ndim != 1 or len(prompt) == 0:
+            raise AgentabError(f"request {request_id!r}: prompt must be a non-empty 1-d array")
+        if not np.issubdtype(prompt.dtype, np.integer):
+            raise AgentabError(f"request {request_id!r}: prompt token ids must be integers")
+        if not isinstance(max_tokens, int | np.integer) or max_tokens < 1:
+            raise AgentabError(f"request {request_id!r}: max_tokens {max_tokens!r} must be >= 1")
+        max_tokens = int(max_tokens)
+        need = self._blocks_for(len(prompt) + max_tokens + self.k)
+        if need > self.cfg.num_blocks:
+            raise AgentabError(
+                f"request {request_id!r}: {len(prompt)} prompt + {max_tokens} output tokens "
+                f"need {need} KV blocks; the cache has {self.cfg.num_blocks}"
+            )
+        out = synthetic_output_ids(prompt, max_tokens, self.cfg.vocab_size)
+        tokens = np.concatenate([prompt.astype(_I64, copy=False), out])
+        req = Req(request_id, tokens, len(prompt), max_tokens)
+        req.hashes = block_hashes(tokens, self.bs)
+        self.requests[request_id] = req
+        self.waiting.append(req)
+        self.counters["prompt_tokens"] += len(prompt)
+        return req
+
+    def has_work(self) -> bool:
+        return bool(len(self.run) or self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.run)
+
+    def abort(self, request_id: str) -> Req | None:
+        """Remove a request wherever it is; returns it (finish_reason "abort") or None."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return None
+        if req.slot >= 0:
+            self._save_and_free(req.slot)
+            self.run = self.run[self.run != req.slot]
+            self._release_slot(req.slot)
+            req.slot = -1
+        else:
+            self.waiting.remove(req)
+        req.finish_reason = "abort"
+        self.counters["request_abort"] += 1
+        return req
+
+    def _save_and_free(self, slot: int) -> None:
+        """Copy a running request's progress back to its Req and free its blocks (tail first)."""
+        req = self.slot_req[slot]
+        assert req is not None
+        req.num_output = int(self.output[slot])
+        req.spec_index = int(self.spec_idx[slot])
+        n = int(self.nblocks[slot])
+        self.pool.free(self.block_table[slot, :n][::-1])
+        self.nblocks[slot] = 0
+        self.ncached[slot] = 0
+
+    def _preempt_last(self) -> Req:
+        slot = int(self.run[-1])
+        self.run = self.run[:-1]
+        req = self.slot_req[slot]
+        assert req is not None
+        self._save_and_free(slot)
+        self._release_slot(slot)
+        req.slot = -1
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+        self.counters["num_preemptions"] += 1
+        return req
+
+    # -- block bookkeeping (vectorized over rows) ----------------------------------------------
+    def _alloc_rows(self, slots: np.ndarray, need: np.ndarray) -> None:
+        """Append `need[i]` fresh blocks to row slots[i]'s block table."""
+        total = int(need.sum())
+        if total == 0:
+            return
+        ids = self.pool.allocate(total)
+        rows, cols = _ragged(slots, self.nblocks[slots], need)
+        self.block_table[rows, cols] = ids
+        self.nblocks[slots] += need
+
+    def _register_rows(self, slots: np.ndarray, full: np.ndarray) -> None:
+        """Cache the blocks of rows that are now full of computed (or scheduled) tokens."""
+        start = self.ncached[slots]
+        count = np.maximum(full - start, 0)
+        if not count.any():
+            return
+        rows, cols = _ragged(slots, start, count)
+        self.pool.register(self.block_table[rows, cols], self.hash_table[rows, cols])
+        self.ncached[slots] = start + count
+
+    # -- one step ------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        budget = self.cfg.max_num_batched_tokens
+        k, bs = self.k, self.bs
+        preempted: list[str] = []
+        run = self.run
+        if len(run):
+            comp = self.computed[run]
+            rem = self.ntokens[run] - comp + np.where(self.in_decode[run], k, 0)
+            start = np.cumsum(rem) - rem
+            sched = np.clip(budget - start, 0, rem)
+            target = -(-(comp + sched + k) // bs)
+            need = np.where(sched > 0, np.maximum(target - self.nblocks[run], 0), 0)
+            if int(need.sum()) <= self.pool.num_free:
+                self._alloc_rows(run, need)
+                rows, row_sched = run, sched
+            else:
+                rows, row_sched = self._schedule_running_under_pressure(budget, preempted)
+            budget -= int(row_sched.sum())
+            keep = row_sched > 0
+            rows, row_sched = rows[keep], row_sched[keep]
+            if len(rows):
+                comp = self.computed[rows]
+                self._register_rows(rows, np.minimum(comp + row_sched, self.ntokens[rows]) // bs)
+        else:
+            rows = row_sched = np.zeros(0, dtype=_I64)
+        new_rows: list[int] = []
+        new_sched: list[int] = []
+        if not preempted:
+            self._admit(budget, new_rows, new_sched)
+        if new_rows:
+            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
+            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
+        comp = self.computed[rows]
+        is_decode = self.in_decode[rows].copy()
+        drafts = np.where(is_decode, np.maximum(comp + row_sched - self.ntokens[rows], 0), 0)
+        total = int(row_sched.sum())
+        path = "standard"
+        padded = total
+        if total and is_decode.all():
+            padded = padded_tokens(total, self.cfg.cuda_graph_max_tokens)
+            if self.cfg.specialized and specialized_ok(
+                row_sched,
+                k,
+                self.cfg.specialized_max_padded,
+                self.cfg.specialized_max_requests_by_q,
+                self.cfg.cuda_graph_max_tokens,
+            ):
+                path = "specialized"
+        return StepPlan(
+            slots=rows,
+            num_sched=row_sched,
+            computed_before=comp,
+            is_decode=is_decode,
+            drafts=drafts,
+            path=path,
+            total_tokens=total,
+            padded_tokens=padded,
+            preempted=preempted,
+            num_running=len(self.run),
+            num_waiting=len(self.waiting),
+        )
+
+    def _schedule_running_under_pressure(
+        self, budget: int, preempted: list[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """vLLM's running loop one request at a time, preempting from the tail on failure."""
+        k, _bs = self.k, self.bs
+        order = self.run.tolist()
+        done_rows: list[int] = []
+        done_sched: list[int] = []
+        i = 0
+        while i < len(order):
+            slot = order[i]
+            comp = int(self.computed[slot])
+            rem = int(self.ntokens[slot]) - comp + (k if self.in_decode[slot] else 0)
+            n = min(rem, budget)
+            if n == 0:
+                i += 1
+                continue
+            need = max(self._blocks_for(comp + n + k) - int(self.nblocks[slot]), 0)
+            scheduled = True
+            while need > self.pool.num_free:
+                victim_slot = int(self.run[-1])
+                victim = self._preempt_last()
+                order.pop()
+                preempted.append(victim.id)
+                if victim_slot == slot:
+                    scheduled = False  # it preempted itself: nothing left to free
+                    break
+            if not scheduled:
+                break
+            self._alloc_rows(np.array([slot], dtype=_I64), np.array([need], dtype=_I64))
+            done_rows.append(slot)
+            done_sched.append(n)
+            budget -= n
+            i += 1
+        return np.array(done_rows, dtype=_I64), np.array(done_sched, dtype=_I64)
+
+    def _admit(self, budget: int, new_rows: list[int], new_sched: list[int]) -> None:
+        """Admit waiting requests FCFS (see the module docstring for the rules)."""
+        k, bs, pool = self.k, self.bs, self.pool
+        while self.waiting and budget > 0 and len(self.run) < self.cfg.max_num_seqs:
+            req = self.waiting[0]
+            ntok = req.prompt_len + req.num_output
+            hits = pool.lookup(req.hashes[: (ntok - 1) // bs])
+            hit_tokens = len(hits) * bs
+            n = min(ntok - hit_tokens, budget)
+            whole = self._blocks_for(ntok + k) - len(hits)
+            if whole + pool.num_free_among(hits) > pool.num_free:
+                break  # head-of-line: nothing behind it is admitted this step
+            self.waiting.popleft()
+            pool.touch(hits)
+            if req.num_preemptions == 0:
+                req.cached_tokens = hit_tokens
+                self.counters["prefix_cache_queries"] += ntok
+                self.counters["prefix_cache_hits"] += hit_tokens
+            else:
+                self.counters["prefix_cache_preempted_queries"] += ntok
+                self.counters["prefix_cache_preempted_hits"] += hit_tokens
+            slot = self._take_slot(req)
+            nh = len(req.hashes)
+            self.hash_table[slot, :nh] = req.hashes
+            self.block_table[slot, : len(hits)] = hits
+            self.nblocks[slot] = len(hits)
+            self.ncached[slot] = len(hits)
+            self.computed[slot] = hit_tokens
+            self.ntokens[slot] = ntok
+            self.output[slot] = req.num_output
+            self.maxtok[slot] = req.max_tokens
+            self.spec_idx[slot] = req.spec_index
+            self.keys[slot] = np.uint64(req.key)
+            self.in_decode[slot] = False
+            one = np.array([slot], dtype=_I64)
+            self._alloc_rows(one, np.array([self._blocks_for(hit_tokens + n + k) - len(hits)]))
+            self._register_rows(one, np.array([min(hit_tokens + n, ntok) // bs]))
+            self.run = np.append(self.run, slot)
+            new_rows.append(slot)
+            new_sched.append(n)
+            budget -= n
+
+    def update(self, plan: StepPlan) -> tuple[list[Req], list[int], list[Req]]:
+        """Apply a finished step: advance rows, sample, count; returns (reqs that emitted
+        tokens, how many each, reqs that finished). Finished requests are freed."""
+        s = plan.slots
+        if len(s) == 0:
+            return [], [], []
+        self.counters["steps_" + plan.path] += 1
+        comp = plan.computed_before + plan.num_sched
+        dec = plan.is_decode
+        emitted = np.zeros(len(s), dtype=_I64)
+        if dec.any():
+            ds = s[dec]
+            drafts = plan.drafts[dec]
+            acc = self.cfg.spec.accepted(self.keys[ds], self.spec_idx[ds], drafts)
+            comp[dec] -= drafts - acc
+            emitted[dec] = acc + 1
+            verified = drafts > 0
+            if verified.any():
+                self.spec_idx[ds[verified]] += 1
+                c = self.counters
+                c["spec_decode_num_drafts"] += int(np.count_nonzero(verified))
+                c["spec_decode_num_draft_tokens"] += int(drafts.sum())
+                c["spec_decode_num_accepted_tokens"] += int(acc[verified].sum())
+        pre = ~dec
+        if pre.any():
+            done = pre & (comp >= self.ntokens[s])
+            emitted[done] = 1
+            self.in_decode[s[done]] = True
+        self.computed[s] = comp
+        out = self.output[s]
+        emitted = np.minimum(emitted, self.maxtok[s] - out)
+        self.output[s] = out + emitted
+        self.ntokens[s] += emitted
+        self.counters["generation_tokens"] += int(emitted.sum())
+        nz = np.flatnonzero(emitted)
+        slot_req = self.slot_req
+        reqs = [slot_req[x] for x in s[nz].tolist()]
+        counts = emitted[nz].tolist()
+        fin_mask = self.output[s] >= self.maxtok[s]
+        finished = self._finish(s[fin_mask]) if fin_mask.any() else []
+        return reqs, counts, finished  # type: ignore[return-value]
+
+    def _finish(self, slots: np.ndarray) -> list[Req]:
+        out: list[Req] = []
+        for slot in slots.tolist():
+            req = self.slot_req[slot]
+            assert req is not None
+            self._save_and_free(slot)
+            self._release_slot(slot)
+            req.slot = -1
+            req.finish_reason = "length"
+            del self.requests[req.id]
+            out.append(req)
+        self.run = self.run[~np.isin(self.run, slots)]
+        self.counters["request_success"] += len(out)
+        return out
+
+    # -- many decode steps at once -------------------------------------------------------------
+    def plan_window(self, max_steps: int) -> WindowPlan | None:
+        """Price up to `max_steps` consecutive steps if they are pure decode of the same rows.
+
+        Valid only while nothing else happens: every running request is decoding and gets its
+        full 1 + k tokens, the waiting queue is empty or cannot be admitted (only a finish frees
+        blocks or a sequence slot, and a finish ends the window), and the blocks the rows grow
+        into are free, so no preemption. The window ends at the first step where a request
+        finishes. Returns None when a normal step must run.
+        """
+        run = self.run
+        B = len(run)
+        k, bs = self.k, self.bs
+        q = 1 + k
+        if B == 0 or max_steps < 2 or not self.in_decode[run].all():
+            return None
+        if B * q > self.cfg.max_num_batched_tokens:
+            return None
+        budget_left = self.cfg.max_num_batched_tokens - B * q
+        if self.waiting and budget_left > 0 and self._admissible(self.waiting[0]):
+            return None
+        if not (self.ntokens[run] - self.computed[run] == 1).all():
+            return None
+        comp0 = self.computed[run]
+        remaining = self.maxtok[run] - self.output[run]
+        steps = np.arange(max_steps, dtype=_I64)[:, None]
+        drafts = np.full((1, B), k, dtype=_I64)
+        if k:
+            acc = self.cfg.spec.accepted(
+                self.keys[run][None, :], self.spec_idx[run] + steps, drafts
+            )
+            acc = np.broadcast_to(acc, (max_steps, B))
+        else:
+            acc = np.zeros((max_steps, B), dtype=_I64)
+        cum = np.cumsum(acc + 1, axis=0)
+        fin = cum >= remaining
+        any_fin = fin.any(axis=0)
+        n = max_steps
+        if any_fin.any():
+            n = int(fin.argmax(axis=0)[any_fin].min()) + 1
+        prev = np.zeros((n, B), dtype=_I64)
+        prev[1:] = cum[: n - 1]
+        comp_steps = comp0 + prev  # computed tokens before each step
+        target = -(-(comp_steps + q + k) // bs)
+        grow = np.maximum(target - self.nblocks[run], 0).sum(axis=1)
+        fits = grow <= self.pool.num_free
+        if not fits.all():
+            n = int(np.argmin(fits))
+            if n < 2:
+                return None
+            comp_steps = comp_steps[:n]
+        capped = np.minimum(cum[:n], remaining)
+        emitted = np.diff(capped, axis=0, prepend=np.zeros((1, B), dtype=_I64))
+        path = "standard"
+        padded = padded_tokens(B * q, self.cfg.cuda_graph_max_tokens)
+        if self.cfg.specialized and specialized_ok(
+            np.full(B, q, dtype=_I64),
+            k,
+            self.cfg.specialized_max_padded,
+            self.cfg.specialized_max_requests_by_q,
+            self.cfg.cuda_graph_max_tokens,
+        ):
+            path = "specialized"
+        return WindowPlan(
+            slots=run.copy(),
+            q=q,
+            path=path,
+            padded_tokens=padded,
+            emitted=emitted,
+            accepted=np.ascontiguousarray(acc[:n]),
+            context=(comp_steps + q).sum(axis=1),
+            computed0=comp0,
+            cum_uncapped=cum[:n],
+            num_running=B,
+            num_waiting=len(self.waiting),
+        )
+
+    def _admissible(self, req: Req) -> bool:
+        """Would the waiting head be admitted now (ignoring the token budget)?"""
+        if len(self.run) >= self.cfg.max_num_seqs:
+            return False
+        ntok = req.prompt_len + req.num_output
+        hits = self.pool.lookup(req.hashes[: (ntok - 1) // self.bs])
+        whole = self._blocks_for(ntok + self.k) - len(hits)
+        return whole + self.pool.num_free_among(hits) <= self.pool.num_free
+
+    def commit_window(self, w: WindowPlan, m: int) -> tuple[list[Req], list[Req]]:
+        """Apply the first `m` steps of a window exactly as m single steps would have.
+
+        Returns (the window's rows as Reqs, in row order; the requests that finished)."""
+        s = w.slots
+        k, bs = self.k, self.bs
+        last_comp = w.computed0 + (w.cum_uncapped[m - 2] if m >= 2 else 0)  # before step m-1
+        target = -(-(last_comp + w.q + k) // bs)
+        self._alloc_rows(s, np.maximum(target - self.nblocks[s], 0))
+        self._register_rows(s, (last_comp + 1) // bs)
+        total = w.cum_uncapped[m - 1]
+        self.computed[s] = w.computed0 + total
+        emitted = w.emitted[:m].sum(axis=0)
+        self.output[s] += emitted
+        self.ntokens[s] += emitted
+        c = self.counters
+        c["steps_" + w.path] += m
+        c["generation_tokens"] += int(emitted.sum())
+        if k:
+            self.spec_idx[s] += m
+            c["spec_decode_num_drafts"] += m * len(s)
+            c["spec_decode_num_draft_tokens"] += m * len(s) * k
+            c["spec_decode_num_accepted_tokens"] += int(w.accepted[:m].sum())
+        reqs = [self.slot_req[x] for x in s.tolist()]
+        fin_mask = self.output[s] >= self.maxtok[s]
+        finished = self._finish(s[fin_mask]) if fin_mask.any() else []
+        return reqs, finished  # type: ignore[return-value]
+
+
+def _ragged(
+    rows: np.ndarray, starts: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) pairs for counts[i] consecutive columns from starts[i] in rows[i]."""
+    total = int(counts.sum())
+    rep = np.repeat(np.arange(len(rows)), counts)
+    offs = np.arange(total, dtype=_I64) - np.repeat(np.cumsum(counts) - counts, counts)
+    return rows[rep], starts[rep] + offs

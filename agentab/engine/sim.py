@@ -1,0 +1,91 @@
+"""build_simulator: an Engine whose executor is a HardwareProfile instead of a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from agentab.engine.core import Engine
+from agentab.engine.executor import SimExecutor
+from agentab.engine.paths import BACKENDS
+from agentab.engine.profile import load_profile
+from agentab.engine.scheduler import Scheduler, SchedulerConfig
+from agentab.engine.spec_decode import SpecConfig
+from agentab.errors import AgentabError
+
+OPTIONS = (
+    "num_draft_tokens",
+    "acceptance_length",
+    "acceptance_probs",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_blocks",
+    "block_size",
+    "seed",
+    "fast_forward",
+)
+
+
+def build_simulator(profile: str | Path, decode_backend: str = "auto", **options: Any) -> Engine:
+    """An in-process simulated engine (docs/interfaces.md). Unknown options are an error.
+
+    `kv_blocks` overrides the profile's KV capacity (to force cache pressure); `fast_forward`
+    (default True) may be turned off to step one at a time on the virtual clock.
+    """
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise AgentabError(
+            f"engine options: unknown {', '.join(unknown)} (known: {', '.join(OPTIONS)})"
+        )
+    if decode_backend not in BACKENDS:
+        raise AgentabError(
+            f"decode_backend: {decode_backend!r} must be one of {', '.join(BACKENDS)}"
+        )
+    prof = load_profile(profile)
+    k = int(options.get("num_draft_tokens") or 0)
+    probs = options.get("acceptance_probs")
+    spec = SpecConfig(
+        num_draft_tokens=k,
+        acceptance_length=options.get("acceptance_length"),
+        acceptance_probs=tuple(float(p) for p in probs) if probs is not None else None,
+        seed=int(options.get("seed") or 0),
+    )
+    if decode_backend == "latency_specialized" and k > 7:
+        raise AgentabError(
+            f"num_draft_tokens: latency_specialized supports at most 7 draft tokens, got {k}"
+        )
+    block_size = int(options.get("block_size") or 16)
+    kv_blocks = options.get("kv_blocks")
+    num_blocks = int(kv_blocks) if kv_blocks is not None else prof.capacity_blocks(block_size)
+    cfg = SchedulerConfig(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=int(options.get("max_num_seqs") or 1024),
+        max_num_batched_tokens=int(options.get("max_num_batched_tokens") or 8192),
+        spec=spec,
+        specialized=decode_backend == "latency_specialized",
+        specialized_max_padded=prof.specialized_max_padded_tokens,
+        specialized_max_requests_by_q=prof.specialized_max_requests_by_q,
+        cuda_graph_max_tokens=prof.cuda_graph_max_tokens,
+    )
+    describe = {
+        "engine": "agentab-sim",
+        **prof.identity(),
+        "decode_backend": decode_backend,
+        "spec": spec.describe(),
+        "scheduler": {
+            "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "block_size": cfg.block_size,
+            "kv_blocks": cfg.num_blocks,
+            "chunked_prefill": True,
+            "prefix_caching": True,
+        },
+        "seed": spec.seed,
+    }
+    return Engine(
+        Scheduler(cfg),
+        SimExecutor(prof, k),
+        describe=describe,
+        fast_forward=bool(options.get("fast_forward", True)),
+    )

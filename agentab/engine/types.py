@@ -1,0 +1,46 @@
+"""What flows in and out of an engine: one request, its token events and its final usage.
+
+These are the engine's public vocabulary (docs/interfaces.md, engine section). They are plain
+frozen records so the replay, the OpenAI server and tests can build and compare them freely.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EngineRequest:
+    """One completion request: its prompt token ids and how many tokens to generate.
+
+    The engine always generates exactly `max_tokens` tokens (no stop strings): traces record
+    output lengths, and replay asks for exactly those.
+    """
+
+    request_id: str
+    prompt_token_ids: np.ndarray
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """`num_tokens` tokens emitted at loop time `t` (spec decode may emit several at once)."""
+
+    t: float
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinalUsage:
+    """The last item of a stream, delivered right after the request's last TokenEvent.
+
+    `cached_tokens` is the prefix-cache hit of the request's first admission (a multiple of the
+    block size), as vLLM reports it; `finish_reason` is "length" or "abort".
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: str

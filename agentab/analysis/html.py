@@ -110,7 +110,7 @@ def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figur
         frame = pl.concat([_ok(s).select("prompt_tokens", "itl_s").drop_nulls() for s in runs])
         if frame.height > SCATTER_POINTS:
             frame = frame[np.sort(rng.choice(frame.height, SCATTER_POINTS, replace=False))]
-        fig.add_scattergl(
+        fig.add_scatter(
             x=frame["prompt_tokens"].to_numpy(),
             y=frame["itl_s"].to_numpy() * 1000,
             name=name,

@@ -1,0 +1,83 @@
+"""`agentab report` and `agentab compare` as a user runs them (subprocess, exit codes, stderr)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.analysis.rundirs import synthetic_records, write_run
+from tests.analysis.test_compare import manifest
+
+
+def agentab(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentab", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("cli")
+    return {
+        "a": write_run(root / "a", synthetic_records(1), manifest()),
+        "b": write_run(
+            root / "b",
+            synthetic_records(1, itl_scale=0.8),
+            manifest(decode_backend="latency_specialized", arm="latency_specialized"),
+        ),
+        "b8": write_run(
+            root / "b8",
+            synthetic_records(1, itl_scale=0.8),
+            manifest(decode_backend="latency_specialized", arm="ls-8gpu", gpu_count=8),
+        ),
+    }
+
+
+def test_report_prints_the_table_and_writes_summary_json(runs: dict[str, Path]) -> None:
+    result = agentab("report", runs["a"])
+    assert result.returncode == 0, result.stderr
+    assert "P90 interactivity = 1/P90(ITL)" in result.stdout
+    summary = json.loads((runs["a"] / "summary.json").read_text())
+    assert summary["requests_ok"] == 160
+    assert f"{summary['p90_interactivity_tok_s']:,.1f}" in result.stdout
+
+
+def test_compare_json_has_metrics_and_guard(runs: dict[str, Path]) -> None:
+    result = agentab("compare", runs["a"], runs["b"], "--json", "--resamples", "500")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    headline = data["metrics"]["p90_interactivity_tok_s"]
+    assert set(headline) >= {"a", "b", "ratio", "ci_low", "ci_high", "verdict"}
+    assert headline["ratio"] == pytest.approx(1 / 0.8)
+    assert headline["verdict"] == "better"
+    assert data["guard"] == []
+
+
+def test_compare_refuses_different_gpu_counts_in_one_line(runs: dict[str, Path]) -> None:
+    result = agentab("compare", runs["a"], runs["b8"])
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gpu_count (A: 16, B: 8)" in lines[0]
+
+
+def test_allow_diff_marks_the_first_line_as_confounded(runs: dict[str, Path]) -> None:
+    result = agentab(
+        "compare", runs["a"], runs["b8"], "--allow-diff", "gpu_count", "--resamples", "200"
+    )
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("**CONFOUNDED by gpu_count**")
+
+
+def test_report_of_a_missing_dir_is_one_line(tmp_path: Path) -> None:
+    result = agentab("report", tmp_path / "nope")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "not a run dir" in result.stderr

@@ -1,0 +1,118 @@
+"""Experiment files: the valid shape parses; every mistake is one line naming file, line, field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentab.analysis.experiment import load_experiment
+from agentab.errors import AgentabError
+
+VALID = """\
+name = "t"
+repeats = 2
+seed = 7
+
+[workload]
+generate = { preset = "agentx-coding", sessions = 4 }
+
+[gpus]
+count = 16
+
+[replay]
+concurrency = 2
+duration_s = 60
+
+[engine]
+kind = "simulator"
+profile = "gb300-tp16-kimi-k3"
+num_draft_tokens = 7
+
+[[arms]]
+decode_backend = "auto"
+
+[[arms]]
+decode_backend = "latency_specialized"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.toml"
+    path.write_text(text)
+    return path
+
+
+def error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(AgentabError) as exc:
+        load_experiment(write(tmp_path, text))
+    message = str(exc.value)
+    assert "\n" not in message
+    return message
+
+
+def test_valid_experiment(tmp_path: Path) -> None:
+    exp = load_experiment(write(tmp_path, VALID))
+    assert (exp.name, exp.repeats, exp.seed, exp.gpu_count) == ("t", 2, 7, 16)
+    assert [a.name for a in exp.arms] == ["auto", "latency_specialized"]
+    assert exp.workload["generate"] == {
+        "preset": "agentx-coding",
+        "sessions": 4,
+        "seed": 7,
+        "config": {},
+    }
+    assert exp.engine == {"profile": "gb300-tp16-kimi-k3", "num_draft_tokens": 7}
+    assert (exp.resamples, exp.confidence) == (10_000, 0.95)
+
+
+def test_the_example_experiments_parse() -> None:
+    root = Path(__file__).resolve().parents[2] / "examples"
+    for path in sorted(root.glob("*.toml")):
+        exp = load_experiment(path)
+        assert exp.arms[0].decode_backend != exp.arms[1].decode_backend or "aa" in path.name
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        ("repeats = 2", "repeat = 2", "exp.toml:2: unknown key 'repeat' in top level"),
+        ('kind = "simulator"', 'kind = "simulator"\nprofil = "x"',
+         "exp.toml:17: unknown key 'profil' in [engine]"),
+        ("concurrency = 2", "concurency = 2",
+         "exp.toml:12: [replay]: unknown replay option(s) concurency"),
+        ("concurrency = 2", "seed = 3", "exp.toml:12: [replay] seed is set by the top-level seed"),
+        ('decode_backend = "auto"', 'decode_backend = "auto"\nnum_draft_tokens = 3',
+         "exp.toml:22: arms may differ only in decode_backend, but arm 1 sets 'num_draft_tokens'"),
+        ('decode_backend = "latency_specialized"', 'decode_backend = "auto"',
+         "both arms are named 'auto'"),
+        ('decode_backend = "auto"', 'decode_backend = "auto"\nurl = "http://x:1"',
+         "exp.toml:22: url belongs to attach mode (engine kind http) only"),
+        ("count = 16", "count = 0", "exp.toml:9: [gpus] count must be an integer >= 1"),
+        ("count = 16", "count = 16\nids = [0, 1]", "[gpus] ids name 2 devices but count is 16"),
+        ('kind = "simulator"', 'kind = "sim"', "exp.toml:16: [engine] kind must be one of"),
+        ("sessions = 4 }", "sessions = 4 }\npath = \"t.jsonl\"", "needs exactly one of path"),
+        ("[[arms]]\ndecode_backend = \"latency_specialized\"\n", "",
+         "need exactly two [[arms]] (found 1)"),
+    ],
+)  # fmt: skip
+def test_mistakes_are_one_line_naming_where(
+    tmp_path: Path, old: str, new: str, expected: str
+) -> None:
+    assert old in VALID
+    assert expected in error(tmp_path, VALID.replace(old, new, 1))
+
+
+def test_http_arms_must_share_the_gpu_count(tmp_path: Path) -> None:
+    text = (
+        VALID.replace('kind = "simulator"\nprofile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7',
+                      'kind = "http"\nmodel = "kimi"')
+        .replace('decode_backend = "auto"',
+                 'decode_backend = "auto"\nurl = "http://a:1"\ngpu_count = 8')
+        .replace('decode_backend = "latency_specialized"',
+                 'decode_backend = "latency_specialized"\nurl = "http://b:1"')
+    )  # fmt: skip
+    message = error(tmp_path, text)
+    assert "arm 'auto' runs on 8 GPUs but [gpus] count is 16" in message
+    exp = load_experiment(write(tmp_path, text.replace("gpu_count = 8", "gpu_count = 16")))
+    assert [a.url for a in exp.arms] == ["http://a:1", "http://b:1"]
+    assert [a.gpu_count for a in exp.arms] == [16, 16]

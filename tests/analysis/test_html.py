@@ -1,0 +1,88 @@
+"""report.html opens offline in headless Chromium, without console errors, with every plot drawn."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from agentab.analysis.compare import compare_runs
+from agentab.analysis.html import write_html
+from agentab.analysis.load import load_run
+from tests.analysis.rundirs import synthetic_records, write_run
+from tests.analysis.test_compare import manifest
+
+FIGURES = 6  # ITL CDF, TTFT CDF, interactivity histogram, ITL vs context, throughput, cache hits
+
+
+def _chromium_args(chromium: str, profile: Path) -> list[str]:
+    return [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={profile}",
+        "--proxy-server=127.0.0.1:9",  # any network fetch fails: the page must be self-contained
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=10000",  # let every script and timer run before the capture
+    ]
+
+
+@pytest.fixture(scope="module")
+def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("html")
+    a, b = [], []
+    for k in range(2):
+        a.append(write_run(root / f"a{k}", synthetic_records(10 + k), manifest(seed=10 + k)))
+        b.append(
+            write_run(
+                root / f"b{k}",
+                synthetic_records(10 + k, itl_scale=0.6, ttft_scale=1.1),
+                manifest(decode_backend="latency_specialized", arm="latency_specialized"),
+            )
+        )
+    comparison = compare_runs([load_run(p) for p in a], [load_run(p) for p in b], resamples=500)
+    return write_html(comparison, root / "report.html", title="synthetic A/B")
+
+
+def test_report_embeds_plotly_and_fetches_nothing(report_html: Path) -> None:
+    text = report_html.read_text()
+    assert "<script src=" not in text and "<link" not in text  # nothing loaded from elsewhere
+    assert len(text) > 3_000_000  # plotly.js itself is inlined
+    assert text.count('class="plotly-graph-div"') == FIGURES
+    assert "P90 interactivity = 1/P90(ITL)" in text
+
+
+@pytest.mark.chromium
+def test_report_opens_in_headless_chromium(
+    report_html: Path, chromium_path: str, tmp_path: Path
+) -> None:
+    shot = tmp_path / "report.png"
+    args = _chromium_args(chromium_path, tmp_path / "profile")
+    url = report_html.resolve().as_uri()
+    run = subprocess.run(
+        [*args, f"--screenshot={shot}", "--window-size=1300,5200", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    assert shot.stat().st_size > 50_000  # a page of plots, not a blank one
+    dom = subprocess.run(
+        [*args, "--dump-dom", url], capture_output=True, text=True, timeout=120
+    ).stdout
+    # Plotly replaces each figure's div content with its SVG layers once the JS has run.
+    assert len(re.findall(r'<svg class="main-svg"', dom)) >= FIGURES
+    keep = os.environ.get("AGENTAB_SCREENSHOT_DIR")
+    if keep:
+        shutil.copy(shot, Path(keep) / "report.png")

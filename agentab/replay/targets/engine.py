@@ -17,7 +17,7 @@ from agentab.replay.metrics import engine_samples
 from agentab.replay.targets.base import Outcome, RequestSpec
 from agentab.workloads.tokens import prompt_token_ids
 
-_CONTEXT_WORDS = ("context", "too long", "max_model_len", "maximum model length")
+_CONTEXT_WORDS = ("context", "too long", "max_model_len", "maximum model length", "kv blocks")
 
 
 class EngineTarget:

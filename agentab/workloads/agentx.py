@@ -34,6 +34,7 @@ from agentab.workloads.checks import (
 from agentab.workloads.model import PARENT_AGENT_ID, Request, Session, Subagent, Workload
 from agentab.workloads.source import (
     TRACE_SUFFIXES,
+    first_non_space,
     jsonl_lines,
     parse_json,
     read_bytes,
@@ -97,7 +98,7 @@ def load_agentx(path: Path) -> Workload:
     for file in files:
         ctx.file = str(file)
         data = read_bytes(file)
-        if not data.strip():
+        if first_non_space(data) == -1:
             raise AgentabError(f"{file}: file is empty")
         sessions.extend(_parse_file(data, ctx))
     _check_unique_ids(sessions, str(path))
@@ -105,13 +106,14 @@ def load_agentx(path: Path) -> Workload:
 
 
 def _parse_file(data: bytes, ctx: Ctx) -> list[Session]:
-    head = data.lstrip()[:1]
-    if head != b"{":
-        raise AgentabError(f"{ctx.file}:1: not a JSON object (an AgentX session is one)")
-    first_line_end = data.find(b"\n", data.find(b"{"))
+    start = first_non_space(data)
+    if data[start : start + 1] != b"{":
+        line = data.count(b"\n", 0, start) + 1
+        raise AgentabError(f"{ctx.file}:{line}: not a JSON object (an AgentX session is one)")
+    first_line_end = data.find(b"\n", start)
     # One compact session per line (JSONL), or one (possibly pretty-printed) document.
     is_jsonl = False
-    if first_line_end != -1 and data[first_line_end:].strip():
+    if first_line_end != -1 and first_non_space(data, first_line_end) != -1:
         try:
             orjson.loads(data[:first_line_end])
             is_jsonl = True

@@ -130,17 +130,33 @@ def opt_str(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None, default: 
     return need_str(ctx, d, key, path)
 
 
+_STR_TUPLES: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
 def str_tuple(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> tuple[str, ...]:
-    """An optional list of strings (absent or null: empty)."""
+    """An optional list of strings (absent or null: empty).
+
+    The same few lists (`["text"]`, `["thinking", "tool_use"]`) repeat on every request, so
+    validated tuples are interned: one check and one object per distinct list.
+    """
     v = d.get(key)
     if v is None:
         return ()
     if type(v) is not list:
         ctx.fail(f"field {key!r} must be an array of strings, got {_typename(v)}", path)
+    try:
+        known = _STR_TUPLES.get(tuple(v))
+    except TypeError:  # an unhashable element: not a string
+        known = None
+    if known is not None:
+        return known
     for x in v:
         if type(x) is not str:
             ctx.fail(f"field {key!r} must hold strings, found {_typename(x)}", path)
-    return tuple(v)
+    t = tuple(v)
+    if len(_STR_TUPLES) < 4096:
+        _STR_TUPLES[t] = t
+    return t
 
 
 def need_list(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> list[Any]:

@@ -7,6 +7,7 @@ the same file/line in its errors.
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,14 @@ from agentab.errors import AgentabError
 FORMATS = ("agentx", "mooncake", "native")
 NATIVE_HEADER_KEY = "agentab_workload"
 TRACE_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+_NON_SPACE = re.compile(rb"\S")
+
+
+def first_non_space(data: bytes, start: int = 0) -> int:
+    """Index of the first non-whitespace byte at or after `start`, or -1 (no copy of `data`:
+    trace files run to hundreds of MB)."""
+    m = _NON_SPACE.search(data, start)
+    return -1 if m is None else m.start()
 
 
 def read_bytes(path: Path) -> bytes:
@@ -41,7 +50,7 @@ def read_bytes(path: Path) -> bytes:
 def jsonl_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
     """(1-based line number, line) for each non-blank line."""
     for lineno, line in enumerate(data.split(b"\n"), 1):
-        if line.strip():
+        if line and not line.isspace():
             yield lineno, line
 
 
@@ -68,14 +77,16 @@ def detect(path: Path, data: bytes | None) -> str:
     """Which importer reads this: from the first JSON object's keys (or a directory: agentx)."""
     if data is None:
         return "agentx"
-    head = data.lstrip()
-    if not head:
+    start = first_non_space(data)
+    if start == -1:
         raise AgentabError(f"{path}: file is empty")
-    if head[:1] != b"{":
+    if data[start : start + 1] != b"{":
+        line = data.count(b"\n", 0, start) + 1
         raise AgentabError(
-            f"{path}:1: not a JSON object (is it a trace file?); formats: {', '.join(FORMATS)}"
+            f"{path}:{line}: not a JSON object (is it a trace file?); formats: {', '.join(FORMATS)}"
         )
-    first = head.split(b"\n", 1)[0]
+    end = data.find(b"\n", start)
+    first = data[start:] if end == -1 else data[start:end]
     try:
         obj = orjson.loads(first)
     except orjson.JSONDecodeError:

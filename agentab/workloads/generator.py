@@ -60,7 +60,7 @@ class GeneratorConfig:
     output_max: int = 32768
     # New suffix per tool turn (tool results), heavy-tailed; calibrated with the reset rate so the
     # mean input is ~27k tokens (AA-AgentPerf ISL ~5k-131k, mean ~27k).
-    suffix_median: float = 60.0
+    suffix_median: float = 50.0
     suffix_sigma: float = 1.4
     suffix_max: int = 60000
     # A parent turn that starts with a human message instead of a tool result.
@@ -95,6 +95,7 @@ class GeneratorConfig:
     subagent_tool_tokens_median: float = 4000.0
     subagent_prefix_sigma: float = 0.4
     subagent_task_median: float = 500.0
+    subagent_task_sigma: float = 1.0
     subagent_types: tuple[str, ...] = ("Explore", "general-purpose", "Plan")
 
     def validate(self) -> GeneratorConfig:
@@ -221,12 +222,12 @@ class _SessionGen:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _prefix(self, system_median: float, tools_median: float, sigma: float) -> _Prefix:
-        cap = self.limit // 4
-        system, tools = (
-            int(min(x, cap // 2))
-            for x in _lognormal(self.rng, 1.0, sigma, 2) * (system_median, tools_median)
-        )
+    def _prefix(
+        self, system_median: float, system_sigma: float, tools_median: float, tools_sigma: float
+    ) -> _Prefix:
+        cap = self.limit // 8
+        system = int(min(_lognormal(self.rng, system_median, system_sigma, 1)[0], cap))
+        tools = int(min(_lognormal(self.rng, tools_median, tools_sigma, 1)[0], cap))
         system, tools = max(system, 1), max(tools, 1)
         return _Prefix(system + tools, self.ids.take((system + tools) // self.bs), system, tools)
 
@@ -259,7 +260,10 @@ class _SessionGen:
     def session(self) -> Session:
         cfg, rng = self.cfg, self.rng
         prefix = self._prefix(
-            cfg.system_tokens_median, cfg.tool_tokens_median, cfg.system_tokens_sigma
+            cfg.system_tokens_median,
+            cfg.system_tokens_sigma,
+            cfg.tool_tokens_median,
+            cfg.tool_tokens_sigma,
         )
         n = int(
             np.clip(
@@ -376,6 +380,7 @@ class _SessionGen:
         if prefix is None:  # subagents of one type share their system + tools prefix
             prefix = self._prefix(
                 cfg.subagent_system_tokens_median,
+                cfg.subagent_prefix_sigma,
                 cfg.subagent_tool_tokens_median,
                 cfg.subagent_prefix_sigma,
             )
@@ -395,7 +400,7 @@ class _SessionGen:
         outs = self._outputs(n).tolist()
         suffixes = self._suffixes(n).tolist()
         pauses = self._pauses(n, cfg.tool_pause_median_s, cfg.tool_pause_sigma).tolist()
-        task = max(int(_lognormal(rng, cfg.subagent_task_median, 1.0, 1)[0]), 1)
+        task = max(int(_lognormal(rng, cfg.subagent_task_median, cfg.subagent_task_sigma, 1)[0]), 1)
         in_tokens = min(prefix.tokens + task, self.limit)
         ids = self._extend(prefix.ids, in_tokens)
         cached = len(prefix.ids)

@@ -31,12 +31,13 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 
 def mix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64's finalizer over a uint64 array (returns a new array)."""
-    z = z ^ (z >> _S30)
-    z = z * _M1
-    z = z ^ (z >> _S27)
-    z = z * _M2
-    return z ^ (z >> _S31)
+    """splitmix64's finalizer over a uint64 array (returns a new array; wraps mod 2**64)."""
+    with np.errstate(over="ignore"):
+        z = z ^ (z >> _S30)
+        z = z * _M1
+        z = z ^ (z >> _S27)
+        z = z * _M2
+        return z ^ (z >> _S31)
 
 
 class _Powers:

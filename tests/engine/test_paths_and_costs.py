@@ -1,0 +1,103 @@
+"""Decode-path selection at the per-q request limits, and step prices from the profile."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentab.engine.executor import SimExecutor
+from agentab.engine.paths import padded_tokens, specialized_ok
+from agentab.engine.profile import load_profile
+from agentab.engine.scheduler import Scheduler, SchedulerConfig
+from agentab.engine.spec_decode import SpecConfig
+
+LIMITS = (64, 32, 19, 16, 12, 10, 8, 8)  # REFERENCE.md section 5, q = 1..8
+
+
+def decoding_scheduler(q: int, n: int, specialized: bool = True) -> Scheduler:
+    """n requests, all past prefill, verifying q = 1 + k tokens per step."""
+    k = q - 1
+    spec = SpecConfig(num_draft_tokens=k, acceptance_length=1 if k else None)
+    s = Scheduler(
+        SchedulerConfig(
+            num_blocks=10000,
+            block_size=16,
+            max_num_batched_tokens=8192,
+            spec=spec,
+            specialized=specialized,
+        )
+    )
+    for i in range(n):
+        s.add(f"r{i}", np.arange(1 + 100 * i, 33 + 100 * i), 100)
+    plan = s.schedule()  # all prompts in one step
+    assert plan.path == "standard" and plan.num_prefill_tokens == 32 * n
+    s.update(plan)
+    return s
+
+
+@pytest.mark.parametrize("q", range(1, 9))
+def test_path_at_the_request_limit_and_just_above(q):
+    limit = LIMITS[q - 1]
+    at = decoding_scheduler(q, limit).schedule()
+    assert at.num_sched.tolist() == [q] * limit
+    assert at.path == "specialized"
+    assert at.padded_tokens <= 64
+    above = decoding_scheduler(q, limit + 1).schedule()
+    assert above.path == "standard"
+    # the same step under decode_backend=auto always runs standard
+    assert decoding_scheduler(q, limit, specialized=False).schedule().path == "standard"
+
+
+def test_padding_and_limits_table():
+    assert [padded_tokens(t, 512) for t in (1, 2, 3, 4, 5, 8, 9, 57, 64, 65, 512, 513)] == [
+        1, 2, 4, 4, 8, 8, 16, 64, 64, 72, 512, 513,
+    ]  # fmt: skip
+    # q = 7: 9 requests pad to 64 tokens, but the limit is 8 requests
+    assert not specialized_ok(np.full(9, 7), 6, 64, LIMITS, 512)
+    # a step whose rows are not all the same q (partial drafts) never runs specialized
+    assert not specialized_ok(np.array([8, 8, 5]), 7, 64, LIMITS, 512)
+    # q = 1 rows while speculative decoding is on are not a uniform verify of k drafts
+    assert not specialized_ok(np.ones(4, dtype=int), 7, 64, LIMITS, 512)
+
+
+def test_mixed_step_runs_standard():
+    s = decoding_scheduler(1, 4)
+    s.add("late", np.arange(90000, 90040), 10)
+    plan = s.schedule()
+    assert plan.num_decode_tokens == 4 and plan.num_prefill_tokens == 40
+    assert plan.path == "standard"
+
+
+def test_step_prices_from_the_gb300_profile():
+    prof = load_profile("gb300-tp16-kimi-k3")
+    ex = SimExecutor(prof, 0)
+    kv = 56 * 656 / 8.0e12 * 1e6  # us per context token
+    s = decoding_scheduler(1, 1)
+    plan = s.schedule()  # one decode row: computed 32, 1 token -> 33 context tokens
+    assert plan.path == "specialized"
+    assert ex.step_seconds(plan) == pytest.approx((36.2 + 56 * 69.0 + 33 * kv) * 1e-6, rel=1e-12)
+    s = decoding_scheduler(1, 1, specialized=False)
+    plan = s.schedule()
+    assert ex.step_seconds(plan) == pytest.approx((52.3 + 56 * 130.0 + 33 * kv) * 1e-6, rel=1e-12)
+    # 3 rows pad to 4 tokens: the table at 4
+    plan = decoding_scheduler(1, 3).schedule()
+    assert plan.padded_tokens == 4
+    want = 36.2 + 56 * 89.6 + 3 * 33 * kv
+    assert ex.step_seconds(plan) == pytest.approx(want * 1e-6, rel=1e-12)
+    # a prefill of 1000 tokens from scratch: standard at T=1000 (clipped to the 512 entry)
+    # + 1000 / (31250 * 16) s + causal pairs 1000 * 1001 / 2 * 2.294e6 / (1e15 * 16) s
+    s = Scheduler(SchedulerConfig(num_blocks=1000))
+    s.add("p", np.arange(1, 1001), 5)
+    plan = s.schedule()
+    want_us = 52.3 + 56 * 650.68 + 1000 / (31250 * 16) * 1e6 + 500500 * 2.294e6 / 16e15 * 1e6
+    assert SimExecutor(prof, 0).step_seconds(plan) == pytest.approx(want_us * 1e-6, rel=1e-12)
+
+
+def test_drafter_cost_on_decode_steps_only_when_speculating():
+    prof = load_profile("gb300-tp16-kimi-k3")
+    s = decoding_scheduler(8, 1)
+    plan = s.schedule()
+    assert plan.path == "specialized" and plan.padded_tokens == 8
+    kv = 56 * 656 / 8.0e12 * 1e6
+    want = 36.2 + 56 * 115.13 + 967.2 + (32 + 8) * kv
+    assert SimExecutor(prof, 7).step_seconds(plan) == pytest.approx(want * 1e-6, rel=1e-12)

@@ -1,0 +1,368 @@
+"""An OpenAI-compatible HTTP server over any Engine (`agentab serve`).
+
+Why: the same replay client that measures vLLM must be able to measure agentab's own engines
+(the simulator on the real clock now, the local torch engine later), so results are comparable
+end to end, HTTP included. The server speaks the subset of vLLM's API that replay and common
+benchmark clients use:
+- `POST /v1/completions` (prompt as token ids or text) and `POST /v1/chat/completions`,
+  streaming (SSE, `stream_options.include_usage`) or not; usage carries
+  `prompt_tokens_details.cached_tokens` (the prefix-cache hit, as vLLM reports it);
+- `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text with vLLM's metric names);
+- `GET /agentab/describe` (the engine facts replay copies into its run manifest);
+- with `record_emissions`, `GET /agentab/emissions`: per `X-Request-Id`, the loop times at which
+  each content chunk was written (tests compare them with what the client measured).
+Bad requests get vLLM-shaped errors: `{"object": "error", "message", "type", "param", "code"}`.
+
+Text prompts are tokenized one token per whitespace-separated word (a stable hash of the word),
+so identical text prefixes are identical token prefixes and hit the prefix cache; generated
+tokens are the engine's deterministic synthetic ids, rendered as short words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+import orjson
+from aiohttp import web
+
+from agentab.engine.hashing import synthetic_output_ids
+from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
+from agentab.errors import AgentabError
+
+VOCAB_SIZE = 32000
+_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
+_CONTEXT_HINTS = ("kv blocks", "context", "too long")
+_SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+}
+
+
+class BadRequest(Exception):
+    """A client error: becomes a vLLM-shaped JSON error response."""
+
+    def __init__(self, message: str, *, status: int = 400, err_type: str = "BadRequestError"):
+        super().__init__(message)
+        self.status = status
+        self.err_type = err_type
+
+
+def error_response(
+    message: str, status: int = 400, err_type: str = "BadRequestError"
+) -> web.Response:
+    body = {"object": "error", "message": message, "type": err_type, "param": None, "code": status}
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def tokenize_text(text: str, vocab_size: int = VOCAB_SIZE) -> np.ndarray:
+    """One id per whitespace-separated word: crc32(word) mapped into [1, vocab_size)."""
+    words = text.split()
+    return np.fromiter(
+        (zlib.crc32(w.encode()) % (vocab_size - 1) + 1 for w in words),
+        dtype=np.int64,
+        count=len(words),
+    )
+
+
+def detokenize(ids: np.ndarray) -> str:
+    """Render generated ids as short words (one leading space each)."""
+    return "".join(" " + _SYLLABLES[int(i) % len(_SYLLABLES)] for i in ids)
+
+
+class EngineServer:
+    """Holds the engine and the request state; `app` is the aiohttp application."""
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        model: str = "agentab-sim",
+        max_model_len: int | None = None,
+        record_emissions: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.model = model
+        self.max_model_len = max_model_len
+        self.record_emissions = record_emissions
+        self.emissions: dict[str, list[float]] = {}
+        self._ids = itertools.count()
+        self.app = web.Application(client_max_size=256 * 1024 * 1024)
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_post("/v1/chat/completions", self.chat_completions)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/metrics", self.metrics)
+        self.app.router.add_get("/agentab/describe", self.describe)
+        self.app.router.add_get("/agentab/emissions", self.get_emissions)
+        self.app.on_startup.append(self._on_startup)
+        self.app.on_cleanup.append(self._on_cleanup)
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.engine.start()
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        await self.engine.stop()
+
+    # -- simple endpoints -------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(self, request: web.Request) -> web.Response:
+        card: dict[str, Any] = {
+            "id": self.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "agentab",
+            "root": self.model,
+        }
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def describe(self, request: web.Request) -> web.Response:
+        facts = dict(self.engine.describe())
+        facts["model"] = self.model
+        return web.Response(body=orjson.dumps(facts, default=str), content_type="application/json")
+
+    async def get_emissions(self, request: web.Request) -> web.Response:
+        if not self.record_emissions:
+            return error_response("emission recording is off (--record-emissions)", 404, "NotFound")
+        return web.Response(body=orjson.dumps(self.emissions), content_type="application/json")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        label = '{model_name="' + self.model.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+        lines = []
+        for name, value in self.engine.metrics().items():
+            kind = "counter" if name.endswith("_total") else "gauge"
+            lines.append(f"# TYPE {name} {kind}")
+            lines.append(f"{name}{label} {float(value)!r}")
+        return web.Response(
+            text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
+        )
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    def _parse(self, body: Any, chat: bool) -> tuple[np.ndarray, int, bool, bool]:
+        """(prompt ids, max_tokens, stream, include_usage) or BadRequest."""
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model:
+            raise BadRequest(
+                f"The model `{model}` does not exist.", status=404, err_type="NotFoundError"
+            )
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise BadRequest("'messages' must be a non-empty list")
+            parts = []
+            for i, m in enumerate(messages):
+                content = m.get("content") if isinstance(m, dict) else None
+                if isinstance(content, list):  # content parts: keep the text ones
+                    content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+                if not isinstance(content, str):
+                    raise BadRequest(f"messages[{i}].content must be a string")
+                parts.append(content)
+            ids = tokenize_text(" ".join(parts))
+        else:
+            prompt = body.get("prompt")
+            if isinstance(prompt, str):
+                ids = tokenize_text(prompt)
+            elif (
+                isinstance(prompt, list)
+                and prompt
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt)
+            ):
+                ids = np.asarray(prompt, dtype=np.int64)
+                if ids.min() < 0 or ids.max() >= VOCAB_SIZE:
+                    raise BadRequest(f"token ids must be in [0, {VOCAB_SIZE})")
+            elif isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
+                raise BadRequest("batched prompts are not supported; send one prompt per request")
+            else:
+                raise BadRequest("'prompt' must be a string or a non-empty list of token ids")
+        if len(ids) == 0:
+            raise BadRequest("the prompt is empty")
+        raw_max = body.get("max_completion_tokens", body.get("max_tokens", 16))
+        if not isinstance(raw_max, int) or isinstance(raw_max, bool) or raw_max < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {raw_max!r}.")
+        n = body.get("n", 1)
+        if n != 1:
+            raise BadRequest("only n=1 is supported")
+        if self.max_model_len is not None and len(ids) + raw_max > self.max_model_len:
+            raise BadRequest(_context_message(self.max_model_len, len(ids), raw_max))
+        stream = bool(body.get("stream", False))
+        opts = body.get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage", False)) if isinstance(opts, dict) else False
+        return ids, raw_max, stream, include_usage
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return error_response(f"invalid JSON body: {exc}")
+        try:
+            ids, max_tokens, stream, include_usage = self._parse(body, chat)
+        except BadRequest as exc:
+            return error_response(str(exc), exc.status, exc.err_type)
+        client_id = request.headers.get("X-Request-Id")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
+        engine_id = f"{rid}-{client_id}" if client_id else rid
+        gen = self.engine.generate(EngineRequest(engine_id, ids, max_tokens))
+        try:
+            first = await gen.__anext__()
+        except AgentabError as exc:
+            text = str(exc)
+            if any(h in text.lower() for h in _CONTEXT_HINTS):
+                limit = self.max_model_len or 0
+                msg = _context_message(limit, len(ids), max_tokens) if limit else text
+                return error_response(f"{msg} ({text})" if limit else text)
+            return error_response(text)
+        out_ids = synthetic_output_ids(ids, max_tokens, VOCAB_SIZE)
+        meta = {"id": rid, "created": int(time.time()), "model": self.model}
+        if stream:
+            return await self._stream(
+                request, gen, first, out_ids, meta, chat, include_usage, client_id
+            )
+        return await self._whole(gen, first, out_ids, meta, chat)
+
+    async def _whole(
+        self, gen: Any, first: Any, out_ids: np.ndarray, meta: dict[str, Any], chat: bool
+    ) -> web.Response:
+        usage: FinalUsage | None = None
+        item = first
+        while True:
+            if isinstance(item, FinalUsage):
+                usage = item
+                break
+            item = await gen.__anext__()
+        n = usage.completion_tokens
+        text = detokenize(out_ids[:n])
+        finish = usage.finish_reason
+        if chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+            }
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        body = {**meta, "object": obj, "choices": [choice], "usage": _usage(usage)}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def _stream(
+        self,
+        request: web.Request,
+        gen: Any,
+        first: Any,
+        out_ids: np.ndarray,
+        meta: dict[str, Any],
+        chat: bool,
+        include_usage: bool,
+        client_id: str | None,
+    ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = orjson.dumps({**meta, "object": obj})[:-1]  # reused prefix of every chunk
+        times: list[float] | None = None
+        if self.record_emissions and client_id:
+            times = self.emissions.setdefault(client_id, [])
+        if chat:  # vLLM opens a chat stream with the assistant role
+            role = {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            await resp.write(_sse(head, [role]))
+        done = 0
+        item = first
+        try:
+            while True:
+                if isinstance(item, TokenEvent):
+                    ids = out_ids[done : done + item.num_tokens]
+                    done += item.num_tokens
+                    finish = "length" if done >= len(out_ids) else None
+                    text = detokenize(ids)
+                    if chat:
+                        choice: dict[str, Any] = {
+                            "index": 0,
+                            "delta": {"content": text},
+                            "logprobs": None,
+                            "finish_reason": finish,
+                            "token_ids": ids.tolist(),
+                        }
+                    else:
+                        choice = {
+                            "index": 0,
+                            "text": text,
+                            "logprobs": None,
+                            "finish_reason": finish,
+                            "token_ids": ids.tolist(),
+                        }
+                    if times is not None:
+                        times.append(loop.time())
+                    await resp.write(_sse(head, [choice]))
+                elif isinstance(item, FinalUsage):
+                    if include_usage:
+                        await resp.write(_sse(head, [], _usage(item)))
+                    await resp.write(b"data: [DONE]\n\n")
+                    break
+                item = await gen.__anext__()
+        except (ConnectionResetError, asyncio.CancelledError):
+            await gen.aclose()  # aborts the request in the engine
+            raise
+        await resp.write_eof()
+        return resp
+
+
+def _sse(head: bytes, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
+    tail = b',"choices":' + orjson.dumps(choices)
+    if usage is not None:
+        tail += b',"usage":' + orjson.dumps(usage)
+    return b"data: " + head + tail + b"}\n\n"
+
+
+def _usage(u: FinalUsage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+def _context_message(limit: int, prompt: int, max_tokens: int) -> str:
+    return (
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt + max_tokens} tokens ({prompt} in the messages, {max_tokens} in the "
+        "completion). Please reduce the length of the messages or completion."
+    )
+
+
+async def start_server(server: EngineServer, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start `server` on host:port (0 picks a free port): (runner to cleanup(), bound port)."""
+    runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server_obj = site._server
+    assert server_obj is not None
+    bound = int(server_obj.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    return runner, bound

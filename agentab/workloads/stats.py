@@ -7,9 +7,9 @@
 - `pause_s`: end-to-start idle gaps between consecutive requests of the same agent (the parent's
   own list, each subagent's own list): `max(0, t_k - t_{k-1} - api_time_{k-1})`, `api_time`
   counted as 0 when not recorded (REFERENCE.md 2: AgentX's inter-turn delay).
-- `theoretical_cache_hit_ratio`: for each request in start-time order (ties in tree order), the
-  number of its leading hash ids already seen in earlier requests of the same session tree, times
-  `block_size`, summed over requests and divided by the summed `in`.
+- `theoretical_cache_hit_ratio`: for each request in start-time order (ties in recorded tree
+  order, depth first), the number of its leading hash ids already seen in earlier requests of the
+  same session tree, times `block_size`, summed over requests and divided by the summed `in`.
 - `suffix_growth_ratio`: of the requests that follow another request of the same agent, the share
   whose hash ids start with all of the previous request's ids (pure suffix growth).
 """
@@ -65,9 +65,10 @@ def cache_hit_blocks(session: Session) -> int:
     Every request's ids are added to `seen` once processed; the last processed request of the
     same agent is entirely in `seen`, so its common prefix counts without a set lookup per id.
     """
+    tree_index = {id(r): i for i, r in enumerate(session.all_requests())}
     order: list[tuple[float, int, int, Request]] = []
     for agent, requests in enumerate(_agent_lists(session.items)):
-        order.extend((r.t, len(order), agent, r) for r in requests)
+        order.extend((r.t, tree_index[id(r)], agent, r) for r in requests)
     order.sort(key=lambda x: (x[0], x[1]))
     seen: set[int] = set()
     last_by_agent: dict[int, tuple[int, ...]] = {}

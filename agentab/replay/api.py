@@ -135,7 +135,7 @@ def _raise_if_failed(stats: RunStats, replay: ReplayOptions, run_dir: Path) -> N
         raise AgentabError(
             f"{stats.message}; {stats.cancelled} in-flight request(s) recorded as cancelled; "
             f"{where}",
-            exit_code=EXIT_INTERRUPTED,
+            exit_code=128 + stats.signal if stats.signal else EXIT_INTERRUPTED,
         )
     if stats.stop_reason == "error_rate":
         raise AgentabError(f"run ended early: {stats.message}; {where}")

@@ -48,6 +48,7 @@ class RunStats:
     error_classes: Counter[str] = field(default_factory=Counter)
     stop_reason: str = "running"
     message: str = ""
+    signal: int | None = None  # the signal that interrupted the run
     elapsed_s: float = 0.0  # loop time from run start to the last request's end
 
     @property
@@ -180,6 +181,7 @@ class Runner:
     def _on_signal(self, sig: signal.Signals) -> None:
         # A second signal falls through to the default handler (the user insists).
         self._remove_signals()
+        self.stats.signal = int(sig)
         self.abort("interrupted", f"interrupted by {sig.name}")
 
     # -- timers -----------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""The same workload over real HTTP (`agentab serve`) and in-process gives the same counts, and
+the client's chunk times match the server's own write times."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.request import urlopen
+
+import numpy as np
+import polars as pl
+
+from agentab.replay import ReplayOptions, replay_to_dir, scan_records, simulate_to_dir
+from agentab.workloads.model import Request, Session, Subagent, Workload
+
+PROFILE = "h200-tp1-kimi-shard"
+
+
+def _session(i: int) -> Session:
+    """Four growing parent turns (chained hash ids) and one joined subagent."""
+    items: list[Request | Subagent] = []
+    ids: tuple[int, ...] = ()
+    for k in range(4):
+        ids = ids + tuple(range(100 * k + 1, 100 * k + 1 + 8))
+        items.append(
+            Request(
+                t=0.3 * k,
+                in_tokens=len(ids) * 64 + 10,
+                out_tokens=12 + 4 * k,
+                hash_ids=ids,
+                api_time=0.1,
+            )
+        )
+        if k == 1:
+            sub_ids = ids[:8] + (900, 901)
+            items.append(
+                Subagent(
+                    agent_id=f"sub{i}",
+                    t=0.45,
+                    duration_s=0.1,
+                    items=(
+                        Request(
+                            t=0.46,
+                            in_tokens=700,
+                            out_tokens=6,
+                            hash_ids=sub_ids,
+                            api_time=0.05,
+                            kind="subagent",
+                            agent_id=f"sub{i}",
+                        ),
+                    ),
+                )
+            )
+    return Session(f"s{i}", 64, tuple(items))
+
+
+def test_http_and_inprocess_agree(tmp_path: Path) -> None:
+    wl = Workload(tuple(_session(i) for i in range(3)))
+    opts = ReplayOptions(
+        concurrency=2,
+        passes=2,
+        duration_s=None,
+        start_window=(0.0, 0.0),
+        warmup_requests=0,
+        idle_cap_global_s=0,
+        idle_cap_tree_s=0,
+        max_error_rate=0.0,
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentab",
+            "serve",
+            "--profile",
+            PROFILE,
+            "--port",
+            "0",
+            "--record-emissions",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "listening on http://127.0.0.1:" in line, line
+        url = "http://127.0.0.1:" + line.split("127.0.0.1:")[1].split()[0]
+        http_dir = replay_to_dir(
+            wl, url=url, replay=opts, out_dir=tmp_path / "http", progress=False
+        )
+        with urlopen(url + "/agentab/emissions") as resp:
+            emissions = json.loads(resp.read())
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=10)
+    sim_dir = simulate_to_dir(
+        wl,
+        engine_options={"profile": PROFILE},
+        replay=opts,
+        out_dir=tmp_path / "sim",
+        progress=False,
+    )
+
+    cols = ["request_id", "prompt_tokens", "completion_tokens", "cached_tokens", "error_class"]
+    http = scan_records(http_dir).collect().sort("request_id")
+    sim = scan_records(sim_dir).collect().sort("request_id")
+    assert http.height == sim.height == 2 * 2 * 5  # lanes x passes x requests
+    assert http.select(cols).equals(sim.select(cols))
+    assert http["error_class"].null_count() == http.height
+    assert (http["cached_tokens"] > 0).sum() >= 12  # later turns and subagents hit the cache
+    # The HTTP manifest carries the served engine's facts.
+    manifest = json.loads((http_dir / "manifest.json").read_text())
+    assert manifest["engine"] == "agentab-sim" and manifest["profile"] == PROFILE
+    assert manifest["target"] == "http"
+
+    # Client chunk times vs the server's write times, both on CLOCK_MONOTONIC.
+    t0 = manifest["clock_t0"]
+    diffs: list[float] = []
+    for rid, sent_s, chunks in http.select("request_id", "sent_s", "chunk_times_s").iter_rows():
+        server = emissions[rid]
+        client = [t0 + sent_s + c for c in chunks]
+        assert len(client) == len(server), rid
+        diffs.extend(c - s for c, s in zip(client, server, strict=True))
+    d = np.asarray(diffs)
+    print(
+        f"client - server chunk time over {d.size} chunks: p50 {np.percentile(d, 50) * 1e3:.3f} ms,"
+        f" p99 {np.percentile(d, 99) * 1e3:.3f} ms, max {d.max() * 1e3:.3f} ms"
+    )
+    assert d.min() > -1e-4  # a chunk never arrives before it was written
+    assert float(np.percentile(d, 99)) <= 1e-3, np.percentile(d, [50, 90, 99, 100])
+    # Per-request token counts per chunk agree with usage.
+    sums = http.select(pl.col("chunk_tokens").list.sum())["chunk_tokens"].to_list()
+    assert sums == http["completion_tokens"].to_list()

@@ -35,7 +35,7 @@ def _session(i: int) -> Session:
             )
         )
         if k == 1:
-            sub_ids = ids[:8] + (900, 901)
+            sub_ids = (*ids[:8], 900, 901)
             items.append(
                 Subagent(
                     agent_id=f"sub{i}",

@@ -1,0 +1,152 @@
+"""A replay process killed or interrupted mid-run leaves a readable, honest run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from agentab.replay import scan_records
+from agentab.workloads import save
+from agentab.workloads.model import Request, Session, Workload
+
+from .fault_server import FaultServer
+
+
+def _workload(path: Path, *, turns: int, out: int) -> Path:
+    wl = Workload(
+        tuple(
+            Session(
+                f"s{i}",
+                16,
+                tuple(
+                    Request(
+                        t=0.001 * k, in_tokens=50, out_tokens=out, hash_ids=(1, 2, 3), api_time=0.0
+                    )
+                    for k in range(turns)
+                ),
+            )
+            for i in range(4)
+        )
+    )
+    save(wl, path)
+    return path
+
+
+def _replay(wl: Path, url: str, out: Path) -> subprocess.Popen[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentab",
+        "replay",
+        str(wl),
+        "--url",
+        url,
+        "--out",
+        str(out),
+        "--concurrency",
+        "4",
+        "--start-window",
+        "0",
+        "0",
+        "--warmup-requests",
+        "0",
+        "--duration",
+        "0",
+        "--passes",
+        "1",
+        "--quiet",
+    ]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def _wait_for(cond: object, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_sigkill_leaves_every_request_finished_a_second_before(tmp_path: Path) -> None:
+    wl = _workload(tmp_path / "wl.jsonl", turns=400, out=10)
+    out = tmp_path / "run"
+    with FaultServer(token_interval_s=0.002) as srv:
+        proc = _replay(wl, srv.url, out)
+        try:
+            first = None
+
+            def running_a_while() -> bool:
+                nonlocal first
+                if srv.finished and first is None:
+                    first = time.monotonic()
+                return first is not None and time.monotonic() - first > 3.0
+
+            _wait_for(running_a_while)
+            killed_at = time.monotonic()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        finished = dict(srv.finished)
+    assert proc.returncode == -signal.SIGKILL
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "running"  # it never got to write its outcome
+    df = scan_records(out).collect()
+    recorded = set(df["request_id"].to_list())
+    due = {rid for rid, t in finished.items() if t < killed_at - 1.0}
+    assert len(due) > 50
+    assert due <= recorded, sorted(due - recorded)[:5]
+    assert df["error_class"].null_count() == df.height
+
+
+def _interrupt(tmp_path: Path, sig: signal.Signals) -> None:
+    # 50 tokens at 20 ms: about 1 s per request, so 4 are always in flight.
+    wl = _workload(tmp_path / "wl.jsonl", turns=50, out=50)
+    out = tmp_path / "run"
+    with FaultServer(token_interval_s=0.02) as srv:
+        proc = _replay(wl, srv.url, out)
+        try:
+            _wait_for(lambda: len(srv.finished) >= 6)
+            proc.send_signal(sig)
+            _stdout, stderr = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        seen = list(srv.seen)
+    assert proc.returncode == 128 + sig, stderr
+    df = scan_records(out).collect()
+    cancelled = df.filter(pl.col("error_class") == "cancelled")
+    assert cancelled.height == 4
+    assert (
+        f"agentab: error: interrupted by {sig.name}; 4 in-flight request(s) recorded as "
+        "cancelled" in stderr
+    )
+    assert "Traceback" not in stderr
+    # Every request the server saw has a record; the cancelled ones kept their partial chunks.
+    assert set(seen) == set(df["request_id"].to_list())
+    assert all(0 < n < 50 for n in cancelled["chunk_times_s"].list.len().to_list())
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert manifest["stats"]["cancelled"] == 4
+    assert manifest["stats"]["errors"] == 0
+
+
+def test_sigint_records_in_flight_as_cancelled(tmp_path: Path) -> None:
+    _interrupt(tmp_path, signal.SIGINT)
+
+
+def test_sigterm_records_in_flight_as_cancelled(tmp_path: Path) -> None:
+    _interrupt(tmp_path, signal.SIGTERM)

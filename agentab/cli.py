@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import warnings
 
 import click
 
 from agentab import __version__
-from agentab.errors import AgentabError
+from agentab.errors import AgentabError, AgentabWarning
 
 # command name -> "module:attribute"; the module is imported only when the command runs.
 COMMANDS: dict[str, str] = {
@@ -63,8 +64,19 @@ def cli() -> None:
     """
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]
+    if issubclass(category, AgentabWarning):
+        click.echo(f"agentab: warning: {message}", err=True)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: user errors become one line on stderr and exit status 2."""
+    warnings.showwarning = _show_warning
     try:
         cli.main(args=argv, prog_name="agentab", standalone_mode=False)
     except AgentabError as exc:

@@ -16,3 +16,7 @@ class AgentabError(Exception):
     def __init__(self, message: str, *, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class AgentabWarning(UserWarning):
+    """A user-facing warning (an ignored unknown field, a lossy export): one stderr line each."""

@@ -14,12 +14,12 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, NoReturn
 
-from agentab.errors import AgentabError
+from agentab.errors import AgentabError, AgentabWarning
 
 Path_ = tuple[int, ...]  # index path of a request inside the session tree (0-based per list)
 
 
-class WorkloadWarning(UserWarning):
+class WorkloadWarning(AgentabWarning):
     """Something in a trace was ignored (an unknown field): the import still succeeds."""
 
 

@@ -6,6 +6,11 @@ The statistics, in one place:
   session ids with replacement from every session either arm played, and the same draw weighs
   both arms, because both arms replayed the same workload (same sessions) and pairing removes
   the between-session variance from the ratio. 10,000 resamples, seeded, 95% by default.
+- Run-level interval: with two or more runs per arm, a Student t interval of B/A from the
+  per-run values (paired by repeat when both arms ran the same repeats, else Welch), because
+  sessions of one run share that run's load and the session bootstrap cannot see run-to-run
+  noise (see `intervals.py` for the A/A measurements that showed it). The reported CI is the
+  envelope of the two; with one run per arm it is the session CI alone, and the report says so.
 - Verdict at that level: the CI entirely above 1 means B is higher, entirely below means lower;
   whether higher is "better" depends on the metric (latencies and error rate: lower is better).
   A CI that contains 1 is "no significant difference".
@@ -29,6 +34,7 @@ from agentab.analysis.guard import (
     manifest_differences,
     noted_differences,
 )
+from agentab.analysis.intervals import repeat_ratio_interval
 from agentab.analysis.load import Run
 from agentab.analysis.sample import METRICS, ArmSample, Metric, build_sample, session_index
 from agentab.analysis.summary import RunSummary, summarize_run
@@ -52,6 +58,8 @@ class MetricResult:
     runs_a: list[float | None]
     runs_b: list[float | None]
     pair_ratios: list[float | None]
+    ci_sessions: tuple[float, float] | None = None
+    ci_repeats: tuple[float, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +69,8 @@ class MetricResult:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "verdict": self.verdict,
+            "ci_sessions": None if self.ci_sessions is None else list(self.ci_sessions),
+            "ci_repeats": None if self.ci_repeats is None else list(self.ci_repeats),
             "higher_is_better": self.metric.higher_is_better,
             "unit": self.metric.unit,
             "label": self.metric.label,
@@ -82,6 +92,7 @@ class Comparison:
     confounded_by: list[str]
     notes: list[Difference]
     metrics: dict[str, MetricResult]
+    repeat_pairing: str  # "paired" (by repeat), "welch", or "none" (one run on a side)
     resamples: int
     seed: int
     confidence: float
@@ -103,6 +114,7 @@ class Comparison:
                 "paired": True,
                 "sessions": self.sessions,
             },
+            "repeat_interval": self.repeat_pairing,
             "runs": {
                 "a": [str(s.run.path) for s in self.runs_a],
                 "b": [str(s.run.path) for s in self.runs_b],
@@ -135,7 +147,7 @@ def verdict(metric: Metric, ci_low: float | None, ci_high: float | None) -> str:
 
 
 def bootstrap_ratios(
-    a: ArmSample, b: ArmSample, sessions: int, *, resamples: int, seed: int
+    a: ArmSample, b: ArmSample, sessions: int, *, resamples: int, seed: int, paired: bool = True
 ) -> dict[str, np.ndarray]:
     """B/A of every metric for each of `resamples` paired session resamples."""
     rng = np.random.default_rng(seed)
@@ -143,7 +155,8 @@ def bootstrap_ratios(
     chunks: dict[str, list[np.ndarray]] = {m.name: [] for m in METRICS}
     for rows in batches(resamples, per_row):
         weights = resample_weights(rng, rows, sessions)
-        va, vb = a.evaluate(weights), b.evaluate(weights)
+        wb = weights if paired else resample_weights(rng, rows, sessions)
+        va, vb = a.evaluate(weights), b.evaluate(wb)
         for m in METRICS:
             with np.errstate(divide="ignore", invalid="ignore"):
                 chunks[m.name].append(vb[m.name] / va[m.name])
@@ -174,21 +187,40 @@ def compare_summaries(
     ones = np.ones((1, index.height), dtype=np.int64)
     point_a, point_b = sample_a.evaluate(ones), sample_b.evaluate(ones)
     ratios = bootstrap_ratios(sample_a, sample_b, index.height, resamples=resamples, seed=seed)
+    pairing, runs_a, runs_b = repeat_pairing(runs_a, runs_b)
     results = {}
     for m in METRICS:
         a, b = _finite(point_a[m.name][0]), _finite(point_b[m.name][0])
         ratio = b / a if a and b is not None else None
-        lo, hi = (_finite(x) for x in percentile_ci(ratios[m.name], confidence))
-        if ratio is None:
-            lo = hi = None
         runs_a_values = [_lookup(s.values, m.name) for s in runs_a]
         runs_b_values = [_lookup(s.values, m.name) for s in runs_b]
         pairs = [
             (vb / va) if va and vb is not None else None
             for va, vb in zip(runs_a_values, runs_b_values, strict=False)
         ]
+        lo, hi = (_finite(x) for x in percentile_ci(ratios[m.name], confidence))
+        ci_sessions = (lo, hi) if ratio is not None and lo is not None and hi is not None else None
+        ci_repeats = None
+        if pairing != "none" and ratio is not None:
+            ci_repeats = repeat_ratio_interval(
+                runs_a_values, runs_b_values, paired=pairing == "paired", confidence=confidence
+            )
+        bounds = [ci for ci in (ci_sessions, ci_repeats) if ci is not None]
+        low = min(ci[0] for ci in bounds) if bounds else None
+        high = max(ci[1] for ci in bounds) if bounds else None
         results[m.name] = MetricResult(
-            m, a, b, ratio, lo, hi, verdict(m, lo, hi), runs_a_values, runs_b_values, pairs
+            m,
+            a,
+            b,
+            ratio,
+            low,
+            high,
+            verdict(m, low, high),
+            runs_a_values,
+            runs_b_values,
+            pairs,
+            ci_sessions,
+            ci_repeats,
         )
     return Comparison(
         arm_a=arm_a,
@@ -199,11 +231,32 @@ def compare_summaries(
         confounded_by=confounded,
         notes=noted_differences(manifests_a, manifests_b),
         metrics=results,
+        repeat_pairing=pairing,
         resamples=resamples,
         seed=seed,
         confidence=confidence,
         sessions=index.height,
     )
+
+
+def repeat_pairing(
+    runs_a: Sequence[RunSummary], runs_b: Sequence[RunSummary]
+) -> tuple[str, list[RunSummary], list[RunSummary]]:
+    """How per-run values enter the run-level interval: by repeat, unpaired, or not at all.
+
+    Paired when both arms ran the same distinct repeat numbers (an `ab` experiment: repeat k of
+    both arms used the same seed); the runs are then returned in repeat order on both sides.
+    """
+    runs_a, runs_b = list(runs_a), list(runs_b)
+    if len(runs_a) < 2 or len(runs_b) < 2:
+        return "none", runs_a, runs_b
+    rep_a = [str(s.run.manifest.get("repeat")) for s in runs_a]
+    rep_b = [str(s.run.manifest.get("repeat")) for s in runs_b]
+    if "None" in rep_a or sorted(rep_a) != sorted(rep_b) or len(set(rep_a)) != len(rep_a):
+        return "welch", runs_a, runs_b
+    order = sorted(range(len(rep_a)), key=lambda i: rep_a[i])
+    order_b = sorted(range(len(rep_b)), key=lambda i: rep_b[i])
+    return "paired", [runs_a[i] for i in order], [runs_b[i] for i in order_b]
 
 
 def _arm_name(runs: Sequence[RunSummary]) -> str:

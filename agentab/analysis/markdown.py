@@ -48,8 +48,11 @@ DEFINITIONS = (
     "- **decode throughput** excludes prefill: decode tokens (OSL_i - 1) / seconds during which at "
     "least one request was decoding. Output throughput = output tokens / profiling wall time. "
     "Throughput per GPU = (input + output tokens) / wall time / GPU count.",
-    "- CI: percentile bootstrap of the B/A ratio, resampling sessions (paired: the same sessions "
-    "weigh both arms), pooled over repeats. Verdict 'better'/'worse' when the CI excludes 1.",
+    "- CI of B/A: the envelope of (1) a percentile bootstrap resampling sessions (paired: the same "
+    "sessions weigh both arms), pooled over repeats, and (2) with two or more runs per arm, a "
+    "Student t interval over the per-run values (paired by repeat), because run-to-run noise "
+    "(which sessions share the batch) is invisible to (1). Verdict 'better'/'worse' when the CI "
+    "excludes 1, else 'no significant difference'.",
 )
 
 
@@ -119,6 +122,18 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         f"- Bootstrap: {comparison.resamples:,} paired session resamples, seed "
         f"{comparison.seed}, {100 * comparison.confidence:.0f}% CI.",
     ]
+    if comparison.repeat_pairing == "none":
+        lines.append(
+            "- **One run per arm**: the CIs cover session sampling only, not run-to-run "
+            "variation, which A/A runs of the simulator at concurrency 8 showed to be larger; "
+            "use `repeats >= 3` before trusting a verdict."
+        )
+    else:
+        how = "paired by repeat" if comparison.repeat_pairing == "paired" else "Welch, unpaired"
+        lines.append(
+            "- CI = envelope of the session bootstrap and a t interval over the runs "
+            f"({how}); both are in comparison.json."
+        )
     lines += [f"- {line}" for line in header]
     for note in comparison.notes:
         lines.append(f"- Not compared (differs by design): {note.describe()}.")
@@ -148,7 +163,7 @@ def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) ->
                 fmt(r.a, unit),
                 fmt(r.b, unit),
                 _ratio(r.ratio),
-                f"{_ratio(r.ci_low)} – {_ratio(r.ci_high)}",
+                "–" if r.ci_low is None else f"{_ratio(r.ci_low)} – {_ratio(r.ci_high)}",
                 r.verdict,
                 _spread(r.runs_a, unit),
                 _spread(r.runs_b, unit),

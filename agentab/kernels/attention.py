@@ -94,7 +94,7 @@ def _build_triton() -> tuple:
     def combine_kernel(
         part_o, part_ml, out, n_splits,
         s_ob, s_os, s_oh, s_mb, s_ms, s_yb, s_yh,
-        KVL: tl.constexpr, BLOCK_S: tl.constexpr,
+        KVL: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
@@ -102,18 +102,26 @@ def _build_triton() -> tuple:
         ms = offs_s < n_splits
         ml = part_ml + b * s_mb + offs_s * s_ms + h * 2
         m = tl.load(ml, mask=ms, other=float("-inf"))
-        lsum = tl.load(ml + 1, mask=ms, other=0.0)
         mx = tl.max(m, 0)
-        wgt = tl.where(m > float("-inf"), tl.exp(m - mx), 0.0)
-        denom = tl.sum(wgt * lsum, 0)
         offs_c = tl.arange(0, KVL)
-        o = tl.load(
-            part_o + b * s_ob + offs_s[:, None] * s_os + h * s_oh + offs_c[None, :],
-            mask=ms[:, None],
-            other=0.0,
-        )
-        y = tl.sum(o * wgt[:, None], 0) / denom
-        tl.store(out + b * s_yb + h * s_yh + offs_c, y.to(out.dtype.element_ty))
+        acc = tl.zeros([KVL], tl.float32)
+        denom = 0.0
+        # Splits in chunks, so a long list of partial outputs never sits in registers at once.
+        for s0 in range(0, n_splits, CHUNK):
+            offs = s0 + tl.arange(0, CHUNK)
+            mc = offs < n_splits
+            mlc = part_ml + b * s_mb + offs * s_ms + h * 2
+            mm = tl.load(mlc, mask=mc, other=float("-inf"))
+            ll = tl.load(mlc + 1, mask=mc, other=0.0)
+            wgt = tl.where(mm > float("-inf"), tl.exp(mm - mx), 0.0)
+            denom += tl.sum(wgt * ll, 0)
+            o = tl.load(
+                part_o + b * s_ob + offs[:, None] * s_os + h * s_oh + offs_c[None, :],
+                mask=mc[:, None],
+                other=0.0,
+            )
+            acc += tl.sum(o * wgt[:, None], 0)
+        tl.store(out + b * s_yb + h * s_yh + offs_c, (acc / denom).to(out.dtype.element_ty))
 
     return split_kernel, combine_kernel
 
@@ -125,7 +133,7 @@ def split_plan(batch: int, max_len: int, n_sms: int = 132) -> tuple[int, int]:
     """(number of splits, tokens per split): about two programs per SM over the whole batch."""
     blocks = max(1, math.ceil(max_len / BLOCK_N))
     want = max(1, math.ceil(2 * n_sms / batch))
-    n_splits = min(blocks, want)
+    n_splits = min(max(1, blocks // 2), want)  # at least two blocks of tokens per split
     split_len = math.ceil(blocks / n_splits) * BLOCK_N
     n_splits = math.ceil(max_len / split_len)
     return n_splits, split_len
@@ -160,7 +168,7 @@ def mla_decode_triton(
         part_o, part_ml, out, n_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
         out.stride(0), out.stride(1),
-        KVL=kvl, BLOCK_S=max(2, 1 << (n_splits - 1).bit_length()), num_warps=4,
+        KVL=kvl, BLOCK_S=max(2, 1 << (n_splits - 1).bit_length()), CHUNK=8, num_warps=4,
     )  # fmt: skip
     return out
 

@@ -1,0 +1,210 @@
+"""`kernels bench`: per-layer time of both decode paths on the GPU, and a simulator profile.
+
+For each batch size: both paths are captured in one CUDA graph each holding `layers` layers with
+their own weights and caches (weights read per replay far exceed L2), timed over many replays
+(median, CUDA events), and their kernels per layer counted from the profiler. Bytes are the
+fewest the step must move (`LayerConfig.step_bytes`, with the routed experts actually touched);
+the roofline fraction is bytes / time / 4.3 TB/s for the specialized path.
+
+Runnable without click: `python -m agentab.kernels.bench --preset k2-tp8-shard ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agentab.kernels.config import HBM_ROOFLINE_BYTES_PER_S, LayerConfig, get_preset
+
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def bench_path(
+    name: str,
+    cfg: LayerConfig,
+    layers: list[Any],
+    batch: int,
+    context: int,
+    iters: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Time one path at one batch size; returns us/layer, kernels/layer, touched experts."""
+    import torch
+
+    from agentab.kernels.harness import capture, kernel_names, kernel_times, time_replays
+    from agentab.kernels.paths import make_path
+    from agentab.kernels.weights import init_state
+
+    dev = layers[0].w_o.device
+    gen = torch.Generator(device=dev).manual_seed(seed + batch)
+    x = torch.randn(batch, cfg.hidden, generator=gen, device=dev).to(torch.bfloat16)
+    states = [
+        init_state(cfg, batch, context, seed + 10 * i + batch, dev) for i in range(len(layers))
+    ]
+    t0 = time.time()
+    paths = [make_path(name, cfg, w, context, batch) for w in layers]
+    build_s = time.time() - t0
+
+    def step() -> list[Any]:
+        h, outs = x, []
+        for p, s in zip(paths, states, strict=True):
+            o = p.step(h, s)
+            outs.append(o)
+            h = o.out
+        return outs
+
+    graph, outs = capture(step)
+    t = time_replays(graph, iters=iters)
+    names = kernel_names(lambda: paths[0].step(x, states[0]))
+    breakdown = None
+    if batch in (1, 64):
+        breakdown = [
+            {"kernel": k, "us": round(us, 2), "launches": n}
+            for k, us, n in kernel_times(lambda: paths[0].step(x, states[0]))
+        ]
+    graph.replay()
+    torch.cuda.synchronize()
+    touched = [float(torch.unique(o.ids.long()).numel()) for o in outs]
+    n = len(layers)
+    return {
+        "us_per_layer": t["median"] / n,
+        "p10_us_per_layer": t["p10"] / n,
+        "p90_us_per_layer": t["p90"] / n,
+        "kernels": len(names),
+        "kernel_names": names,
+        "touched_experts": sum(touched) / len(touched),
+        "build_s": build_s,
+        "eager_kernel_breakdown": breakdown,
+    }
+
+
+def run_bench(
+    preset: str,
+    batches: list[int],
+    context: int,
+    layers: int = 4,
+    iters: int = 100,
+    seed: int = 0,
+    standard_extra: list[int] | None = None,
+    paths: tuple[str, ...] = ("standard", "specialized"),
+) -> dict[str, Any]:
+    """Measure every batch size; returns the results document (see docs/kernels.md)."""
+    import torch
+
+    from agentab.kernels.weights import init_weights
+
+    cfg = get_preset(preset)
+    dev = torch.device("cuda")
+    weights = [init_weights(cfg, seed + 1000 * i, dev) for i in range(layers)]
+    rows, extra_rows = [], []
+    for b in batches:
+        row: dict[str, Any] = {"batch": b}
+        detail: dict[str, Any] = {}
+        for name in paths:
+            try:
+                r = bench_path(name, cfg, weights, b, context, iters, seed)
+            except Exception as exc:  # a failing path must not hide the other path's figures
+                import traceback
+
+                traceback.print_exc()
+                row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:500]
+                continue
+            row[f"{name}_us"] = round(r["us_per_layer"], 2)
+            row[f"{name}_kernels"] = r["kernels"]
+            detail[name] = r
+            _log(f"  batch {b:3d} {name:12s} {r['us_per_layer']:9.1f} us/layer "
+                 f"(p10 {r['p10_us_per_layer']:.1f}, p90 {r['p90_us_per_layer']:.1f}) "
+                 f"{r['kernels']} kernels, build {r['build_s']:.1f}s")  # fmt: skip
+        if not detail:
+            rows.append(row)
+            continue
+        touched = next(iter(detail.values()))["touched_experts"]
+        nbytes = cfg.step_bytes(b, context, touched_experts=touched)
+        row["bytes"] = int(nbytes)
+        row["touched_experts"] = touched
+        if "specialized_us" in row and "standard_us" in row:
+            row["speedup"] = round(row["standard_us"] / row["specialized_us"], 3)
+            row["roofline_fraction"] = round(
+                nbytes / (row["specialized_us"] * 1e-6) / HBM_ROOFLINE_BYTES_PER_S, 3
+            )
+        row["standard_roofline_fraction"] = round(
+            nbytes / (row["standard_us"] * 1e-6) / HBM_ROOFLINE_BYTES_PER_S, 3
+        ) if "standard_us" in row else None  # fmt: skip
+        row["kernel_names"] = {k: v["kernel_names"] for k, v in detail.items()}
+        row["eager_kernel_breakdown"] = {
+            k: v["eager_kernel_breakdown"] for k, v in detail.items() if v["eager_kernel_breakdown"]
+        }
+        rows.append(row)
+    for b in standard_extra or []:
+        r = bench_path("standard", cfg, weights, b, context, max(20, iters // 4), seed)
+        extra_rows.append({"batch": b, "standard_us": round(r["us_per_layer"], 2),
+                           "standard_kernels": r["kernels"]})  # fmt: skip
+        _log(f"  batch {b:3d} standard     {r['us_per_layer']:9.1f} us/layer (profile only)")
+    return {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "preset": preset,
+        "context": context,
+        "layers_per_graph": layers,
+        "iters": iters,
+        "hbm_roofline_bytes_per_s": HBM_ROOFLINE_BYTES_PER_S,
+        "rows": rows,
+        "standard_extra_rows": extra_rows,
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    """The short table printed last."""
+    head = f"{'batch':>5} {'standard_us':>11} {'special_us':>10} {'speedup':>7} " \
+           f"{'k_std':>5} {'k_spec':>6} {'MB':>8} {'roofline':>8}"  # fmt: skip
+    lines = [head]
+    for r in results["rows"]:
+        if "bytes" not in r:
+            lines.append(f"{r['batch']:>5} failed: {r}")
+            continue
+        lines.append(
+            f"{r['batch']:>5} {r.get('standard_us', float('nan')):>11.1f} "
+            f"{r.get('specialized_us', float('nan')):>10.1f} "
+            f"{r.get('speedup', float('nan')):>7.2f} "
+            f"{r.get('standard_kernels', 0):>5} {r.get('specialized_kernels', 0):>6} "
+            f"{r['bytes'] / 1e6:>8.1f} {r.get('roofline_fraction', float('nan')):>8.2f}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agentab.kernels.bench", description=__doc__)
+    p.add_argument("--preset", default="k2-tp8-shard")
+    p.add_argument("--batch", default=",".join(map(str, DEFAULT_BATCHES)))
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument(
+        "--standard-extra", default="", help="batch sizes timed for the standard path only"
+    )
+    p.add_argument("--out", default="results.json")
+    p.add_argument("--profile-out", default="", help="write a HardwareProfile TOML here")
+    a = p.parse_args(argv)
+    from agentab.kernels.profile_toml import write_profile
+
+    batches = [int(b) for b in a.batch.split(",") if b]
+    extra = [int(b) for b in a.standard_extra.split(",") if b]
+    res = run_bench(a.preset, batches, a.context, a.layers, a.iters, standard_extra=extra)
+    res["command"] = "python -m agentab.kernels.bench " + " ".join(argv or sys.argv[1:])
+    Path(a.out).write_text(json.dumps(res, indent=1))
+    if a.profile_out:
+        write_profile(res, Path(a.profile_out))
+    print(table(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

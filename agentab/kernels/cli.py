@@ -1,0 +1,92 @@
+"""`agentab kernels`: check and bench the specialized decoder layer on the GPU.
+
+Both commands need a CUDA GPU (and the gpu extra for the specialized path); the same drivers run
+without click as `python -m agentab.kernels.check` / `python -m agentab.kernels.bench`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from agentab.errors import AgentabError
+from agentab.kernels.check import parse_batches
+from agentab.kernels.config import PRESETS, get_preset
+
+
+def _need_cuda() -> None:
+    try:
+        import torch
+    except ImportError:
+        raise AgentabError("kernels: needs torch (pip install 'agentab[gpu]')") from None
+    if not torch.cuda.is_available():
+        raise AgentabError("kernels: needs a CUDA GPU (none visible to torch)")
+
+
+@click.group()
+def kernels() -> None:
+    """The specialized decoder layer: correctness checks and per-layer benchmarks (GPU)."""
+
+
+@kernels.command()
+@click.option("--preset", default="k2-tp8-shard", type=click.Choice(sorted(PRESETS)))
+@click.option("--batch", default="1-64", show_default=True, help="e.g. 1-64 or 1,2,4")
+@click.option("--context", default=512, show_default=True, type=click.IntRange(1))
+@click.option("--paths", default="standard,specialized", show_default=True)
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+def check(preset: str, batch: str, context: int, paths: str, out: Path | None) -> None:
+    """Both paths against the fp32 reference at every batch size (exit 1 on any failure)."""
+    from agentab.kernels.check import run_check
+
+    batches = parse_batches(batch)
+    get_preset(preset)
+    _need_cuda()
+    res = run_check(preset, batches, context, paths=tuple(p for p in paths.split(",") if p))
+    if out:
+        out.write_text(json.dumps(res, indent=1))
+    n_fail = sum(not r["ok"] for r in res["results"])
+    click.echo(f"check: {len(res['results']) - n_fail} passed, {n_fail} failed")
+    if not res["ok"]:
+        raise SystemExit(1)
+
+
+@kernels.command()
+@click.option("--preset", default="k2-tp8-shard", type=click.Choice(sorted(PRESETS)))
+@click.option("--batch", default="1,2,4,8,16,32,64", show_default=True)
+@click.option("--context", default=4096, show_default=True, type=click.IntRange(1))
+@click.option("--layers", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(5))
+@click.option("--standard-extra", default="", help="batch sizes timed for the standard path only")
+@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("results.json"), show_default=True)  # fmt: skip
+@click.option("--profile-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="also write the simulator HardwareProfile TOML here")  # fmt: skip
+def bench(
+    preset: str,
+    batch: str,
+    context: int,
+    layers: int,
+    iters: int,
+    standard_extra: str,
+    out: Path,
+    profile_out: Path | None,
+) -> None:
+    """Microseconds and kernels per layer for both paths; writes results.json (and a profile)."""
+    from agentab.kernels.bench import run_bench, table
+    from agentab.kernels.profile_toml import write_profile
+
+    batches = parse_batches(batch)
+    extra = parse_batches(standard_extra) if standard_extra else []
+    _need_cuda()
+    res = run_bench(preset, batches, context, layers, iters, standard_extra=extra)
+    res["command"] = (
+        f"agentab kernels bench --preset {preset} --batch {batch} --context {context} "
+        f"--layers {layers} --iters {iters}"
+        + (f" --standard-extra {standard_extra}" if standard_extra else "")
+    )
+    out.write_text(json.dumps(res, indent=1))
+    if profile_out:
+        write_profile(res, profile_out)
+    click.echo(table(res))

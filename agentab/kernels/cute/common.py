@@ -1,0 +1,31 @@
+"""Compile helpers shared by the CuTe DSL kernels."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+
+def fake(dtype: Any, shape: tuple[int, ...]) -> Any:
+    """A fake row-major tensor of a static shape, 16-byte aligned (what 128-bit loads need)."""
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    order = tuple(range(len(shape) - 1, -1, -1))
+    return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
+
+
+def compile_tvm_ffi(host: Callable[..., Any], *args: Any) -> Any:
+    """Compile `host` for the given fake tensors with TVM-FFI and the caller's (torch) stream."""
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_stream
+
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(host, *args, stream, options="--enable-tvm-ffi")
+
+
+def ptx_of(compiled: Any) -> str | None:
+    """The PTX of a compiled kernel when CUTE_DSL_KEEP includes ptx (else None)."""
+    return getattr(compiled, "__ptx__", None)

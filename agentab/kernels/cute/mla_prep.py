@@ -1,0 +1,115 @@
+"""MLA step preparation in one small kernel: everything between the q_b projection and attention.
+
+Per token (one CTA each): RMSNorm of the compressed kv (kv_a_layernorm), RoPE of the shared rope
+key, both written as the token's latent cache entry; RoPE of every head's q_pe into the attention
+input. The standard path spends about ten torch kernels on the same work.
+"""
+
+# No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.
+from dataclasses import dataclass
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32
+
+from agentab.kernels.config import LayerConfig
+from agentab.kernels.cute.common import compile_tvm_ffi, fake
+
+THREADS = 128
+
+
+@dataclass(frozen=True)
+class PrepSpec:
+    batch: int
+    q_lora: int
+    kv_lora: int
+    rope: int
+    n_heads: int
+    qk_nope: int
+    max_len: int  # cache rows per sequence
+    max_pos: int  # rows of the cos/sin table
+    eps: float
+
+    @staticmethod
+    def from_config(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> "PrepSpec":
+        return PrepSpec(batch, cfg.q_lora, cfg.kv_lora, cfg.qk_rope, cfg.n_heads, cfg.qk_nope,
+                        max_len, max_pos, cfg.rms_eps)  # fmt: skip
+
+
+def build_prep(spec: PrepSpec) -> Any:
+    kvl, rope, nh = spec.kv_lora, spec.rope, spec.n_heads
+    half = rope // 2
+    qkh = spec.qk_nope + rope
+    per_thread = kvl // THREADS
+    if kvl % (THREADS * 1) or kvl // 32 < 1:
+        raise ValueError("kv_lora must be a multiple of 128")
+    qkv_cols = spec.q_lora + kvl + rope
+    pairs = (nh + 1) * half
+
+    @cute.kernel
+    def kernel(mQkv: cute.Tensor, mQ: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,
+               mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        b, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        alloc = cutlass.utils.SmemAllocator()
+        red = alloc.allocate_tensor(Float32, cute.make_layout(4), byte_alignment=16)
+        cute.arch.griddepcontrol_wait()
+        pos = mPos[b]
+        ss = Float32(0.0)
+        for i in cutlass.range_constexpr(per_thread):
+            v = mQkv[b, spec.q_lora + tidx * per_thread + i].to(Float32)
+            ss = ss + v * v
+        ss = cute.arch.warp_reduction_sum(ss)
+        if lane == 0:
+            red[warp] = ss
+        cute.arch.sync_threads()
+        tot = red[0] + red[1] + red[2] + red[3]
+        rs = cute.math.rsqrt(tot / Float32(kvl) + Float32(spec.eps))
+        for i in cutlass.range_constexpr(per_thread):
+            c = tidx * per_thread + i
+            v = mQkv[b, spec.q_lora + c].to(Float32) * rs * mNorm[c].to(Float32)
+            mCache[b, pos, c] = v.to(BFloat16)
+        for p in range(tidx, pairs, THREADS):
+            vec = p // half
+            i = p % half
+            cos = mCS[pos, i]
+            sin = mCS[pos, half + i]
+            if vec == nh:
+                x1 = mQkv[b, qkv_cols - rope + i].to(Float32)
+                x2 = mQkv[b, qkv_cols - rope + half + i].to(Float32)
+                mCache[b, pos, kvl + i] = (x1 * cos - x2 * sin).to(BFloat16)
+                mCache[b, pos, kvl + half + i] = (x2 * cos + x1 * sin).to(BFloat16)
+            else:
+                base = vec * qkh + spec.qk_nope
+                x1 = mQ[b, base + i].to(Float32)
+                x2 = mQ[b, base + half + i].to(Float32)
+                mQpe[b, vec, i] = (x1 * cos - x2 * sin).to(BFloat16)
+                mQpe[b, vec, half + i] = (x2 * cos + x1 * sin).to(BFloat16)
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def host(mQkv: cute.Tensor, mQ: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,
+             mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor, stream):  # fmt: skip
+        kernel(mQkv, mQ, mPos, mNorm, mCS, mCache, mQpe).launch(
+            grid=[spec.batch, 1, 1], block=[THREADS, 1, 1], smem=64, stream=stream, use_pdl=True
+        )
+
+    return host
+
+
+def compile_prep(spec: PrepSpec) -> Any:
+    """f(qkv, q, positions, kv_a_norm, cos_sin, cache, q_pe_out) with torch tensors."""
+    b, kvl, rope = spec.batch, spec.kv_lora, spec.rope
+    return compile_tvm_ffi(
+        build_prep(spec),
+        fake(BFloat16, (b, spec.q_lora + kvl + rope)),
+        fake(BFloat16, (b, spec.n_heads * (spec.qk_nope + rope))),
+        fake(Int32, (b,)),
+        fake(BFloat16, (kvl,)),
+        fake(Float32, (spec.max_pos, rope)),
+        fake(BFloat16, (b, spec.max_len, kvl + rope)),
+        fake(BFloat16, (b, spec.n_heads, rope)),
+    )

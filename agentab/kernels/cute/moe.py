@@ -1,0 +1,469 @@
+"""The MoE of the specialized path: routing + shared and routed experts, in two CuTe DSL kernels.
+
+`moe_up` (persistent grid): every CTA first turns the router logits into the step's work list in
+shared memory (sigmoid + correction bias, top-k by warp argmax, renormalized weights; tokens
+grouped by expert in a deterministic order, the shared expert appended as expert E that every
+token visits with weight 1; each expert's tokens cut into segments of at most 8). Recomputing
+this small list in every CTA costs no grid synchronisation; CTA 0 also publishes it (and the
+chosen ids/weights) for `moe_down`. Then the CTAs walk the (segment, 8-row tile) items: each warp
+streams one gate row and one up row of the expert with 128-bit loads, applies the post-attention
+RMSNorm to the tokens on the fly (x * gamma * 1/rms) and writes SiLU(gate) * up per token.
+Each touched expert's gate/up weights are read once per step per segment (one segment unless more
+than 8 tokens chose it).
+
+`moe_down` (one CTA per slice of output rows): walks every segment, streams the expert's down
+rows for its slice, and accumulates routing-weight x result per token in shared memory; the
+epilogue adds the residual. No atomics: each output element has one owner, so the sum over the
+shared and routed experts is deterministic. Together they read each touched expert's weights
+once per step. Routing supports n_group == 1 (Kimi-K2's config); the grouped variant runs in
+the standard path and the reference.
+"""
+
+# No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.
+from dataclasses import dataclass
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32
+
+from agentab.kernels.config import LayerConfig
+from agentab.kernels.cute.common import compile_tvm_ffi, fake
+
+SEG = 8  # tokens per segment
+WARPS = 8
+THREADS = 32 * WARPS
+N_SMS = 132
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """Compile-time shapes of the MoE kernels (the token count m is a runtime argument <= m_max)."""
+
+    hidden: int
+    inter: int
+    n_experts: int
+    top_k: int
+    routed_scaling: float
+    m_max: int = 64
+    eps: float = 1e-6
+
+    @staticmethod
+    def from_config(cfg: LayerConfig, m_max: int = 64) -> "MoeSpec":
+        if cfg.n_group != 1:
+            raise ValueError("the specialized MoE kernels implement n_group == 1 routing")
+        if cfg.n_shared != 1 or cfg.shared_inter != cfg.moe_inter:
+            raise ValueError("the specialized MoE needs one shared expert shaped like the others")
+        return MoeSpec(
+            cfg.hidden, cfg.moe_inter, cfg.n_experts, cfg.top_k, cfg.routed_scaling, m_max,
+            cfg.rms_eps,
+        )  # fmt: skip
+
+    @property
+    def n_assign(self) -> int:
+        return self.m_max * self.top_k
+
+    @property
+    def max_segments(self) -> int:
+        # every routed assignment its own segment at worst, plus the shared expert's segments
+        return self.n_assign + (self.m_max + SEG - 1) // SEG
+
+    @property
+    def rows_act(self) -> int:
+        return self.n_assign + self.m_max
+
+
+@cute.jit
+def _warp_argmax(val: Float32, idx: Int32, aux: Float32) -> tuple:
+    """Warp-wide max of val (ties -> lower idx), carrying idx and aux along."""
+    for s in (16, 8, 4, 2, 1):
+        ov = cute.arch.shuffle_sync_bfly(val, offset=s)
+        oi = cute.arch.shuffle_sync_bfly(idx, offset=s)
+        oa = cute.arch.shuffle_sync_bfly(aux, offset=s)
+        take = (ov > val) | ((ov == val) & (oi < idx))
+        if take:
+            val = ov
+            idx = oi
+            aux = oa
+    return val, idx, aux
+
+
+@cute.jit
+def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
+             seg_e, seg_start, seg_len, tidx, warp, lane):  # fmt: skip
+    """Build the work list in shared memory (called by every CTA of moe_up)."""
+    e_per_lane = spec.n_experts // 32
+    k, n_exp = spec.top_k, spec.n_experts
+    # 1. top-k per token: one warp per token.
+    for t in range(warp, m, WARPS):
+        biased = cute.make_rmem_tensor(cute.make_layout(e_per_lane), Float32)
+        score = cute.make_rmem_tensor(cute.make_layout(e_per_lane), Float32)
+        for j in cutlass.range_constexpr(e_per_lane):
+            e = j * 32 + lane
+            lg = mLogits[t, e]
+            s = Float32(1.0) / (Float32(1.0) + cute.math.exp(-lg))
+            score[j] = s
+            biased[j] = s + mBias[e]
+        total = Float32(0.0)
+        for kk in cutlass.range_constexpr(k):
+            bv = Float32(-3.0e38)
+            bi = Int32(0)
+            bs = Float32(0.0)
+            for j in cutlass.range_constexpr(e_per_lane):
+                if biased[j] > bv:
+                    bv = biased[j]
+                    bi = Int32(j * 32) + lane
+                    bs = score[j]
+            bv, bi, bs = _warp_argmax(bv, bi, bs)
+            for j in cutlass.range_constexpr(e_per_lane):
+                if Int32(j * 32) + lane == bi:
+                    biased[j] = Float32(-3.0e38)
+            total = total + bs
+            if lane == 0:
+                sel_e[t * k + kk] = bi
+                sel_w[t * k + kk] = bs
+        if lane == 0:
+            scale = Float32(spec.routed_scaling) / total
+            for kk in cutlass.range_constexpr(k):
+                sel_w[t * k + kk] = sel_w[t * k + kk] * scale
+    cute.arch.sync_threads()
+    # 2. tokens per expert (deterministic: a thread scans the assignments in order).
+    n_assign = m * k
+    for e in range(tidx, n_exp + 1, THREADS):
+        c = Int32(0)
+        if e == n_exp:
+            c = m
+        else:
+            for a in range(n_assign):
+                if sel_e[a] == e:
+                    c = c + 1
+        cnt[e] = c
+    cute.arch.sync_threads()
+    # 3. exclusive prefix sums of counts and of segment counts (warp 0, 32 lanes x a run each).
+    if warp == 0:
+        per = (n_exp + 1 + 31) // 32
+        lo = lane * per
+        s_cnt = Int32(0)
+        s_seg = Int32(0)
+        for i in range(per):
+            e = lo + i
+            if e <= n_exp:
+                s_cnt = s_cnt + cnt[e]
+                s_seg = s_seg + (cnt[e] + (SEG - 1)) // SEG
+        inc_cnt = s_cnt
+        inc_seg = s_seg
+        for sft in (1, 2, 4, 8, 16):
+            vc = cute.arch.shuffle_sync_up(inc_cnt, offset=sft)
+            vs = cute.arch.shuffle_sync_up(inc_seg, offset=sft)
+            if lane >= sft:
+                inc_cnt = inc_cnt + vc
+                inc_seg = inc_seg + vs
+        run_cnt = inc_cnt - s_cnt
+        run_seg = inc_seg - s_seg
+        for i in range(per):
+            e = lo + i
+            if e <= n_exp:
+                off[e] = run_cnt
+                segoff[e] = run_seg
+                run_cnt = run_cnt + cnt[e]
+                run_seg = run_seg + (cnt[e] + (SEG - 1)) // SEG
+        if lane == 31:
+            off[n_exp + 1] = inc_cnt
+            segoff[n_exp + 1] = inc_seg
+    cute.arch.sync_threads()
+    # 4. scatter assignments into expert order and cut segments.
+    for e in range(tidx, n_exp + 1, THREADS):
+        c = cnt[e]
+        if c > 0:
+            base = off[e]
+            if e == n_exp:
+                for t in range(m):
+                    sorted_a[base + t] = n_assign + t
+            else:
+                pos = Int32(0)
+                for a in range(n_assign):
+                    if sel_e[a] == e:
+                        sorted_a[base + pos] = a
+                        pos = pos + 1
+            sb = segoff[e]
+            for q in range((c + (SEG - 1)) // SEG):
+                seg_e[sb + q] = e
+                seg_start[sb + q] = base + q * SEG
+                rem = c - q * SEG
+                ln = Int32(SEG)
+                if rem < SEG:
+                    ln = rem
+                seg_len[sb + q] = ln
+    cute.arch.sync_threads()
+
+
+def build_moe_up(spec: MoeSpec, grid: int) -> Any:
+    hid, inter, k = spec.hidden, spec.inter, spec.top_k
+    ch = hid // 256  # 16-byte chunks per lane
+    if hid % 256 or inter % WARPS or spec.n_experts % 32:
+        raise ValueError("hidden % 256, inter % 8 and n_experts % 32 must be 0")
+    tiles = inter // WARPS
+    n_exp = spec.n_experts
+    inv_h = 1.0 / hid
+    ns = spec.n_assign
+    smem_bytes = 4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments) + 256
+
+    @cute.kernel
+    def kernel(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
+               mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
+               mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
+               mRs: cute.Tensor):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        alloc = cutlass.utils.SmemAllocator()
+        sel_e = alloc.allocate_tensor(Int32, cute.make_layout(ns), byte_alignment=16)
+        sel_w = alloc.allocate_tensor(Float32, cute.make_layout(ns), byte_alignment=16)
+        cnt = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
+        off = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
+        segoff = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
+        sorted_a = alloc.allocate_tensor(Int32, cute.make_layout(spec.rows_act), byte_alignment=16)
+        seg_e = alloc.allocate_tensor(Int32, cute.make_layout(spec.max_segments), byte_alignment=16)
+        seg_start = alloc.allocate_tensor(
+            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
+        )
+        seg_len = alloc.allocate_tensor(
+            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
+        )
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        cute.arch.griddepcontrol_wait()
+        _routing(spec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
+                 seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
+        n_seg = segoff[n_exp + 1]
+        if bidx == 0:
+            for a in range(tidx, m * k, THREADS):
+                mIds[a // k, a % k] = sel_e[a]
+                mWts[a // k, a % k] = sel_w[a]
+                mSelW[a] = sel_w[a]
+            for i in range(tidx, off[n_exp + 1], THREADS):
+                mSorted[i] = sorted_a[i]
+            for s in range(tidx, n_seg, THREADS):
+                mSegs[s, 0] = seg_e[s]
+                mSegs[s, 1] = seg_start[s]
+                mSegs[s, 2] = seg_len[s]
+            if tidx == 0:
+                mSegs[spec.max_segments, 0] = n_seg
+                mSegs[spec.max_segments, 1] = m
+        for item in range(bidx, n_seg * tiles, grid):
+            s = item // tiles
+            ii = (item % tiles) * WARPS + warp
+            e = seg_e[s]
+            start = seg_start[s]
+            ln = seg_len[s]
+            tok = cute.make_rmem_tensor(cute.make_layout(SEG), Int32)
+            rsv = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
+            acc_g = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
+            acc_u = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
+            for j in cutlass.range_constexpr(SEG):
+                jj = j
+                if jj >= ln:
+                    jj = 0
+                a = sorted_a[start + jj]
+                t = a // k
+                if a >= ns:
+                    t = a - ns
+                if a >= m * k:
+                    t = a - m * k
+                tok[j] = t
+                rsv[j] = mRs[t]
+                acc_g[j] = Float32(0.0)
+                acc_u[j] = Float32(0.0)
+            for c in cutlass.range_constexpr(ch):
+                kc = c * 32 + lane
+                gsrc = cute.local_tile(mW13[e, ii, None], (8,), (kc,))
+                gfr = cute.make_fragment_like(gsrc)
+                cute.copy(atom, gsrc, gfr)
+                usrc = cute.local_tile(mW13[e, inter + ii, None], (8,), (kc,))
+                ufr = cute.make_fragment_like(usrc)
+                cute.copy(atom, usrc, ufr)
+                nsrc = cute.local_tile(mGamma, (8,), (kc,))
+                nfr = cute.make_fragment_like(nsrc)
+                cute.copy(atom, nsrc, nfr)
+                gw = gfr.load().to(Float32)
+                uw = ufr.load().to(Float32)
+                gam = nfr.load().to(Float32)
+                for j in cutlass.range_constexpr(SEG):
+                    if j < ln:
+                        xsrc = cute.local_tile(mX[tok[j], None], (8,), (kc,))
+                        xfr = cute.make_fragment_like(xsrc)
+                        cute.copy(atom, xsrc, xfr)
+                        xv = xfr.load().to(Float32) * gam
+                        acc_g[j] = acc_g[j] + (gw * xv).reduce(
+                            cute.ReductionOp.ADD, Float32(0.0), 0
+                        )
+                        acc_u[j] = acc_u[j] + (uw * xv).reduce(
+                            cute.ReductionOp.ADD, Float32(0.0), 0
+                        )
+            for j in cutlass.range_constexpr(SEG):
+                if j < ln:
+                    g = cute.arch.warp_reduction_sum(acc_g[j]) * rsv[j]
+                    u = cute.arch.warp_reduction_sum(acc_u[j]) * rsv[j]
+                    if lane == 0:
+                        act = g / (Float32(1.0) + cute.math.exp(-g)) * u
+                        mAct[start + j, ii] = act.to(BFloat16)
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
+             mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
+             mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
+             mRs: cute.Tensor, stream):  # fmt: skip
+        kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
+               mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
+                           stream=stream, use_pdl=True)  # fmt: skip
+
+    _ = inv_h
+    return host
+
+
+def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
+    hid, inter, k = spec.hidden, spec.inter, spec.top_k
+    if inter != 256:
+        raise ValueError("moe_down maps one 16-byte chunk per lane: inter must be 256")
+    if hid % rows_per_cta or rows_per_cta % WARPS:
+        raise ValueError("rows_per_cta must divide hidden and be a multiple of 8")
+    rpw = rows_per_cta // WARPS
+    grid = hid // rows_per_cta
+    smem_bytes = 4 * spec.m_max * rows_per_cta + 64
+
+    @cute.kernel
+    def kernel(m_unused: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
+               mSegs: cute.Tensor, mSelW: cute.Tensor, mRes: cute.Tensor,
+               mOut: cute.Tensor):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        alloc = cutlass.utils.SmemAllocator()
+        acc = alloc.allocate_tensor(
+            Float32,
+            cute.make_layout((spec.m_max, rows_per_cta), stride=(rows_per_cta, 1)),
+            byte_alignment=16,
+        )
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        for i in range(tidx, spec.m_max * rows_per_cta, THREADS):
+            acc[i // rows_per_cta, i % rows_per_cta] = Float32(0.0)
+        cute.arch.griddepcontrol_wait()
+        n_seg = mSegs[spec.max_segments, 0]
+        m = mSegs[spec.max_segments, 1]
+        cute.arch.sync_threads()
+        d0 = bidx * rows_per_cta + warp * rpw
+        for s in range(n_seg):
+            e = mSegs[s, 0]
+            start = mSegs[s, 1]
+            ln = mSegs[s, 2]
+            tok = cute.make_rmem_tensor(cute.make_layout(SEG), Int32)
+            wgt = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
+            av = []
+            for j in cutlass.range_constexpr(SEG):
+                jj = j
+                if jj >= ln:
+                    jj = 0
+                a = mSorted[start + jj]
+                t = a // k
+                w = Float32(1.0)
+                if a >= m * k:
+                    t = a - m * k
+                else:
+                    w = mSelW[a]
+                tok[j] = t
+                wgt[j] = w
+                asrc = cute.local_tile(mAct[start + jj, None], (8,), (lane,))
+                afr = cute.make_fragment_like(asrc)
+                cute.copy(atom, asrc, afr)
+                av.append(afr.load().to(Float32))
+            wv = []
+            for r in cutlass.range_constexpr(rpw):
+                wsrc = cute.local_tile(mW2[e, d0 + r, None], (8,), (lane,))
+                wfr = cute.make_fragment_like(wsrc)
+                cute.copy(atom, wsrc, wfr)
+                wv.append(wfr.load().to(Float32))
+            for r in cutlass.range_constexpr(rpw):
+                for j in cutlass.range_constexpr(SEG):
+                    if j < ln:
+                        p = (wv[r] * av[j]).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                        p = cute.arch.warp_reduction_sum(p)
+                        if lane == 0:
+                            row = warp * rpw + r
+                            acc[tok[j], row] = acc[tok[j], row] + wgt[j] * p
+        cute.arch.sync_threads()
+        for i in range(tidx, m * rows_per_cta, THREADS):
+            t = i // rows_per_cta
+            r = i % rows_per_cta
+            d = bidx * rows_per_cta + r
+            mOut[t, d] = (mRes[t, d].to(Float32) + acc[t, r]).to(BFloat16)
+        cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def host(m_unused: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
+             mSegs: cute.Tensor, mSelW: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
+             stream):  # fmt: skip
+        kernel(m_unused, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(
+            grid=[grid, 1, 1],
+            block=[THREADS, 1, 1],
+            smem=smem_bytes,
+            stream=stream,
+            use_pdl=True,
+        )
+
+    return host
+
+
+@dataclass
+class MoeBuffers:
+    """Device buffers the two kernels share (sized for m_max tokens)."""
+
+    act: Any  # (rows_act, inter) bf16
+    sorted_a: Any  # (rows_act,) int32
+    segs: Any  # (max_segments + 1, 3) int32; row max_segments holds (n_seg, m, 0)
+    sel_w: Any  # (n_assign,) fp32
+
+
+def alloc_buffers(spec: MoeSpec, device: Any) -> MoeBuffers:
+    import torch
+
+    return MoeBuffers(
+        act=torch.zeros(spec.rows_act, spec.inter, device=device, dtype=torch.bfloat16),
+        sorted_a=torch.zeros(spec.rows_act, device=device, dtype=torch.int32),
+        segs=torch.zeros(spec.max_segments + 1, 3, device=device, dtype=torch.int32),
+        sel_w=torch.zeros(spec.n_assign, device=device, dtype=torch.float32),
+    )
+
+
+def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 56) -> tuple:
+    """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order."""
+    e1 = spec.n_experts + 1
+    up = compile_tvm_ffi(
+        build_moe_up(spec, up_grid),
+        Int32(1),
+        fake(Float32, (spec.m_max, spec.n_experts)),
+        fake(Float32, (spec.n_experts,)),
+        fake(BFloat16, (spec.m_max, spec.hidden)),
+        fake(BFloat16, (spec.hidden,)),
+        fake(BFloat16, (e1, 2 * spec.inter, spec.hidden)),
+        fake(BFloat16, (spec.rows_act, spec.inter)),
+        fake(Int32, (spec.m_max, spec.top_k)),
+        fake(Float32, (spec.m_max, spec.top_k)),
+        fake(Int32, (spec.rows_act,)),
+        fake(Int32, (spec.max_segments + 1, 3)),
+        fake(Float32, (spec.n_assign,)),
+        fake(Float32, (spec.m_max,)),
+    )
+    down = compile_tvm_ffi(
+        build_moe_down(spec, rows_per_cta),
+        Int32(1),
+        fake(BFloat16, (e1, spec.hidden, spec.inter)),
+        fake(BFloat16, (spec.rows_act, spec.inter)),
+        fake(Int32, (spec.rows_act,)),
+        fake(Int32, (spec.max_segments + 1, 3)),
+        fake(Float32, (spec.n_assign,)),
+        fake(BFloat16, (spec.m_max, spec.hidden)),
+        fake(BFloat16, (spec.m_max, spec.hidden)),
+    )
+    return up, down

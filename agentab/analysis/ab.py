@@ -32,6 +32,7 @@ from agentab.analysis.load import load_run
 from agentab.analysis.markdown import comparison_markdown
 from agentab.analysis.summary import summarize_run, write_summary
 from agentab.errors import AgentabError
+from agentab.replay import replay_to_dir, simulate_to_dir
 
 Log = Callable[[str], None]
 
@@ -84,8 +85,6 @@ def run_arm(
     }
     kind = experiment.engine_kind
     if kind == "simulator":
-        from agentab.replay import simulate_to_dir
-
         options = {
             **experiment.engine,
             "decode_backend": arm.decode_backend,
@@ -99,8 +98,6 @@ def run_arm(
             manifest_extra=extra,
             progress=progress,
         )
-    from agentab.replay import replay_to_dir
-
     model = experiment.engine.get("model")
     if kind == "http":
         # The client cannot see the server's GPUs: the experiment file states them.
@@ -119,20 +116,43 @@ def run_arm(
             manifest_extra=extra,
             progress=progress,
         )
-    # vllm: launch this arm's server on the experiment's GPUs, replay, stop it.
-    from agentab.engine.vllm import launched_server
+    return _run_vllm_arm(experiment, arm, replay, workload, run_dir, extra, progress=progress)
 
-    gpus = list(experiment.gpu_ids) or experiment.gpu_count
-    with launched_server(
-        experiment.engine, decode_backend=arm.decode_backend, gpus=gpus, log_dir=run_dir
-    ) as server:
+
+def _run_vllm_arm(
+    experiment: Experiment,
+    arm: Arm,
+    replay: Any,
+    workload: Any,
+    run_dir: Path,
+    extra: dict[str, Any],
+    *,
+    progress: bool,
+) -> Path:
+    """A vLLM arm: attach to the arm's URL, or launch its server on the experiment's GPUs.
+
+    The server's facts (`server.manifest`) go into the run manifest, so the guard compares
+    what both servers report (version, parallel and cache config, command line).
+    """
+    from agentab.engine.vllm import attached_server, launched_server
+
+    api_key_env = experiment.engine.get("api_key_env")
+    if arm.url is not None:
+        server_cm = attached_server(arm.url, int(arm.gpu_count or 0), api_key_env=api_key_env)
+    else:
+        gpus = list(experiment.gpu_ids) or experiment.gpu_count
+        server_cm = launched_server(
+            experiment.engine, decode_backend=arm.decode_backend, gpus=gpus, log_dir=run_dir
+        )
+    with server_cm as server:
         return replay_to_dir(
             workload,
             url=server.url,
             replay=replay,
             out_dir=run_dir,
-            model=model,
-            manifest_extra={**server.manifest, **extra},
+            model=server.model or experiment.engine.get("model"),
+            api_key_env=api_key_env,
+            manifest_extra={**server.manifest, "decode_backend": arm.decode_backend, **extra},
             progress=progress,
         )
 

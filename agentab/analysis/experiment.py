@@ -6,8 +6,9 @@ wrong types, arms that differ in anything but `decode_backend`, and a GPU count 
 do not share each end in one `AgentabError` line naming the file, the line and the field.
 
 What may vary between the two arms is deliberately tiny: `name`, `decode_backend`, and in attach
-mode (`engine.kind = "http"`) the server's `url` and its `gpu_count` (which must then equal
-`[gpus] count`). Everything else lives in the shared tables, so it cannot differ.
+mode (`engine.kind = "http"`, or `"vllm"` with arm URLs) the server's `url` and its `gpu_count`
+(which must then equal `[gpus] count`). Everything else lives in the shared tables, so it
+cannot differ.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SIMULATOR_KEYS = (
     "kv_blocks",
     "block_size",
 )
-HTTP_KEYS = ("model", "api_key_env")
+HTTP_KEYS = ("model", "api_key_env")  # also the [engine] keys of vLLM attach mode
 TOP_KEYS = (
     "name",
     "description",
@@ -211,7 +212,9 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
             f"{where('engine', 'kind')}: [engine] kind must be one of {', '.join(ENGINE_KINDS)} "
             f"(got {kind!r})"
         )
-    _check_engine(kind, engine, where)
+    arms = _arms(data.get("arms"), kind, gpu_count, where)
+    attach = arms[0].url is not None
+    _check_engine(kind, engine, where, attach=attach, gpus=list(ids) or gpu_count)
 
     analysis = _table(data, "analysis", where, required=False)
     _check_keys(analysis, ANALYSIS_KEYS, "analysis", where)
@@ -225,7 +228,6 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
             f"(got {confidence!r})"
         )
 
-    arms = _arms(data.get("arms"), kind, gpu_count, where)
     return Experiment(
         path=path,
         name=name,
@@ -301,17 +303,20 @@ def _check_replay(replay: dict[str, Any], where: _Where) -> None:
         raise AgentabError(f"{where('replay')}: {exc}") from None
 
 
-def _check_engine(kind: str, engine: dict[str, Any], where: _Where) -> None:
+def _check_engine(
+    kind: str, engine: dict[str, Any], where: _Where, *, attach: bool, gpus: int | list[int]
+) -> None:
     if kind == "simulator":
-        _check_keys(engine, ("kind", *SIMULATOR_KEYS), "engine", where)
+        _check_keys(engine, SIMULATOR_KEYS, "engine", where)
         if not isinstance(engine.get("profile"), str):
             raise AgentabError(f"{where('engine')}: a simulator [engine] needs profile (a name)")
-    elif kind == "http":
-        _check_keys(engine, ("kind", *HTTP_KEYS), "engine", where)
-    else:  # vllm: the launcher owns its keys and names unknown ones itself
-        from agentab.engine.vllm.args import VllmLaunch
+    elif kind == "http" or attach:
+        _check_keys(engine, HTTP_KEYS, "engine", where)
+    else:  # vllm launch: the launcher owns its keys and names unknown ones itself
+        from agentab.engine.vllm.args import VllmLaunch, check_gpus, gpu_ids_of
 
-        VllmLaunch.from_mapping(engine, where=f"{where('engine')}: [engine]")
+        launch = VllmLaunch.from_mapping(engine, where=f"{where('engine')}: [engine]")
+        check_gpus(launch, gpu_ids_of(gpus))  # refused before any server starts
 
 
 def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm]:
@@ -334,10 +339,10 @@ def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm
         if not isinstance(name, str) or not _NAME.match(name):
             raise AgentabError(f"{where(table, 'name')}: arm name {name!r} is not a plain name")
         url = arm.get("url")
-        if kind == "http":
+        if kind == "http" or (kind == "vllm" and url is not None):
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise AgentabError(
-                    f"{where(table, 'url')}: an http arm needs url (http://host:port)"
+                    f"{where(table, 'url')}: an {kind} arm needs url (http://host:port)"
                 )
             arm_gpus = _int(arm.get("gpu_count", gpu_count), "gpu_count", where(table), 1)
             if arm_gpus != gpu_count:
@@ -348,9 +353,13 @@ def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm
         elif url is not None or "gpu_count" in arm:
             key = "url" if url is not None else "gpu_count"
             raise AgentabError(
-                f"{where(table, key)}: {key} belongs to attach mode (engine kind http) only"
+                f"{where(table, key)}: {key} belongs to attach mode (engine kind http or vllm) only"
             )
-        parsed.append(Arm(name, backend, url, gpu_count if kind == "http" else None))
+        parsed.append(Arm(name, backend, url, gpu_count if url is not None else None))
+    if (parsed[0].url is None) != (parsed[1].url is None):
+        raise AgentabError(
+            f"{where('arms.1')}: give url to both arms (attach mode) or to neither (launch mode)"
+        )
     if parsed[0].name == parsed[1].name:
         raise AgentabError(
             f"{where('arms.1', 'name')}: both arms are named {parsed[0].name!r}; give an A/A "

@@ -13,7 +13,8 @@ Fields that differ between runs by design are never compared (EXCLUDED_FIELDS an
 EXCLUDED_LEAVES below; docs/analysis.md lists them with the reason for each). The decode
 backend itself is the tested variable: every field named `decode_backend` is skipped, and string
 values are compared with any `"decode_backend": "<value>"` or `decode_backend=<value>` fragment
-masked, so a vLLM command line that differs only in its `--additional-config` is not a difference.
+(and any `--port N`) masked, so a vLLM command line that differs only in its
+`--additional-config` (or its port) is not a difference.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ _PRIORITY: tuple[tuple[str, ...], ...] = (
 
 _BACKEND_JSON = re.compile(r'("decode_backend"\s*:\s*)"[^"]*"')
 _BACKEND_ARG = re.compile(r"(decode_backend\s*=\s*)[^\s,}'\"]+")
+# The port a launched server listened on is where it ran, not what it was.
+_PORT_ARG = re.compile(r"(--port[ =])\d+")
 ABSENT = "<absent>"
 
 
@@ -126,6 +129,7 @@ def _canonical(value: Any) -> str:
     if isinstance(text, bytes):
         text = text.decode()
     text = _BACKEND_JSON.sub(r'\1"*"', text)
+    text = _PORT_ARG.sub(r"\1*", text)
     return _BACKEND_ARG.sub(r"\1*", text)
 
 

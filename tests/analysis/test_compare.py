@@ -61,7 +61,7 @@ def test_guard_masks_the_backend_inside_a_server_command() -> None:
     a = [manifest(command=cmd.format("auto"))]
     b = [manifest(command=cmd.format("latency_specialized"), decode_backend="latency_specialized")]
     assert manifest_differences(a, b) == []
-    c = [manifest(command=cmd.format("auto").replace("16", "8"))]
+    c = [manifest(command=cmd.format(8001, "auto").replace("16", "8"))]
     assert [d.field for d in manifest_differences(a, c)] == ["command"]
 
 

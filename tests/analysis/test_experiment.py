@@ -86,7 +86,7 @@ def test_the_example_experiments_parse() -> None:
         ('decode_backend = "latency_specialized"', 'decode_backend = "auto"',
          "both arms are named 'auto'"),
         ('decode_backend = "auto"', 'decode_backend = "auto"\nurl = "http://x:1"',
-         "exp.toml:22: url belongs to attach mode (engine kind http) only"),
+         "exp.toml:22: url belongs to attach mode (engine kind http or vllm) only"),
         ("count = 16", "count = 0", "exp.toml:9: [gpus] count must be an integer >= 1"),
         ("count = 16", "count = 16\nids = [0, 1]", "[gpus] ids name 2 devices but count is 16"),
         ('kind = "simulator"', 'kind = "sim"', "exp.toml:16: [engine] kind must be one of"),
@@ -116,3 +116,27 @@ def test_http_arms_must_share_the_gpu_count(tmp_path: Path) -> None:
     exp = load_experiment(write(tmp_path, text.replace("gpu_count = 8", "gpu_count = 16")))
     assert [a.url for a in exp.arms] == ["http://a:1", "http://b:1"]
     assert [a.gpu_count for a in exp.arms] == [16, 16]
+
+
+def test_vllm_attach_mode_takes_urls_and_no_launch_keys(tmp_path: Path) -> None:
+    text = (
+        VALID.replace('kind = "simulator"\nprofile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7',
+                      'kind = "vllm"\nmodel = "kimi"')
+        .replace('decode_backend = "auto"', 'decode_backend = "auto"\nurl = "http://a:1"')
+        .replace('decode_backend = "latency_specialized"',
+                 'decode_backend = "latency_specialized"\nurl = "http://b:1"')
+    )  # fmt: skip
+    exp = load_experiment(write(tmp_path, text))
+    assert (exp.engine_kind, [a.gpu_count for a in exp.arms]) == ("vllm", [16, 16])
+    message = error(tmp_path, text.replace('url = "http://b:1"\n', ""))
+    assert "give url to both arms (attach mode) or to neither" in message
+    message = error(tmp_path, text.replace('model = "kimi"', 'model = "kimi"\ncommand = "x"'))
+    assert "unknown key 'command' in [engine]" in message
+
+
+def test_vllm_launch_refuses_a_layout_that_does_not_fit_the_gpus(tmp_path: Path) -> None:
+    text = VALID.replace(
+        'kind = "simulator"\nprofile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7',
+        'kind = "vllm"\nmodel = "kimi"\ntensor_parallel_size = 8',
+    )
+    assert "tensor_parallel_size 8" in error(tmp_path, text)

@@ -1,0 +1,115 @@
+"""`agentab ab` end to end on the simulator: interleaved runs, reports, and early refusals."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXPERIMENT = """\
+name = "tiny-ab"
+repeats = 2
+seed = 3
+
+[workload]
+generate = { preset = "agentx-coding", sessions = 6 }
+
+[gpus]
+count = 16
+
+[replay]
+concurrency = 2
+duration_s = 120.0
+warmup_requests = 1
+
+[engine]
+kind = "simulator"
+profile = "gb300-tp16-kimi-k3"
+num_draft_tokens = 7
+acceptance_probs = [0.9, 0.82, 0.74, 0.66, 0.58, 0.5, 0.42]
+
+[analysis]
+resamples = 2000
+
+[[arms]]
+decode_backend = "auto"
+
+[[arms]]
+name = "fast"
+decode_backend = "latency_specialized"
+"""
+
+
+def agentab(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "agentab", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def experiment(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    root = tmp_path_factory.mktemp("ab")
+    path = root / "exp.toml"
+    path.write_text(EXPERIMENT)
+    out = root / "out"
+    return out, agentab("ab", path, "-o", out)
+
+
+def test_ab_runs_the_arms_interleaved_and_prints_the_report(experiment) -> None:
+    out, result = experiment
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (out / "report.md").read_text()
+    assert result.stdout.startswith("# A/B report: tiny-ab: auto (A) vs fast (B)")
+    manifests = {
+        (arm, k): json.loads((out / arm / f"run-{k}" / "manifest.json").read_text())
+        for arm in ("auto", "fast")
+        for k in (1, 2)
+    }
+    order = sorted(manifests, key=lambda key: manifests[key]["started_at"])
+    assert order == [("auto", 1), ("fast", 1), ("auto", 2), ("fast", 2)]
+    for (arm, k), m in manifests.items():
+        assert m["arm"] == arm and m["repeat"] == k - 1 and m["replay"]["seed"] == 3 + k - 1
+        assert m["decode_backend"] == ("auto" if arm == "auto" else "latency_specialized")
+        assert (out / arm / f"run-{k}" / "summary.json").is_file()
+    assert (out / "experiment.toml").read_text() == EXPERIMENT
+
+
+def test_ab_comparison_json_and_html(experiment) -> None:
+    out, _ = experiment
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert comparison["guard"] == [] and comparison["confounded_by"] == []
+    assert comparison["repeat_interval"] == "paired"
+    headline = comparison["metrics"]["p90_interactivity_tok_s"]
+    assert headline["ci_low"] <= headline["ratio"] <= headline["ci_high"]
+    assert len(headline["runs_a"]) == len(headline["repeat_ratios"]) == 2
+    assert comparison["bootstrap"]["resamples"] == 2000
+    assert (out / "report.html").stat().st_size > 3_000_000  # plotly inlined
+
+
+def test_ab_refuses_a_gpu_count_the_profile_does_not_have(tmp_path: Path) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT.replace("count = 16", "count = 8"))
+    result = agentab("ab", path, "-o", tmp_path / "out")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"agentab: error: {path}: [gpus] count is 8 but simulator profile "
+        "'gb300-tp16-kimi-k3' models 16 GPUs"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_ab_refuses_a_used_experiment_dir(experiment, tmp_path: Path) -> None:
+    out, _ = experiment
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    result = agentab("ab", path, "-o", out)
+    assert result.returncode == 2
+    assert "experiment dir exists and is not empty" in result.stderr

@@ -16,8 +16,6 @@ continues this one.
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 
 _MASK = (1 << 64) - 1
@@ -73,19 +71,62 @@ _POWERS: dict[int, _Powers] = {}
 
 def block_hashes(token_ids: np.ndarray, block_size: int) -> np.ndarray:
     """Nonzero uint64 keys of every full block; key j covers tokens [0, (j+1)*bs)."""
+    return chain_hashes(token_ids, block_size)[0]
+
+
+def chain_hashes(
+    token_ids: np.ndarray, block_size: int, first_block: int = 0, prev: int = 0
+) -> tuple[np.ndarray, int]:
+    """Keys of the full blocks of `token_ids`, which continue a prefix of `first_block` blocks
+    whose raw chained value is `prev`; also returns the raw value after the last full block.
+
+    The raw value after j blocks is the polynomial sum_i x_i * P^(n-1-i) over the first n tokens
+    (x_i a fixed mixing of token i): it does not depend on the block size.
+    """
     n_full = len(token_ids) // block_size
     if n_full == 0:
-        return np.zeros(0, dtype=np.uint64)
+        return np.zeros(0, dtype=np.uint64), prev
     pw = _POWERS.get(block_size)
     if pw is None:
         pw = _POWERS[block_size] = _Powers(block_size)
-    pw.ensure(n_full)
-    x = np.asarray(token_ids[: n_full * block_size]).astype(np.uint64)
-    x += _TOK_ADD
-    x *= _TOK_MUL
-    local = (x.reshape(n_full, block_size) * pw.within).sum(axis=1, dtype=np.uint64)
-    chained = np.cumsum(local * pw.inv[:n_full], dtype=np.uint64) * pw.fwd[:n_full]
-    return mix64(chained ^ pw.salt[:n_full]) | np.uint64(1)
+    pw.ensure(first_block + n_full + 1)
+    x = _mixed_tokens(token_ids[: n_full * block_size])
+    with np.errstate(over="ignore"):
+        local = (x.reshape(n_full, block_size) * pw.within).sum(axis=1, dtype=np.uint64)
+        raw = np.cumsum(local * pw.inv[:n_full], dtype=np.uint64) * pw.fwd[:n_full]
+        if prev:
+            raw += np.uint64(prev) * pw.fwd[1 : n_full + 1]
+        keys = mix64(raw ^ pw.salt[first_block : first_block + n_full]) | np.uint64(1)
+    return keys, int(raw[-1])
+
+
+def _mixed_tokens(token_ids: np.ndarray) -> np.ndarray:
+    x = np.asarray(token_ids).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        x += _TOK_ADD
+        x *= _TOK_MUL
+    return x
+
+
+def prompt_seed(prompt_token_ids: np.ndarray, raw_full: int, n_full_tokens: int) -> int:
+    """Seed of the synthetic output: the polynomial hash of the whole prompt and its length.
+
+    `raw_full` is chain_hashes' raw value over the prompt's first `n_full_tokens` tokens."""
+    tail = _mixed_tokens(prompt_token_ids[n_full_tokens:]).tolist()
+    h = raw_full
+    for x in tail:
+        h = (h * _P + x) & _MASK
+    n = len(prompt_token_ids)
+    z = mix64(np.array([h ^ ((n * 0x9E3779B97F4A7C15) & _MASK)], dtype=np.uint64))
+    return int(z[0])
+
+
+def output_ids_from_seed(seed: int, n: int, vocab_size: int = 32000) -> np.ndarray:
+    """`n` int64 ids in [1, vocab_size) from a prompt seed (see synthetic_output_ids)."""
+    pos = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN
+    with np.errstate(over="ignore"):
+        z = mix64(pos + np.uint64(seed))
+    return (z % np.uint64(vocab_size - 1)).astype(np.int64) + 1
 
 
 def synthetic_output_ids(
@@ -96,9 +137,7 @@ def synthetic_output_ids(
     A pure function of the prompt's content (like greedy decoding), so a client that wants its
     next turn to continue this one exactly can append these ids to the prompt.
     """
-    prompt = np.ascontiguousarray(np.asarray(prompt_token_ids, dtype=np.int64))
-    digest = hashlib.blake2b(prompt.tobytes(), digest_size=8, person=b"agentab-out").digest()
-    seed = np.uint64(int.from_bytes(digest, "little"))
-    pos = np.arange(1, n + 1, dtype=np.uint64) * _GOLDEN
-    z = mix64(pos + seed)
-    return (z % np.uint64(vocab_size - 1)).astype(np.int64) + 1
+    prompt = np.asarray(prompt_token_ids)
+    n_full = len(prompt) // 16
+    _, raw = chain_hashes(prompt, 16)
+    return output_ids_from_seed(prompt_seed(prompt, raw, n_full * 16), n, vocab_size)

@@ -9,13 +9,15 @@ Representation: the free queue is a deque of numpy chunks (one chunk per free ca
 block, the generation number of its latest entry; an entry is live iff the block's count is
 still zero and the generation matches. Touching a block therefore needs no queue surgery (its
 entry just goes stale), and freeing a request's blocks is one numpy append. The hash -> block map
-is a dict that is never deleted from on eviction: a lookup checks the block still holds that hash.
+is an open-addressing table in numpy arrays (linear probing), so looking up a 256k-token prompt's
+16k block keys is a few vectorized passes, not 16k dict lookups. Entries are never deleted on
+eviction: an entry is live only while its block still holds its key, and dead slots are reused
+by insertion; the table is rebuilt from the live blocks when half its slots have been used.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from itertools import repeat
 
 import numpy as np
 
@@ -36,41 +38,84 @@ class BlockPool:
         self._head = 0  # entries of the first chunk already consumed
         self._entries = num_blocks
         self.num_free = num_blocks
-        self.cache: dict[int, int] = {}
         self.evictions = 0
+        self._table_size = 0
+        self._reset_table(max(1024, 1 << (4 * num_blocks - 1).bit_length()))
 
     # -- prefix cache ---------------------------------------------------------------------
+    def _reset_table(self, size: int) -> None:
+        self._table_size = size
+        self._mask = np.uint64(size - 1)
+        self._tkey = np.zeros(size, dtype=np.uint64)  # 0 = never used
+        self._tblk = np.full(size, -1, dtype=np.int64)
+        self._used = 0
+
     def lookup(self, hashes: np.ndarray) -> np.ndarray:
         """Block ids of the longest run of leading `hashes` that are cached (stops at a miss)."""
         n = len(hashes)
-        if n == 0 or not self.cache:
+        if n == 0:
             return np.zeros(0, dtype=np.int64)
-        get = self.cache.get
-        found: list[np.ndarray] = []
-        start, step = 0, 64
-        while start < n:
-            chunk = hashes[start : start + step]
-            ids = np.fromiter(
-                map(get, chunk.tolist(), repeat(-1)), dtype=np.int64, count=len(chunk)
-            )
-            ok = (ids >= 0) & (self.hash[ids] == chunk)
-            if not ok.all():
-                found.append(ids[: int(np.argmin(ok))])
-                break
-            found.append(ids)
-            start += step
-            step *= 2
-        return np.concatenate(found) if len(found) > 1 else found[0]
+        found = self._find(np.ascontiguousarray(hashes, dtype=np.uint64))
+        ok = found >= 0
+        if ok.all():
+            return found
+        return found[: int(np.argmin(ok))]
+
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """Live block holding each key, or -1."""
+        res = np.full(len(keys), -1, dtype=np.int64)
+        idx = np.arange(len(keys))
+        pos = (keys & self._mask).astype(np.int64)
+        q = keys
+        tkey, tblk, held, mask = self._tkey, self._tblk, self.hash, int(self._mask)
+        while len(idx):
+            k = tkey[pos]
+            b = tblk[pos]
+            empty = k == 0
+            hit = (k == q) & (held[b] == q) & ~empty
+            if hit.any():
+                res[idx[hit]] = b[hit]
+            go = ~(hit | empty)
+            idx, q = idx[go], q[go]
+            pos = (pos[go] + 1) & mask
+        return res
 
     def register(self, ids: np.ndarray, hashes: np.ndarray) -> None:
         """Mark full, computed blocks as holding these prefix hashes (cacheable from now on)."""
         if len(ids) == 0:
             return
         self.hash[ids] = hashes
-        self.cache.update(zip(hashes.tolist(), ids.tolist(), strict=True))
-        if len(self.cache) > 2 * self.num_blocks + 4096:
-            held = np.flatnonzero(self.hash)
-            self.cache = dict(zip(self.hash[held].tolist(), held.tolist(), strict=True))
+        if self._used + len(ids) > self._table_size // 2:
+            self._rebuild(len(ids))
+        self._insert(np.asarray(ids, dtype=np.int64), np.asarray(hashes, dtype=np.uint64))
+
+    def _rebuild(self, incoming: int) -> None:
+        """Drop dead entries (and grow if live ones alone would fill a quarter of the table)."""
+        live = np.flatnonzero(self.hash)
+        size = self._table_size
+        while (len(live) + incoming) * 4 > size:
+            size *= 2
+        self._reset_table(size)
+        if len(live):
+            self._insert(live.astype(np.int64), self.hash[live])
+
+    def _insert(self, ids: np.ndarray, keys: np.ndarray) -> None:
+        """Vectorized linear-probing insert; contested slots are resolved by writing and
+        reading back (numpy keeps the last write), the losers probe on."""
+        tkey, tblk, held, mask = self._tkey, self._tblk, self.hash, int(self._mask)
+        pos = (keys & self._mask).astype(np.int64)
+        while len(keys):
+            k = tkey[pos]
+            # a slot is free if never used, dead (its block no longer holds its key), or ours
+            free = (k == 0) | (held[tblk[pos]] != k) | (k == keys)
+            cp = pos[free]
+            tkey[cp] = keys[free]
+            tblk[cp] = ids[free]
+            won = free & (tblk[pos] == ids)
+            self._used += int(np.count_nonzero(won & (k == 0)))
+            rest = ~won
+            pos = (pos + ~free)[rest] & mask
+            ids, keys = ids[rest], keys[rest]
 
     # -- reference counts -----------------------------------------------------------------
     def num_free_among(self, ids: np.ndarray) -> int:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine.hashing import block_hashes, synthetic_output_ids
+from agentab.engine.hashing import chain_hashes, output_ids_from_seed, prompt_seed
 from agentab.engine.kv_cache import BlockPool
 from agentab.engine.paths import padded_tokens, specialized_ok
 from agentab.engine.spec_decode import SpecConfig, request_key
@@ -247,10 +247,15 @@ class Scheduler:
                 f"request {request_id!r}: {len(prompt)} prompt + {max_tokens} output tokens "
                 f"need {need} KV blocks; the cache has {self.cfg.num_blocks}"
             )
-        out = synthetic_output_ids(prompt, max_tokens, self.cfg.vocab_size)
+        bs = self.bs
+        n_full = len(prompt) // bs
+        keys, raw = chain_hashes(prompt, bs)
+        seed = prompt_seed(prompt, raw, n_full * bs)
+        out = output_ids_from_seed(seed, max_tokens, self.cfg.vocab_size)
         tokens = np.concatenate([prompt.astype(_I64, copy=False), out])
+        rest, _ = chain_hashes(tokens[n_full * bs :], bs, n_full, raw)
         req = Req(request_id, tokens, len(prompt), max_tokens)
-        req.hashes = block_hashes(tokens, self.bs)
+        req.hashes = np.concatenate([keys, rest]) if len(keys) else rest
         self.requests[request_id] = req
         self.waiting.append(req)
         self.counters["prompt_tokens"] += len(prompt)
@@ -604,9 +609,11 @@ class Scheduler:
         if len(self.run) >= self.cfg.max_num_seqs:
             return False
         ntok = req.prompt_len + req.num_output
+        whole = self._blocks_for(ntok + self.k)
+        if whole <= self.pool.num_free:
+            return True  # fits even without a prefix hit (a hit only lowers the need)
         hits = self.pool.lookup(req.hashes[: (ntok - 1) // self.bs])
-        whole = self._blocks_for(ntok + self.k) - len(hits)
-        return whole + self.pool.num_free_among(hits) <= self.pool.num_free
+        return whole - len(hits) + self.pool.num_free_among(hits) <= self.pool.num_free
 
     def commit_window(self, w: WindowPlan, m: int) -> tuple[list[Req], list[Req]]:
         """Apply the first `m` steps of a window exactly as m single steps would have.

@@ -1,7 +1,8 @@
 """Speculative decoding: how many drafts each verify step accepts, and vLLM's counters.
 
 Two acceptance models. A fixed synthetic acceptance length A (the seed's "acceptance 6 with 7
-drafts"): every full verify step accepts A - 1 drafts and so emits A tokens. Or per-position
+drafts"): every full verify step accepts A - 1 drafts and so emits A tokens (a non-integral A
+alternates between floor and ceil at random so that the mean is A). Or per-position
 acceptance rates p_1 >= ... >= p_k (what vLLM reports per position, and what a user measures on
 their own prompts): a verify step accepts at least i drafts with probability p_i, drawn from one
 uniform u per (request, verify step) as #{i : u < p_i}. The uniform is a hash of (seed, request
@@ -28,7 +29,7 @@ class SpecConfig:
     """k draft tokens per step and the acceptance model (exactly one of the two when k > 0)."""
 
     num_draft_tokens: int = 0
-    acceptance_length: int | None = None
+    acceptance_length: float | None = None
     acceptance_probs: tuple[float, ...] | None = None
     seed: int = 0
 
@@ -48,8 +49,9 @@ class SpecConfig:
             )
         if has_len:
             a = self.acceptance_length
-            if not isinstance(a, int) or not 1 <= a <= k + 1:
-                raise AgentabError(f"acceptance_length: {a} must be an integer in [1, {k + 1}]")
+            ok = isinstance(a, int | float) and not isinstance(a, bool)
+            if not ok or not 1 <= a <= k + 1:
+                raise AgentabError(f"acceptance_length: {a!r} must be a number in [1, {k + 1}]")
         else:
             p = self.acceptance_probs or ()
             if len(p) != k:
@@ -80,8 +82,14 @@ class SpecConfig:
         """
         if not self.enabled:
             return np.zeros(np.broadcast(keys, index, drafts).shape, dtype=np.int64)
-        if self.acceptance_length is not None:
-            return np.minimum(self.acceptance_length - 1, drafts)
+        a = self.acceptance_length
+        if a is not None:
+            whole = int(a - 1)
+            if whole == a - 1:
+                return np.minimum(whole, drafts)
+            # a non-integral mean: floor or ceil, the ceil with probability frac(a - 1)
+            extra = uniform(self.seed, keys, index) < (a - 1 - whole)
+            return np.minimum(whole + extra.astype(np.int64), drafts)
         u = uniform(self.seed, keys, index)
         p = np.asarray(self.acceptance_probs, dtype=np.float64)
         count = (u[..., None] < p).sum(axis=-1)

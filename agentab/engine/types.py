@@ -24,9 +24,13 @@ class EngineRequest:
     max_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TokenEvent:
-    """`num_tokens` tokens emitted at loop time `t` (spec decode may emit several at once)."""
+    """`num_tokens` tokens emitted at loop time `t` (spec decode may emit several at once).
+
+    Read-only by convention, not `frozen`: the simulator creates millions of these and a frozen
+    dataclass costs four times as much to construct.
+    """
 
     t: float
     num_tokens: int

@@ -118,3 +118,30 @@ def test_block_pool_lookup_stops_at_first_miss():
     assert got[:50].tolist() == list(range(150, 200))
     assert got[50:].tolist() == ids[::-1][:10].tolist()
     assert len(pool.lookup(keys)) == 100  # blocks 140..149 evicted, block 100 changed
+
+
+def test_block_pool_table_matches_a_dict_model_under_churn():
+    """Random allocate/register/free cycles: every lookup equals a plain-dict reference."""
+    rng = np.random.default_rng(5)
+    pool = BlockPool(64)  # a small table so rebuilds and probe chains happen often
+    chains = [block_hashes(rng.integers(0, 3, size=16 * 40), 16) for _ in range(6)]
+    held: list[np.ndarray] = []
+    for _ in range(400):
+        chain = chains[rng.integers(len(chains))]
+        n = int(rng.integers(1, 30))
+        if n <= pool.num_free and rng.random() < 0.6:
+            hits = pool.lookup(chain[:n])
+            pool.touch(hits)
+            new = pool.allocate(n - len(hits))
+            pool.register(new, chain[len(hits) : n])
+            held.append(np.concatenate([hits, new]))
+        elif held:
+            pool.free(held.pop(int(rng.integers(len(held))))[::-1])
+        ref = {int(h): b for b, h in enumerate(pool.hash.tolist()) if h}
+        for c in chains:
+            want = []
+            for h in c.tolist():
+                if h not in ref:
+                    break
+                want.append(ref[h])
+            assert pool.lookup(c).tolist() == want

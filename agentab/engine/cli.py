@@ -1,0 +1,121 @@
+"""`agentab engine ...`: look inside the engine.
+
+`engine trace` runs a workload through the simulator on the virtual clock and prints every step
+as a JSON line, so the scheduler's decisions (budget split, chunking, admission, preemption,
+prefix hits, which decode path ran) can be read directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from agentab.engine.paths import BACKENDS
+from agentab.errors import AgentabError
+
+
+@click.group()
+def engine() -> None:
+    """Inspect the engine and its simulator."""
+
+
+def _probs(value: str | None) -> list[float] | None:
+    if value is None:
+        return None
+    try:
+        return [float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise AgentabError(f"--acceptance-probs: {value!r} is not a comma-separated list") from None
+
+
+@engine.command()
+@click.argument("workload_path", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", default=None, help="agentx|mooncake|native (detected if unset).")
+@click.option("--profile", default="gb300-tp16-kimi-k3", show_default=True, help="Name or TOML.")
+@click.option("--decode-backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
+@click.option("--num-draft-tokens", type=int, default=0, show_default=True)
+@click.option("--acceptance-length", type=int, default=None, help="Tokens per verify step.")
+@click.option("--acceptance-probs", default=None, help="Per-position rates, e.g. 0.9,0.7,0.5.")
+@click.option("--max-num-seqs", type=int, default=1024, show_default=True)
+@click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True)
+@click.option("--kv-blocks", type=int, default=None, help="Override KV capacity (blocks).")
+@click.option("--sessions", "max_sessions", type=int, default=None, help="First N sessions only.")
+@click.option("--seed", type=int, default=0, show_default=True)
+def trace(
+    workload_path: Path,
+    fmt: str | None,
+    profile: str,
+    decode_backend: str,
+    num_draft_tokens: int,
+    acceptance_length: int | None,
+    acceptance_probs: str | None,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    kv_blocks: int | None,
+    max_sessions: int | None,
+    seed: int,
+) -> None:
+    """Run WORKLOAD_PATH through the simulator and print one JSON line per step.
+
+    Each session's requests (its whole tree, depth first) are sent back to back with no pauses;
+    all sessions start at time 0. A final line {"summary": ...} closes the trace.
+    """
+    from agentab.clock import run_virtual
+    from agentab.engine.sim import build_simulator
+    from agentab.workloads import load
+
+    workload = load(workload_path, fmt)
+    sessions = workload.sessions[:max_sessions] if max_sessions is not None else workload.sessions
+    eng = build_simulator(
+        profile,
+        decode_backend,
+        num_draft_tokens=num_draft_tokens,
+        acceptance_length=acceptance_length,
+        acceptance_probs=_probs(acceptance_probs),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_blocks=kv_blocks,
+        seed=seed,
+    )
+    out = sys.stdout.buffer
+    eng.step_observer = lambda rec: out.write(orjson.dumps(rec) + b"\n")
+    summary = run_virtual(_trace(eng, sessions))
+    out.write(orjson.dumps({"summary": summary}) + b"\n")
+    out.flush()
+
+
+async def _trace(eng: Any, sessions: Any) -> dict[str, Any]:
+    from agentab.engine.types import EngineRequest, FinalUsage
+    from agentab.workloads.tokens import prompt_token_ids
+
+    loop = asyncio.get_running_loop()
+    totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+
+    async def run_session(session: Any) -> None:
+        for i, request in enumerate(session.all_requests()):
+            ids = prompt_token_ids(session, request)
+            req = EngineRequest(f"{session.id}:{i}", ids, max(int(request.out_tokens), 1))
+            async for ev in eng.generate(req):
+                if isinstance(ev, FinalUsage):
+                    totals["requests"] += 1
+                    totals["prompt_tokens"] += ev.prompt_tokens
+                    totals["completion_tokens"] += ev.completion_tokens
+                    totals["cached_tokens"] += ev.cached_tokens
+
+    eng.start()
+    try:
+        await asyncio.gather(*(run_session(s) for s in sessions))
+    finally:
+        await eng.stop()
+    return {
+        **totals,
+        "sessions": len(sessions),
+        "simulated_s": loop.time(),
+        "metrics": eng.metrics(),
+        "engine": eng.describe(),
+    }

@@ -208,13 +208,9 @@ class HttpTarget:
             if not data:
                 break
             now = loop.time() - sent
-            buf = buf + data if buf else data
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    break
-                line = buf[:nl]
-                buf = buf[nl + 1 :]
+            lines = (buf + data if buf else data).split(b"\n")
+            buf = lines.pop()  # an incomplete last line waits for the next read
+            for line in lines:
                 if not line.startswith(b"data:"):
                     continue  # blank separators, comments, other SSE fields
                 payload = line[5:].strip()
@@ -227,22 +223,25 @@ class HttpTarget:
                     out.fail("malformed_stream", f"undecodable SSE data: {payload[:120]!r}")
                     out.end = loop.time()
                     return
-                if not isinstance(obj, dict):
+                if type(obj) is not dict:
                     out.fail("malformed_stream", f"SSE data is not an object: {payload[:120]!r}")
                     out.end = loop.time()
                     return
-                if "error" in obj:
-                    err = obj["error"]
-                    msg = err.get("message", err) if isinstance(err, dict) else err
-                    out.fail("stream_error", str(msg))
-                    out.end = loop.time()
-                    return
+                choices = obj.get("choices")
+                if not choices:
+                    if "error" in obj:
+                        err = obj["error"]
+                        msg = err.get("message", err) if isinstance(err, dict) else err
+                        out.fail("stream_error", str(msg))
+                        out.end = loop.time()
+                        return
+                    usage = obj.get("usage")
+                    if usage:
+                        _take_usage(out, usage)
+                    continue
                 usage = obj.get("usage")
                 if usage:
                     _take_usage(out, usage)
-                choices = obj.get("choices")
-                if not choices:
-                    continue
                 choice = choices[0]
                 if chat:
                     delta = choice.get("delta") or {}
@@ -250,8 +249,8 @@ class HttpTarget:
                     if not (is_reasoning or delta.get("content") or delta.get("tool_calls")):
                         continue  # the role-only opening chunk, or an empty delta
                     reasoning += is_reasoning
-                ids = choice.get("token_ids")
                 if tokens is not None:
+                    ids = choice.get("token_ids")
                     if ids is None:
                         tokens = None
                     else:

@@ -330,6 +330,8 @@ def main() -> None:
         proc.terminate()
         proc.wait(10)
 
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cpus, load average {load[0]:.2f} / {load[1]:.2f} (1/5 min)")
     print(
         f"load: Poisson {args.rate:g} requests/s for {args.duration:g} s, {args.tokens} chunks "
         f"per request {args.interval * 1e3:g} ms apart, server {url} (own process)"

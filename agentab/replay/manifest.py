@@ -64,10 +64,13 @@ def build_manifest(
         "decode_backend": None,
         "spec": None,
     }
-    server = target_facts.get("server")
+    facts = dict(target_facts)
+    server = facts.pop("server", None)
     if isinstance(server, dict):  # `agentab serve` describes its engine
-        manifest.update(server)
-    manifest.update({k: v for k, v in target_facts.items() if k != "server"})
+        facts = {**server, **facts}
+    if "seed" in facts:  # an engine's own seed (spec-decode acceptance); `seed` is the run's
+        facts["engine_seed"] = facts.pop("seed")
+    manifest.update(facts)
     manifest.update(
         {
             "workload_hash": workload.content_hash,

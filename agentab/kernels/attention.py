@@ -94,17 +94,18 @@ def _build_triton() -> tuple:
     def combine_kernel(
         part_o, part_ml, out, n_splits,
         s_ob, s_os, s_oh, s_mb, s_ms, s_yb, s_yh,
-        KVL: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr,
+        KVL: tl.constexpr, BLOCK_S: tl.constexpr, CHUNK: tl.constexpr, CT: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         h = tl.program_id(1)
+        ct = tl.program_id(2)
         offs_s = tl.arange(0, BLOCK_S)
         ms = offs_s < n_splits
         ml = part_ml + b * s_mb + offs_s * s_ms + h * 2
         m = tl.load(ml, mask=ms, other=float("-inf"))
         mx = tl.max(m, 0)
-        offs_c = tl.arange(0, KVL)
-        acc = tl.zeros([KVL], tl.float32)
+        offs_c = ct * CT + tl.arange(0, CT)
+        acc = tl.zeros([CT], tl.float32)
         denom = 0.0
         # Splits in chunks, so a long list of partial outputs never sits in registers at once.
         for s0 in range(0, n_splits, CHUNK):
@@ -133,7 +134,7 @@ def split_plan(batch: int, max_len: int, n_sms: int = 132) -> tuple[int, int]:
     """(number of splits, tokens per split): about two programs per SM over the whole batch."""
     blocks = max(1, math.ceil(max_len / BLOCK_N))
     want = max(1, math.ceil(2 * n_sms / batch))
-    n_splits = min(max(1, blocks // 2), want)  # at least two blocks of tokens per split
+    n_splits = min(max(1, blocks // 4), want)  # at least four blocks of tokens per split
     split_len = math.ceil(blocks / n_splits) * BLOCK_N
     n_splits = math.ceil(max_len / split_len)
     return n_splits, split_len
@@ -164,11 +165,13 @@ def mla_decode_triton(
         nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=BLOCK_N, num_warps=8, num_stages=2,
     )  # fmt: skip
     out = torch.empty(b, nh, kvl, device=q_lat.device, dtype=torch.bfloat16)
-    combine_kernel[(b, nh)](
+    ct = min(128, kvl)
+    combine_kernel[(b, nh, kvl // ct)](
         part_o, part_ml, out, n_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
         out.stride(0), out.stride(1),
-        KVL=kvl, BLOCK_S=max(2, 1 << (n_splits - 1).bit_length()), CHUNK=8, num_warps=4,
+        KVL=kvl, BLOCK_S=max(2, 1 << (n_splits - 1).bit_length()), CHUNK=16, CT=ct,
+        num_warps=4,
     )  # fmt: skip
     return out
 

@@ -200,13 +200,18 @@ def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, s
 def build_moe_up(spec: MoeSpec, grid: int) -> Any:
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     ch = hid // 256  # 16-byte chunks per lane
-    if hid % 256 or inter % WARPS or spec.n_experts % 32:
-        raise ValueError("hidden % 256, inter % 8 and n_experts % 32 must be 0")
-    tiles = inter // WARPS
+    kq = 4 if ch % 4 == 0 else 1  # warps splitting the hidden dim of one row pair
+    chq = ch // kq
+    rslots = WARPS // kq  # intermediate rows per item
+    if hid % 256 or inter % rslots or spec.n_experts % 32:
+        raise ValueError("hidden % 256, inter % row slots and n_experts % 32 must be 0")
+    tiles = inter // rslots
     n_exp = spec.n_experts
-    inv_h = 1.0 / hid
     ns = spec.n_assign
-    smem_bytes = 4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments) + 256
+    n_red = rslots * SEG * kq * 2
+    smem_bytes = (
+        4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + n_red) + 512
+    )
 
     @cute.kernel
     def kernel(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
@@ -231,6 +236,7 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
         seg_len = alloc.allocate_tensor(
             Int32, cute.make_layout(spec.max_segments), byte_alignment=16
         )
+        red = alloc.allocate_tensor(Float32, cute.make_layout(n_red), byte_alignment=16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         cute.arch.griddepcontrol_wait()
         _routing(spec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
@@ -250,63 +256,82 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
             if tidx == 0:
                 mSegs[spec.max_segments, 0] = n_seg
                 mSegs[spec.max_segments, 1] = m
+        # Items are (segment, RSLOTS intermediate rows); the KQ warps of a row slot split the
+        # hidden dim, each issuing all its gate/up/gamma loads before touching x.
+        slot = warp // kq
+        q = warp % kq
+        c0 = q * chq
         for item in range(bidx, n_seg * tiles, grid):
             s = item // tiles
-            ii = (item % tiles) * WARPS + warp
+            ii = (item % tiles) * rslots + slot
             e = seg_e[s]
             start = seg_start[s]
             ln = seg_len[s]
-            tok = cute.make_rmem_tensor(cute.make_layout(SEG), Int32)
-            rsv = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
-            acc_g = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
-            acc_u = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
-            for j in cutlass.range_constexpr(SEG):
-                jj = j
-                if jj >= ln:
-                    jj = 0
-                a = sorted_a[start + jj]
-                t = a // k
-                if a >= ns:
-                    t = a - ns
-                if a >= m * k:
-                    t = a - m * k
-                tok[j] = t
-                rsv[j] = mRs[t]
-                acc_g[j] = Float32(0.0)
-                acc_u[j] = Float32(0.0)
-            for c in cutlass.range_constexpr(ch):
-                kc = c * 32 + lane
+            gw = []
+            uw = []
+            gm = []
+            for c in cutlass.range_constexpr(chq):
+                kc = (c0 + c) * 32 + lane
                 gsrc = cute.local_tile(mW13[e, ii, None], (8,), (kc,))
                 gfr = cute.make_fragment_like(gsrc)
                 cute.copy(atom, gsrc, gfr)
+                gw.append(gfr)
                 usrc = cute.local_tile(mW13[e, inter + ii, None], (8,), (kc,))
                 ufr = cute.make_fragment_like(usrc)
                 cute.copy(atom, usrc, ufr)
+                uw.append(ufr)
                 nsrc = cute.local_tile(mGamma, (8,), (kc,))
                 nfr = cute.make_fragment_like(nsrc)
                 cute.copy(atom, nsrc, nfr)
-                gw = gfr.load().to(Float32)
-                uw = ufr.load().to(Float32)
-                gam = nfr.load().to(Float32)
-                for j in cutlass.range_constexpr(SEG):
-                    if j < ln:
-                        xsrc = cute.local_tile(mX[tok[j], None], (8,), (kc,))
-                        xfr = cute.make_fragment_like(xsrc)
-                        cute.copy(atom, xsrc, xfr)
-                        xv = xfr.load().to(Float32) * gam
-                        acc_g[j] = acc_g[j] + (gw * xv).reduce(
-                            cute.ReductionOp.ADD, Float32(0.0), 0
-                        )
-                        acc_u[j] = acc_u[j] + (uw * xv).reduce(
-                            cute.ReductionOp.ADD, Float32(0.0), 0
-                        )
+                gm.append(nfr)
             for j in cutlass.range_constexpr(SEG):
                 if j < ln:
-                    g = cute.arch.warp_reduction_sum(acc_g[j]) * rsv[j]
-                    u = cute.arch.warp_reduction_sum(acc_u[j]) * rsv[j]
+                    a = sorted_a[start + j]
+                    t = a // k
+                    if a >= m * k:
+                        t = a - m * k
+                    xs = []
+                    for c in cutlass.range_constexpr(chq):
+                        kc = (c0 + c) * 32 + lane
+                        xsrc = cute.local_tile(mX[t, None], (8,), (kc,))
+                        xfr = cute.make_fragment_like(xsrc)
+                        cute.copy(atom, xsrc, xfr)
+                        xs.append(xfr)
+                    ag = Float32(0.0)
+                    au = Float32(0.0)
+                    for c in cutlass.range_constexpr(chq):
+                        xv = xs[c].load().to(Float32) * gm[c].load().to(Float32)
+                        ag = ag + (gw[c].load().to(Float32) * xv).reduce(
+                            cute.ReductionOp.ADD, Float32(0.0), 0
+                        )
+                        au = au + (uw[c].load().to(Float32) * xv).reduce(
+                            cute.ReductionOp.ADD, Float32(0.0), 0
+                        )
+                    ag = cute.arch.warp_reduction_sum(ag)
+                    au = cute.arch.warp_reduction_sum(au)
                     if lane == 0:
-                        act = g / (Float32(1.0) + cute.math.exp(-g)) * u
-                        mAct[start + j, ii] = act.to(BFloat16)
+                        red[((slot * SEG + j) * kq + q) * 2] = ag
+                        red[((slot * SEG + j) * kq + q) * 2 + 1] = au
+            cute.arch.sync_threads()
+            if tidx < rslots * SEG:
+                sl = tidx // SEG
+                j = tidx % SEG
+                if j < ln:
+                    g = Float32(0.0)
+                    u = Float32(0.0)
+                    for p in cutlass.range_constexpr(kq):
+                        g = g + red[((sl * SEG + j) * kq + p) * 2]
+                        u = u + red[((sl * SEG + j) * kq + p) * 2 + 1]
+                    a = sorted_a[start + j]
+                    t = a // k
+                    if a >= m * k:
+                        t = a - m * k
+                    r = mRs[t]
+                    g = g * r
+                    u = u * r
+                    act = g / (Float32(1.0) + cute.math.exp(-g)) * u
+                    mAct[start + j, (item % tiles) * rslots + sl] = act.to(BFloat16)
+            cute.arch.sync_threads()
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
@@ -318,19 +343,24 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
                            stream=stream, use_pdl=True)  # fmt: skip
 
-    _ = inv_h
     return host
 
 
 def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
+    """Each CTA owns `rows_per_cta` output rows; its warps take the segments in turn.
+
+    A warp issues the 16-byte loads of all its rows of the expert's down projection and of the
+    segment's activations at once, then reduces; each warp sums into its own slice of shared
+    memory and the epilogue adds the slices in a fixed order, so the result is deterministic.
+    """
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     if inter != 256:
         raise ValueError("moe_down maps one 16-byte chunk per lane: inter must be 256")
-    if hid % rows_per_cta or rows_per_cta % WARPS:
-        raise ValueError("rows_per_cta must divide hidden and be a multiple of 8")
-    rpw = rows_per_cta // WARPS
-    grid = hid // rows_per_cta
-    smem_bytes = 4 * spec.m_max * rows_per_cta + 64
+    if hid % rows_per_cta:
+        raise ValueError("rows_per_cta must divide hidden")
+    rpc, mm = rows_per_cta, spec.m_max
+    grid = hid // rpc
+    smem_bytes = 4 * WARPS * mm * rpc + 64
 
     @cute.kernel
     def kernel(m_unused: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
@@ -341,63 +371,60 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
         lane = tidx % 32
         warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
-        acc = alloc.allocate_tensor(
-            Float32,
-            cute.make_layout((spec.m_max, rows_per_cta), stride=(rows_per_cta, 1)),
-            byte_alignment=16,
-        )
+        acc = alloc.allocate_tensor(Float32, cute.make_layout(WARPS * mm * rpc), byte_alignment=16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        for i in range(tidx, spec.m_max * rows_per_cta, THREADS):
-            acc[i // rows_per_cta, i % rows_per_cta] = Float32(0.0)
+        for i in range(tidx, WARPS * mm * rpc, THREADS):
+            acc[i] = Float32(0.0)
+        d0 = bidx * rpc
         cute.arch.griddepcontrol_wait()
         n_seg = mSegs[spec.max_segments, 0]
         m = mSegs[spec.max_segments, 1]
         cute.arch.sync_threads()
-        d0 = bidx * rows_per_cta + warp * rpw
-        for s in range(n_seg):
+        base = warp * mm * rpc
+        for s in range(warp, n_seg, WARPS):
             e = mSegs[s, 0]
             start = mSegs[s, 1]
             ln = mSegs[s, 2]
-            tok = cute.make_rmem_tensor(cute.make_layout(SEG), Int32)
-            wgt = cute.make_rmem_tensor(cute.make_layout(SEG), Float32)
+            wv = []
+            for r in cutlass.range_constexpr(rpc):
+                wsrc = cute.local_tile(mW2[e, d0 + r, None], (8,), (lane,))
+                wfr = cute.make_fragment_like(wsrc)
+                cute.copy(atom, wsrc, wfr)
+                wv.append(wfr)
             av = []
             for j in cutlass.range_constexpr(SEG):
                 jj = j
                 if jj >= ln:
                     jj = 0
-                a = mSorted[start + jj]
-                t = a // k
-                w = Float32(1.0)
-                if a >= m * k:
-                    t = a - m * k
-                else:
-                    w = mSelW[a]
-                tok[j] = t
-                wgt[j] = w
                 asrc = cute.local_tile(mAct[start + jj, None], (8,), (lane,))
                 afr = cute.make_fragment_like(asrc)
                 cute.copy(atom, asrc, afr)
-                av.append(afr.load().to(Float32))
-            wv = []
-            for r in cutlass.range_constexpr(rpw):
-                wsrc = cute.local_tile(mW2[e, d0 + r, None], (8,), (lane,))
-                wfr = cute.make_fragment_like(wsrc)
-                cute.copy(atom, wsrc, wfr)
-                wv.append(wfr.load().to(Float32))
-            for r in cutlass.range_constexpr(rpw):
-                for j in cutlass.range_constexpr(SEG):
-                    if j < ln:
-                        p = (wv[r] * av[j]).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                av.append(afr)
+            for j in cutlass.range_constexpr(SEG):
+                if j < ln:
+                    a = mSorted[start + j]
+                    t = a // k
+                    w = Float32(1.0)
+                    if a >= m * k:
+                        t = a - m * k
+                    else:
+                        w = mSelW[a]
+                    x = av[j].load().to(Float32)
+                    for r in cutlass.range_constexpr(rpc):
+                        p = (wv[r].load().to(Float32) * x).reduce(
+                            cute.ReductionOp.ADD, Float32(0.0), 0
+                        )
                         p = cute.arch.warp_reduction_sum(p)
                         if lane == 0:
-                            row = warp * rpw + r
-                            acc[tok[j], row] = acc[tok[j], row] + wgt[j] * p
+                            acc[base + t * rpc + r] = acc[base + t * rpc + r] + w * p
         cute.arch.sync_threads()
-        for i in range(tidx, m * rows_per_cta, THREADS):
-            t = i // rows_per_cta
-            r = i % rows_per_cta
-            d = bidx * rows_per_cta + r
-            mOut[t, d] = (mRes[t, d].to(Float32) + acc[t, r]).to(BFloat16)
+        for i in range(tidx, m * rpc, THREADS):
+            t = i // rpc
+            r = i % rpc
+            v = mRes[t, d0 + r].to(Float32)
+            for wi in cutlass.range_constexpr(WARPS):
+                v = v + acc[wi * mm * rpc + i]
+            mOut[t, d0 + r] = v.to(BFloat16)
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
@@ -436,7 +463,7 @@ def alloc_buffers(spec: MoeSpec, device: Any) -> MoeBuffers:
     )
 
 
-def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 56) -> tuple:
+def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 8) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order."""
     e1 = spec.n_experts + 1
     up = compile_tvm_ffi(

@@ -9,9 +9,10 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
 from rich.progress_bar import ProgressBar
+from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -27,20 +28,23 @@ class ProgressView:
         self.label = label
         self._live: Live | None = None
 
-    def render(self) -> Group:
+    def render(self) -> Table:
         s = self.runner.stats
         t = self.runner.now_s
         tok_s = s.completion_tokens / t if t > 0 else 0.0
         line = Text.assemble(
             (f"{self.label} ", "bold"),
-            f"t={t:,.0f}s  done {s.finished:,}  in flight {s.inflight:,}  ",
+            f"t={t:,.0f}s done {s.finished:,} in flight {s.inflight:,} ",
             (f"errors {s.errors:,} ({s.error_rate:.1%})", "red" if s.errors else ""),
-            f"  {tok_s:,.0f} tok/s",
+            f" {tok_s:,.0f} tok/s",
         )
+        grid = Table.grid(padding=(0, 1))
         duration = self.runner.opts.duration_s
         if duration:
-            return Group(ProgressBar(total=duration, completed=min(t, duration), width=40), line)
-        return Group(line)
+            grid.add_row(ProgressBar(total=duration, completed=min(t, duration), width=20), line)
+        else:
+            grid.add_row(line)
+        return grid
 
     def __enter__(self) -> ProgressView:
         if self.enabled:

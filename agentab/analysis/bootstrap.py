@@ -39,6 +39,29 @@ def batches(total: int, elements_per_row: int) -> Iterator[int]:
         done += rows
 
 
+# Relative cost of one multiply-add of the BLAS stage versus one element of the gather stage.
+_GATHER_COST = 64.0
+
+
+def bin_layout(n: int, sessions: int, quantiles: int) -> tuple[int, int]:
+    """(bins, bin size) for `weighted_quantiles`: balances the two stages' work per resample.
+
+    Stage 1 costs `sessions * bins` multiply-adds (a BLAS product, cheap per element), stage 2
+    about `quantiles * bin size` gathered elements, so bins ~ sqrt(c * quantiles * n / sessions).
+    """
+    if n == 0:
+        return 1, 1
+    bins = int(np.clip(round(np.sqrt(_GATHER_COST * quantiles * n / max(1, sessions))), 1, n))
+    size = -(-n // bins)
+    return -(-n // size), size
+
+
+def work_per_row(n: int, sessions: int, quantiles: int) -> int:
+    """Array elements one resample row needs in `weighted_quantiles` (to size batches)."""
+    bins, size = bin_layout(n, sessions, quantiles)
+    return sessions + 2 * bins + 3 * size
+
+
 def weighted_quantiles(
     values: np.ndarray, groups: np.ndarray, weights: np.ndarray, qs: Sequence[float]
 ) -> np.ndarray:
@@ -46,31 +69,60 @@ def weighted_quantiles(
 
     `values` must be sorted ascending; `groups[i]` is the session of `values[i]`. Returns an
     array (rows, len(qs)); a row whose resample holds no value gives NaN.
+
+    Exact, in two stages so the work per resample stays far below one pass over the requests:
+    the sorted values are cut into bins of consecutive ranks; a matrix product turns session
+    weights into bin weights, whose cumulative sum locates the bin holding each target
+    position; only that bin's requests are then walked, for every row at once.
     """
-    rows = weights.shape[0]
+    rows, sessions = weights.shape
     n = values.shape[0]
     out = np.full((rows, len(qs)), np.nan)
-    if n == 0:
+    if n == 0 or rows == 0:
         return out
-    cum = np.cumsum(weights[:, groups], axis=1, dtype=np.int64)
-    total = cum[:, -1]
-    stride = int(total.max()) + 1
-    offsets = np.arange(rows, dtype=np.int64) * stride
-    flat = (cum + offsets[:, None]).ravel()
-    base = np.arange(rows, dtype=np.int64) * n
+    bins, size = bin_layout(n, sessions, len(qs))
+    counts = np.bincount(groups * bins + np.arange(n) // size, minlength=sessions * bins)
+    cum_bins = np.cumsum(
+        weights.astype(np.float64) @ counts.reshape(sessions, bins).astype(np.float64), axis=1
+    )
+    total = cum_bins[:, -1]
     valid = total > 0
-    for j, q in enumerate(qs):
-        h = (total - 1) * q
-        lo = np.floor(h).astype(np.int64)
+    # Rows laid end to end: one searchsorted serves every row (cumulative sums are integers).
+    stride = float(total.max()) + 1.0
+    offsets = np.arange(rows, dtype=np.float64) * stride
+    flat_bins = (cum_bins + offsets[:, None]).ravel()
+    # Each bin's session ids, the last bin padded with a session of weight zero.
+    members = np.full(bins * size, sessions, dtype=np.int64)
+    members[:n] = groups
+    members = members.reshape(bins, size)
+    weights_ext = np.concatenate([weights, np.zeros((rows, 1), weights.dtype)], axis=1)
+
+    def locate(k: np.ndarray, rix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For rows `rix`: bin b holding expanded position k, weight before b, cumsum inside b."""
+        pos = np.searchsorted(flat_bins, k + offsets[rix], side="right") - rix * bins
+        b = np.clip(pos, 0, bins - 1)
+        before = np.where(b > 0, cum_bins[rix, np.maximum(b - 1, 0)], 0.0)
+        within = np.cumsum(weights_ext[rix[:, None], members[b]], axis=1)
+        return b, before, within
+
+    all_rows = np.arange(rows)
+    for col, q in enumerate(qs):
+        h = np.where(valid, (total - 1) * q, 0.0)
+        lo = np.floor(h)
         frac = h - lo
-        hi = np.minimum(lo + 1, total - 1)
-        # The element at expanded position k is the first one whose cumulative weight exceeds k.
-        i_lo = np.searchsorted(flat, lo + offsets, side="right") - base
-        i_hi = np.searchsorted(flat, hi + offsets, side="right") - base
-        i_lo = np.clip(i_lo, 0, n - 1)
-        i_hi = np.clip(i_hi, 0, n - 1)
-        v_lo, v_hi = values[i_lo], values[i_hi]
-        out[:, j] = np.where(valid, v_lo + frac * (v_hi - v_lo), np.nan)
+        hi = np.minimum(lo + 1, np.maximum(total - 1, 0))
+        b, before, within = locate(lo, all_rows)
+        # The element at k is the first whose cumulative weight exceeds k.
+        i_lo = b * size + (before[:, None] + within <= lo[:, None]).sum(axis=1)
+        j_hi = (before[:, None] + within <= hi[:, None]).sum(axis=1)
+        i_hi = b * size + j_hi
+        spill = np.flatnonzero(j_hi >= size)  # position hi lies in a later bin: locate it
+        if spill.size:
+            b2, before2, within2 = locate(hi[spill], spill)
+            i_hi[spill] = b2 * size + (before2[:, None] + within2 <= hi[spill, None]).sum(axis=1)
+        v_lo = values[np.clip(i_lo, 0, n - 1)]
+        v_hi = values[np.clip(i_hi, 0, n - 1)]
+        out[:, col] = np.where(valid, v_lo + frac * (v_hi - v_lo), np.nan)
     return out
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from agentab.analysis.bootstrap import batches, percentile_ci, resample_weights
+from agentab.analysis.bootstrap import batches, percentile_ci, resample_weights, work_per_row
 from agentab.analysis.guard import (
     Difference,
     check,
@@ -151,7 +151,8 @@ def bootstrap_ratios(
 ) -> dict[str, np.ndarray]:
     """B/A of every metric for each of `resamples` paired session resamples."""
     rng = np.random.default_rng(seed)
-    per_row = max(1, *(len(v) for s in (a, b) for v in s.values.values()), sessions)
+    n_max = max(len(v) for s in (a, b) for v in s.values.values())
+    per_row = 2 * work_per_row(n_max, sessions, 4)
     chunks: dict[str, list[np.ndarray]] = {m.name: [] for m in METRICS}
     for rows in batches(resamples, per_row):
         weights = resample_weights(rng, rows, sessions)

@@ -54,7 +54,8 @@ EXCLUDED_FIELDS: frozenset[str] = frozenset(
         "workload.source",  # where the workload was read from; its content hash is compared
     }
 )
-# Any field whose last dotted component is one of these (e.g. `replay.seed`, `engine.seed`).
+# Any field whose last dotted component is one of these, or ends in `_seed` (`replay.seed`,
+# `engine_seed`).
 EXCLUDED_LEAVES: frozenset[str] = frozenset(
     {
         "seed",  # sampling seeds: repeats use seed + repeat; A/A runs vary it on purpose
@@ -62,7 +63,7 @@ EXCLUDED_LEAVES: frozenset[str] = frozenset(
     }
 )
 # Shown in the report when they differ, although they never refuse a comparison.
-NOTED_FIELDS: tuple[str, ...] = ("seed", "replay.seed", "gpu_ids", "url", "agentab_version")
+NOTED_FIELDS: tuple[str, ...] = ("seed", "replay.seed", "engine_seed", "gpu_ids", "url")
 
 # Order of the error message: the first match of a field's name decides its rank.
 _PRIORITY: tuple[tuple[str, ...], ...] = (
@@ -120,7 +121,12 @@ def flatten(manifest: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def _excluded(field: str) -> bool:
     parts = field.split(".")
     prefixes = (".".join(parts[: i + 1]) for i in range(len(parts)))
-    return parts[-1] in EXCLUDED_LEAVES or any(p in EXCLUDED_FIELDS for p in prefixes)
+    leaf = parts[-1]
+    return (
+        leaf in EXCLUDED_LEAVES
+        or leaf.endswith("_seed")
+        or any(p in EXCLUDED_FIELDS for p in prefixes)
+    )
 
 
 def _canonical(value: Any) -> str:

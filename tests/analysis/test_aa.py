@@ -53,7 +53,7 @@ def test_aa_single_runs_with_two_seeds(tmp_path: Path) -> None:
     assert headline.ci_low < 1.0 < headline.ci_high
     assert headline.verdict == "no significant difference"
     assert result.differences == []  # seeds differ by design and are not a guard failure
-    assert [d.field for d in result.notes] == ["seed", "replay.seed"]
+    assert [d.field for d in result.notes] == ["seed", "replay.seed", "engine_seed"]
 
 
 def test_aa_repeats_at_concurrency(tmp_path: Path) -> None:

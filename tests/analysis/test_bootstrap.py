@@ -35,6 +35,22 @@ def test_weighted_quantiles_equal_numpy_on_the_expanded_sample() -> None:
         np.testing.assert_allclose(got[r], want, rtol=1e-12)
 
 
+@pytest.mark.parametrize(("n", "sessions"), [(1, 1), (7, 3), (1001, 2), (5003, 40), (2000, 900)])
+def test_weighted_quantiles_for_many_bin_layouts(n: int, sessions: int) -> None:
+    rng = np.random.default_rng(n)
+    values = np.sort(rng.normal(size=n))
+    groups = rng.integers(0, sessions, n)
+    weights = resample_weights(rng, 25, sessions)
+    weights[0] = 0
+    weights[0, groups[-1]] = 2  # one session only, the one holding the largest value
+    qs = [0.0, 0.01, 0.5, 0.9, 0.99, 1.0]
+    got = weighted_quantiles(values, groups, weights, qs)
+    for r in range(weights.shape[0]):
+        expanded = np.repeat(values, weights[r, groups])
+        want = np.percentile(expanded, [100 * q for q in qs]) if expanded.size else np.nan
+        np.testing.assert_allclose(got[r], want, rtol=1e-12, atol=1e-15)
+
+
 def test_a_resample_without_values_gives_nan() -> None:
     values = np.array([1.0, 2.0])
     groups = np.array([0, 0])

@@ -12,7 +12,9 @@ entry just goes stale), and freeing a request's blocks is one numpy append. The 
 is an open-addressing table in numpy arrays (linear probing), so looking up a 256k-token prompt's
 16k block keys is a few vectorized passes, not 16k dict lookups. Entries are never deleted on
 eviction: an entry is live only while its block still holds its key, and dead slots are reused
-by insertion; the table is rebuilt from the live blocks when half its slots have been used.
+by insertion; the table is rebuilt from the live blocks when a quarter of its slots have been
+used (linear probing clusters: a sparse table keeps the longest probe chain, hence the number of
+vectorized passes, short).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class BlockPool:
         self.num_free = num_blocks
         self.evictions = 0
         self._table_size = 0
-        self._reset_table(max(1024, 1 << (4 * num_blocks - 1).bit_length()))
+        self._reset_table(max(1024, 1 << (8 * num_blocks - 1).bit_length()))
 
     # -- prefix cache ---------------------------------------------------------------------
     def _reset_table(self, size: int) -> None:
@@ -85,15 +87,15 @@ class BlockPool:
         if len(ids) == 0:
             return
         self.hash[ids] = hashes
-        if self._used + len(ids) > self._table_size // 2:
+        if self._used + len(ids) > self._table_size // 4:
             self._rebuild(len(ids))
         self._insert(np.asarray(ids, dtype=np.int64), np.asarray(hashes, dtype=np.uint64))
 
     def _rebuild(self, incoming: int) -> None:
-        """Drop dead entries (and grow if live ones alone would fill a quarter of the table)."""
+        """Drop dead entries (and grow if live ones alone would fill an eighth of the table)."""
         live = np.flatnonzero(self.hash)
         size = self._table_size
-        while (len(live) + incoming) * 4 > size:
+        while (len(live) + incoming) * 8 > size:
             size *= 2
         self._reset_table(size)
         if len(live):

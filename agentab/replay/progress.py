@@ -33,15 +33,16 @@ class ProgressView:
         t = self.runner.now_s
         tok_s = s.completion_tokens / t if t > 0 else 0.0
         line = Text.assemble(
-            (f"{self.label} ", "bold"),
             f"t={t:,.0f}s done {s.finished:,} in flight {s.inflight:,} ",
             (f"errors {s.errors:,} ({s.error_rate:.1%})", "red" if s.errors else ""),
             f" {tok_s:,.0f} tok/s",
+            no_wrap=True,
+            overflow="ellipsis",
         )
         grid = Table.grid(padding=(0, 1))
         duration = self.runner.opts.duration_s
         if duration:
-            grid.add_row(ProgressBar(total=duration, completed=min(t, duration), width=20), line)
+            grid.add_row(ProgressBar(total=duration, completed=min(t, duration), width=16), line)
         else:
             grid.add_row(line)
         return grid

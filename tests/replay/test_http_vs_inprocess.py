@@ -13,6 +13,7 @@ from urllib.request import urlopen
 
 import numpy as np
 import polars as pl
+import pytest
 
 from agentab.engine import build_simulator
 from agentab.engine.server import EngineServer, start_server
@@ -127,6 +128,7 @@ def test_client_chunk_times_match_server_writes(tmp_path: Path) -> None:
     assert max(ttft) <= 1e-3
 
 
+@pytest.mark.slow
 def test_http_and_inprocess_agree(tmp_path: Path) -> None:
     wl = Workload(tuple(_session(i) for i in range(3)))
     opts = OPTS

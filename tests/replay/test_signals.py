@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from agentab.replay import scan_records
 from agentab.workloads import save
@@ -79,6 +80,7 @@ def _wait_for(cond: object, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_every_request_finished_a_second_before(tmp_path: Path) -> None:
     wl = _workload(tmp_path / "wl.jsonl", turns=400, out=10)
     out = tmp_path / "run"
@@ -144,9 +146,11 @@ def _interrupt(tmp_path: Path, sig: signal.Signals) -> None:
     assert manifest["stats"]["errors"] == 0
 
 
+@pytest.mark.slow
 def test_sigint_records_in_flight_as_cancelled(tmp_path: Path) -> None:
     _interrupt(tmp_path, signal.SIGINT)
 
 
+@pytest.mark.slow
 def test_sigterm_records_in_flight_as_cancelled(tmp_path: Path) -> None:
     _interrupt(tmp_path, signal.SIGTERM)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agentab.engine.vllm import attached_server
 from agentab.engine.vllm.process import ServerProcess, free_port, group_members, port_is_free
 from agentab.errors import AgentabError
 
@@ -134,3 +135,12 @@ def test_signal_to_the_holder_leaves_no_server(tmp_path: Path, sig: signal.Signa
     # SIGKILL: the guard process notices the closed pipe and stops the group.
     assert wait_until(lambda: group_members(pgid) == [], 15)
     assert wait_until(lambda: port_is_free("127.0.0.1", port), 10)
+
+
+def test_attach_to_nothing_is_one_clear_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with (
+        pytest.raises(AgentabError, match=f"vllm attach: {url}/health does not answer"),
+        attached_server(url, 1),
+    ):
+        pass

@@ -14,12 +14,21 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from agentab.engine.vllm import TINY_MOE, RunningServer, VllmLaunch, build_args, launched_server
+from agentab.engine.vllm import (
+    TINY_MOE,
+    RunningServer,
+    VllmLaunch,
+    attached_server,
+    build_args,
+    launched_server,
+)
+from agentab.engine.vllm.introspect import PARALLEL_KEYS, parse_startup_log
 from agentab.engine.vllm.process import group_members, port_is_free
+from agentab.errors import AgentabError
 from agentab.replay import replay_to_dir
 from agentab.replay.options import ReplayOptions
 from agentab.replay.records import scan_records
-from tests.vllm.helpers import MAX_MODEL_LEN, multi_turn_workload, tiny_launch
+from tests.vllm.helpers import MAX_MODEL_LEN, SERVER_ENV, multi_turn_workload, tiny_launch
 
 pytestmark = pytest.mark.vllm
 
@@ -28,7 +37,8 @@ pytestmark = pytest.mark.vllm
 def served(
     vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[RunningServer, VllmLaunch]]:
-    launch = tiny_launch(vllm_python)
+    # Dev mode adds /server_info (the whole engine config), which attach mode relies on.
+    launch = tiny_launch(vllm_python, env={**SERVER_ENV, "VLLM_SERVER_DEV_MODE": "1"})
     log_dir = tmp_path_factory.mktemp("vllm-server")
     with launched_server(launch, decode_backend="auto", gpus=1, log_dir=log_dir) as server:
         yield server, launch
@@ -73,16 +83,23 @@ def test_manifest_records_what_the_server_reports(
         "pipeline_parallel_size": 1,
         "data_parallel_size": 1,
         "decode_context_parallel_size": 1,
-        "source": "startup log",
+        "source": "/server_info",
     }
-    assert v["engine_config"]["device_config"] == "cpu"
-    assert v["engine_config"]["load_format"] == "dummy"
-    assert v["engine_config"]["enable_prefix_caching"] == "True"
+    # The startup log line says the same (the source used without dev mode).
+    parsed = parse_startup_log(server.log_path)
+    assert parsed is not None
+    assert parsed["version"] == v["version"]
+    assert parsed["parallel"] == {k: 1 for k in PARALLEL_KEYS}
+    assert parsed["engine"]["load_format"] == "dummy"
+    assert v["engine_config"]["max_model_len"] == MAX_MODEL_LEN
+    assert v["engine_config"]["speculative_config"] is None
+    assert v["additional_config"] == {}  # decode_backend is top-level, not a fact to compare
     assert v["cache_config"]["enable_prefix_caching"] == "True"
     assert v["env"] == {
         "CUDA_VISIBLE_DEVICES": "0",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_SERVER_DEV_MODE": "1",
     }
     assert v["visible_gpu_ids"] == [0]
     assert v["command"] == shlex.join(build_args(launch, "auto", port))
@@ -133,3 +150,31 @@ def test_multi_turn_cached_tokens_match_the_server_counter(
     ]
     by_turn = records.group_by("turn").agg(pl.col("cached_tokens").unique().sort()).sort("turn")
     assert by_turn["cached_tokens"].to_list() == [[e] for e in expected]
+
+
+def test_attach_records_what_the_server_reports(
+    served: tuple[RunningServer, VllmLaunch],
+) -> None:
+    server, _ = served
+    with attached_server(server.url + "/", 1) as attached:
+        m = attached.manifest
+    assert attached.url == server.url
+    assert attached.model == TINY_MOE
+    assert (m["engine"], m["url"], m["gpu_count"], m["gpu_ids"], m["tp"]) == (
+        "vllm",
+        server.url,
+        1,
+        None,
+        1,
+    )
+    assert m["decode_backend"] == "auto"  # reported by the server itself (/server_info)
+    launched = server.manifest["vllm"]
+    for key in ("version", "models", "max_model_len", "parallel_config", "cache_config"):
+        assert m["vllm"][key] == launched[key], key
+    assert m["vllm"]["mode"] == "attach"
+    assert m["vllm"]["command"] is None
+    with (
+        pytest.raises(AgentabError, match="reports tp 1 x pp 1 x dp 1 = 1 GPUs, the experiment"),
+        attached_server(server.url, 2),
+    ):
+        pass

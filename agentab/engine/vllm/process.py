@@ -178,13 +178,20 @@ class ServerProcess:
             self._signals.restore()
             raise AgentabError(f"vllm launch: cannot run {self.args[0]!r}: {exc}") from None
         self.pgid = self.proc.pid
-        self.guard = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _GUARD, str(self.pgid), str(stop_grace_s)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        try:
+            self.guard = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _GUARD, str(self.pgid), str(stop_grace_s)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pgid, signal.SIGKILL)
+            self.proc.wait()
+            self._signals.restore()
+            raise
         self.started = time.monotonic()
 
     def failure(self, what: str) -> AgentabError:

@@ -56,9 +56,11 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _md_inline(text: str) -> str:
-    """The few inline markdown marks the shared lines use (**bold**), escaped for HTML."""
+    """The few inline markdown marks the shared lines use (**bold**, `code`), escaped."""
     parts = html.escape(text).split("**")
-    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    text = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
+    parts = text.split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
 def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figure]
@@ -114,11 +116,21 @@ def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figur
             x=frame["prompt_tokens"].to_numpy(),
             y=frame["itl_s"].to_numpy() * 1000,
             name=name,
+            legendgroup=name,
             mode="markers",
-            marker={"color": color, "size": 4, "opacity": 0.5},
+            marker={"color": color, "size": 4, "opacity": 0.4},
+        )
+        median = _binned_median(runs)
+        fig.add_scatter(
+            x=median["x"].to_numpy(),
+            y=median["y"].to_numpy() * 1000,
+            name=f"{name} median",
+            legendgroup=name,
+            mode="lines+markers",
+            line={"color": color, "width": 3},
         )
     fig.update_layout(
-        title="ITL against context length (prompt tokens)",
+        title="ITL against context length (prompt tokens); lines: median per length bin",
         xaxis_title="prompt tokens",
         yaxis_title="ITL (ms)",
     )
@@ -126,6 +138,21 @@ def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figur
     figs.append(_over_time(comparison, arms, "throughput"))
     figs.append(_over_time(comparison, arms, "cache"))
     return figs
+
+
+def _binned_median(runs: Sequence[RunSummary], bins: int = 20) -> pl.DataFrame:
+    """Median ITL per prompt-length bin (equal-width bins over the arm's prompt range)."""
+    frame = pl.concat([_ok(s).select("prompt_tokens", "itl_s").drop_nulls() for s in runs])
+    if frame.is_empty():
+        return pl.DataFrame({"x": [], "y": []})
+    lo, hi = frame["prompt_tokens"].min(), frame["prompt_tokens"].max()
+    width = max((hi - lo) / bins, 1.0)
+    return (
+        frame.group_by(b=((pl.col("prompt_tokens") - lo) / width).floor())
+        .agg(x=pl.col("prompt_tokens").mean(), y=pl.col("itl_s").median(), n=pl.len())
+        .filter(pl.col("n") >= 5)
+        .sort("x")
+    )
 
 
 def _over_time(comparison: Comparison, arms, kind: str):  # -> plotly Figure
@@ -257,10 +284,16 @@ def comparison_html(
     )
 
 
+_VERDICT_CLASS = {"better": "better", "worse": "worse"}
+
+
 def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+        "<tr>"
+        + "".join(f'<td class="{_VERDICT_CLASS.get(c, "")}">{html.escape(c)}</td>' for c in row)
+        + "</tr>"
+        for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
@@ -268,8 +301,11 @@ def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; color: #222; }
 table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-td:first-child, th:first-child { text-align: left; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; white-space: nowrap; }
+td:first-child, th:first-child { text-align: left; white-space: normal; }
+tbody tr:first-child { font-weight: bold; }
+td.better { color: #11702a; font-weight: bold; }
+td.worse { color: #b00020; font-weight: bold; }
 .confounded { background: #fde2e2; border: 2px solid #c00; padding: 0.6em; font-size: 1.1em; }
 .headline { font-size: 1.15em; }
 """

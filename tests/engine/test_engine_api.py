@@ -129,3 +129,27 @@ def test_describe_names_profile_and_config():
     assert d["spec"] == {"method": "simulated", "num_draft_tokens": 7, "acceptance_length": 6}
     assert d["scheduler"]["kv_blocks"] == 373380
     assert len(d["profile_hash"]) == 64
+
+
+def test_real_time_mode_emits_each_step_at_its_end():
+    """Served over HTTP the loop is real: events arrive no earlier than their time."""
+    from agentab.clock import run_real
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        eng = build_simulator("gb300-tp16-kimi-k3", "latency_specialized")
+        eng.start()
+        seen = []
+        t0 = loop.time()
+        async for ev in eng.generate(EngineRequest("rt", np.arange(1, 50), 8)):
+            seen.append((ev, loop.time()))
+        await eng.stop()
+        return t0, seen
+
+    t0, seen = run_real(main())
+    *tokens, (final, _) = seen
+    assert final.completion_tokens == 8 and len(tokens) == 8
+    for ev, delivered in tokens:
+        assert delivered >= ev.t
+    # 1 prefill step + 7 specialized batch-1 decode steps of ~3.9 ms
+    assert tokens[-1][0].t - t0 >= 7 * 3.9e-3

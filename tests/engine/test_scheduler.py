@@ -208,3 +208,23 @@ def test_partial_drafts_when_the_budget_runs_out():
     sched, emitted, plan, _ = step(s)
     assert sched == {"X": 4, "Y": 2} and emitted == {"X": 4, "Y": 2}
     assert plan.drafts.tolist() == [3, 1]
+
+
+def test_preemption_takes_the_latest_admitted_first_and_prepends():
+    s = make(num_blocks=6, block_size=4, max_num_batched_tokens=100)
+    for name, start in (("A", 1), ("B", 100), ("C", 200)):
+        s.add(name, prompt(4, start), 20)
+    assert step(s)[0] == {"A": 4, "B": 4, "C": 4}  # 1 block each
+    # each step computes token 4 + (step - 2); a request needs ceil((computed + 1) / 4) blocks:
+    # 2 blocks from step 2 (all 6 used), a 3rd at step 6 (computed 8 + 1 = 9)
+    for _ in range(2, 6):
+        assert step(s)[2].preempted == []
+    sched, _, plan, _ = step(s)  # step 6: A needs a block -> C (latest) goes, frees 2
+    assert plan.preempted == ["C"] and sched == {"A": 1, "B": 1}
+    assert [r.id for r in s.waiting] == ["C"]
+    for _ in range(7, 10):  # C cannot come back: 0 free blocks and B, A keep growing
+        assert step(s)[0] == {"A": 1, "B": 1}
+    sched, _, plan, _ = step(s)  # step 10: A needs its 4th block -> B is now the latest
+    assert plan.preempted == ["B"] and sched == {"A": 1}
+    assert [r.id for r in s.waiting] == ["B", "C"]  # preempted requests go to the head
+    assert s.counters["num_preemptions"] == 2

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentab.engine.vllm.process import group_members, port_is_free
+from agentab.replay.records import scan_metrics
 from tests.vllm.helpers import multi_turn_workload, write_experiment, write_workload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,6 +105,8 @@ def test_aa_experiment_with_two_vllm_arms(tmp_path: Path, vllm_python: str) -> N
             # 6 sessions x 4 turns, less one warmup request per lane (2 lanes)
             assert summary["requests_ok"] == 22
             assert summary["error_rate"] == 0.0
+            scraped = set(scan_metrics(run_dir).select("name").collect()["name"])
+            assert {"vllm:prefix_cache_hits_total", "vllm:num_requests_running"} <= scraped
             assert_server_gone(run_dir)
 
 

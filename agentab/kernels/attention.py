@@ -134,7 +134,7 @@ def split_plan(batch: int, max_len: int, n_sms: int = 132) -> tuple[int, int]:
     """(number of splits, tokens per split): about two programs per SM over the whole batch."""
     blocks = max(1, math.ceil(max_len / BLOCK_N))
     want = max(1, math.ceil(2 * n_sms / batch))
-    n_splits = min(max(1, blocks // 4), want)  # at least four blocks of tokens per split
+    n_splits = min(max(1, blocks // 2), want)  # at least two blocks of tokens per split
     split_len = math.ceil(blocks / n_splits) * BLOCK_N
     n_splits = math.ceil(max_len / split_len)
     return n_splits, split_len

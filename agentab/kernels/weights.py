@@ -114,7 +114,7 @@ def _assemble(cfg: LayerConfig, t: dict[str, torch.Tensor]) -> LayerWeights:
 def init_weights(cfg: LayerConfig, seed: int, device: str | torch.device = "cpu") -> LayerWeights:
     """Seeded random bf16 weights scaled so activations stay O(1) through the layer.
 
-    Linear weights are N(0, 1/fan_in); norm weights 1 + N(0, 0.1^2); the router bias N(0, 0.1^2).
+    Linear weights are N(0, 1/fan_in); norm weights 1 + N(0, 0.1^2); the router bias N(0, 0.01^2).
     The same seed gives the same weights on the same device type (CPU and CUDA generators differ).
     """
     import torch
@@ -136,7 +136,9 @@ def init_weights(cfg: LayerConfig, seed: int, device: str | torch.device = "cpu"
         if name.endswith("norm"):
             t[name] = norm(shape[0])
         elif name == "gate_bias":
-            t[name] = torch.randn(shape, generator=gen, device=device).mul_(0.1)
+            # Small: a trained correction bias balances expert load, so routing stays near
+            # uniform (a large random bias would concentrate tokens on a few experts).
+            t[name] = torch.randn(shape, generator=gen, device=device).mul_(0.01)
         elif name in ("w13", "w2"):
             # Expert by expert: a float32 temporary of all 384 experts would need 17 GB.
             t[name] = torch.stack([lin(*shape[1:]) for _ in range(shape[0])])

@@ -210,7 +210,9 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
     ns = spec.n_assign
     n_red = rslots * SEG * kq * 2
     smem_bytes = (
-        4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + n_red) + 512
+        4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + n_red)
+        + 2 * hid
+        + 1024
     )
 
     @cute.kernel
@@ -237,7 +239,13 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
             Int32, cute.make_layout(spec.max_segments), byte_alignment=16
         )
         red = alloc.allocate_tensor(Float32, cute.make_layout(n_red), byte_alignment=16)
+        gam_s = alloc.allocate_tensor(BFloat16, cute.make_layout(hid), byte_alignment=16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        # The norm weight is a constant: stage it in shared memory before the PDL wait.
+        for i in range(tidx, hid // 8, THREADS):
+            gsrc = cute.local_tile(mGamma, (8,), (i,))
+            gdst = cute.local_tile(gam_s, (8,), (i,))
+            cute.autovec_copy(gsrc, gdst)
         cute.arch.griddepcontrol_wait()
         _routing(spec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
                  seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
@@ -269,7 +277,6 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
             ln = seg_len[s]
             gw = []
             uw = []
-            gm = []
             for c in cutlass.range_constexpr(chq):
                 kc = (c0 + c) * 32 + lane
                 gsrc = cute.local_tile(mW13[e, ii, None], (8,), (kc,))
@@ -280,10 +287,6 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
                 ufr = cute.make_fragment_like(usrc)
                 cute.copy(atom, usrc, ufr)
                 uw.append(ufr)
-                nsrc = cute.local_tile(mGamma, (8,), (kc,))
-                nfr = cute.make_fragment_like(nsrc)
-                cute.copy(atom, nsrc, nfr)
-                gm.append(nfr)
             for j in cutlass.range_constexpr(SEG):
                 if j < ln:
                     a = sorted_a[start + j]
@@ -300,7 +303,9 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
                     ag = Float32(0.0)
                     au = Float32(0.0)
                     for c in cutlass.range_constexpr(chq):
-                        xv = xs[c].load().to(Float32) * gm[c].load().to(Float32)
+                        kc = (c0 + c) * 32 + lane
+                        gv = cute.local_tile(gam_s, (8,), (kc,)).load().to(Float32)
+                        xv = xs[c].load().to(Float32) * gv
                         ag = ag + (gw[c].load().to(Float32) * xv).reduce(
                             cute.ReductionOp.ADD, Float32(0.0), 0
                         )
@@ -341,7 +346,8 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
              mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
-                           stream=stream, use_pdl=True)  # fmt: skip
+                           stream=stream, use_pdl=True, min_blocks_per_mp=2,
+                           preferred_smem_carveout=50)  # fmt: skip
 
     return host
 
@@ -463,7 +469,7 @@ def alloc_buffers(spec: MoeSpec, device: Any) -> MoeBuffers:
     )
 
 
-def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 8) -> tuple:
+def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 16) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order."""
     e1 = spec.n_experts + 1
     up = compile_tvm_ffi(

@@ -86,3 +86,19 @@ def test_report_opens_in_headless_chromium(
     keep = os.environ.get("AGENTAB_SCREENSHOT_DIR")
     if keep:
         shutil.copy(shot, Path(keep) / "report.png")
+
+
+def test_without_plotly_the_page_keeps_its_tables(
+    report_html: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from agentab.analysis.html import comparison_html
+    from tests.analysis.rundirs import synthetic_records as records
+
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ImportError
+    monkeypatch.setitem(sys.modules, "plotly.offline", None)
+    run = write_run(report_html.parent / "np-a", records(2), manifest())
+    page = comparison_html(compare_runs([load_run(run)], [load_run(run)], resamples=100))
+    assert "<table>" in page and "plotly-graph-div" not in page
+    assert "pip install 'agentab[report]'" in page

@@ -25,11 +25,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentab.clock import is_virtual
 from agentab.replay.plan import Plan, Play
 from agentab.replay.records import PartWriter
 from agentab.replay.targets.base import Outcome, RequestSpec, Target
 
 _EPS = 1e-9
+EARLY_WAKEUP_S = 0.001
+"""Real clock: dispatch timers wake this much early and then yield until due, because epoll
+waits are rounded up to whole milliseconds (stock asyncio timers fire up to 1 ms late)."""
 MIN_REQUESTS_FOR_ERROR_RATE = 20
 """The error-rate guard acts mid-run only after this many finished requests (and at the end)."""
 
@@ -111,6 +115,7 @@ class Runner:
         self._offset = 0.0  # global compression: effective due = key + offset
         self._handle: asyncio.TimerHandle | None = None
         self._handle_when = math.nan
+        self._early = 0.0  # real clock: wake this early, then yield until due (see _on_timer)
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False  # no more dispatches
         self._cancel_reason = ""
@@ -130,6 +135,7 @@ class Runner:
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.t0 = loop.time()
+        self._early = 0.0 if is_virtual(loop) else EARLY_WAKEUP_S
         self._idle_since = self.t0
         self.end_t = self.t0 + self.opts.duration_s if self.opts.duration_s else math.inf
         self._done: asyncio.Future[None] = loop.create_future()
@@ -213,11 +219,19 @@ class Runner:
                 return
             self._handle.cancel()
         self._handle_when = when
-        self._handle = self.loop.call_at(when, self._on_timer)
+        self._handle = self.loop.call_at(when - self._early, self._on_timer)
 
     def _on_timer(self) -> None:
         self._handle = None
         now = self.loop.time()
+        entry = self._earliest()
+        if entry is not None and not self._stopping:
+            due = entry[0] + self._offset
+            if now + _EPS < due <= self.end_t:
+                # Woken up to `_early` before the due time on purpose: the selector rounds waits
+                # up to whole milliseconds. Yield to the loop (I/O keeps flowing) until due.
+                self._handle = self.loop.call_soon(self._on_timer)
+                return
         touched: list[_Tree | None] = []
         while not self._stopping:
             entry = self._earliest()

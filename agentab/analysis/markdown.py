@@ -252,7 +252,7 @@ def run_markdown(summary: RunSummary) -> str:
     ]
     units = {"osl_tokens": "tok", "prompt_tokens": "tok", "cached_tokens": "tok"}
     rows = []
-    for key in (*DISTRIBUTIONS, "dispatch_lateness_s"):
+    for key in (*DISTRIBUTIONS, "dispatch_lateness_s"):  # units: time in ms/s, else as named
         stats = v.get(key) or {}
         unit = units.get(key, "tok/s/user" if key == "interactivity_tok_s" else "s")
         label = (
@@ -263,12 +263,12 @@ def run_markdown(summary: RunSummary) -> str:
         rows.append([label, *(fmt(stats.get(s), unit) for s in STAT_KEYS)])
     lines += _table(["metric", *STAT_KEYS], rows)
     scalars = [
-        ("decode throughput (prefill excluded)", v["decode_throughput_tok_s"], "tok/s"),
-        ("output throughput", v["output_throughput_tok_s"], "tok/s"),
-        ("throughput per GPU (input + output)", v["throughput_per_gpu_tok_s"], "tok/s"),
-        ("cache hit ratio (client)", v["cache_hit_ratio"], ""),
-        ("cache hit ratio (server)", v.get("server_cache_hit_ratio"), ""),
-        ("spec-decode acceptance length (server)", v.get("spec_acceptance_length"), "x"),
+        ("decode throughput (prefill excluded), tok/s", v["decode_throughput_tok_s"], "tok/s"),
+        ("output throughput, tok/s", v["output_throughput_tok_s"], "tok/s"),
+        ("throughput per GPU (input + output), tok/s/GPU", v["throughput_per_gpu_tok_s"], "tok"),
+        ("cache hit ratio (client: cached / prompt tokens)", v["cache_hit_ratio"], ""),
+        ("cache hit ratio (server, scraped)", v.get("server_cache_hit_ratio"), ""),
+        ("spec-decode acceptance length (server, scraped)", v.get("spec_acceptance_length"), "x"),
         ("profiling wall time", v["phase_wall_s"], "s"),
     ]
     lines += ["", *_table(["figure", "value"], [[k, fmt(x, u)] for k, x, u in scalars])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,18 @@ BASE_MANIFEST: dict[str, Any] = {
     "started_at": "2025-01-01T00:00:00Z",
     "arm": "auto",
 }
+
+
+def manifest(**changes: Any) -> dict[str, Any]:
+    """BASE_MANIFEST with changes; `a__b=x` sets the nested field a.b."""
+    m = copy.deepcopy(BASE_MANIFEST)
+    for key, value in changes.items():
+        target = m
+        *path, leaf = key.split("__")
+        for part in path:
+            target = target[part]
+        target[leaf] = value
+    return m
 
 
 def rec(

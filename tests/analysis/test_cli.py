@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.analysis.rundirs import synthetic_records, write_run
-from tests.analysis.test_compare import manifest
+from .rundirs import manifest, synthetic_records, write_run
 
 
 def agentab(*args: str | Path) -> subprocess.CompletedProcess[str]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -12,18 +10,8 @@ from agentab.analysis.compare import compare_runs
 from agentab.analysis.guard import check, manifest_differences
 from agentab.analysis.load import load_run, load_runs
 from agentab.errors import AgentabError
-from tests.analysis.rundirs import BASE_MANIFEST, synthetic_records, write_run
 
-
-def manifest(**changes: Any) -> dict[str, Any]:
-    m = copy.deepcopy(BASE_MANIFEST)
-    for key, value in changes.items():
-        target = m
-        *path, leaf = key.split("__")
-        for part in path:
-            target = target[part]
-        target[leaf] = value
-    return m
+from .rundirs import manifest, synthetic_records, write_run
 
 
 def test_guard_refuses_gpu_count_and_names_it_first() -> None:

@@ -13,8 +13,8 @@ import pytest
 from agentab.analysis.compare import compare_runs
 from agentab.analysis.html import write_html
 from agentab.analysis.load import load_run
-from tests.analysis.rundirs import synthetic_records, write_run
-from tests.analysis.test_compare import manifest
+
+from .rundirs import manifest, synthetic_records, write_run
 
 FIGURES = 6  # ITL CDF, TTFT CDF, interactivity histogram, ITL vs context, throughput, cache hits
 
@@ -94,7 +94,8 @@ def test_without_plotly_the_page_keeps_its_tables(
     import sys
 
     from agentab.analysis.html import comparison_html
-    from tests.analysis.rundirs import synthetic_records as records
+
+    from .rundirs import synthetic_records as records
 
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ImportError
     monkeypatch.setitem(sys.modules, "plotly.offline", None)

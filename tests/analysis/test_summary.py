@@ -19,7 +19,8 @@ import pytest
 
 from agentab.analysis.load import load_run
 from agentab.analysis.summary import summarize_requests, summarize_run, write_summary
-from tests.analysis.rundirs import rec, write_run
+
+from .rundirs import rec, write_run
 
 HAND_RECORDS = [
     rec("r1", sent_s=0.0, planned_s=0.0, chunk_times_s=[0.5, 0.515625, 0.53125],

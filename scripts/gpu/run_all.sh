@@ -17,7 +17,7 @@ timeout "${CHECK_TIMEOUT:-300}" python3 -m agentab.kernels.check --preset k2-tp8
   2>&1 | tee "$OUT/check.log"
 check_rc=${PIPESTATUS[0]}
 python3 -m agentab.kernels.bench --preset k2-tp8-shard --batch "${BENCH_BATCHES:-1,2,4,8,16,32,64}" \
-  --context "${CONTEXT:-4096}" --standard-extra "${STANDARD_EXTRA:-128,256,512}" \
+  --context "${CONTEXT:-4096}" --standard-extra "${STANDARD_EXTRA-128,256,512}" \
   --out "$OUT/results.json" --profile-out "$OUT/h200-tp1-kimi-shard.toml" 2>&1 | tee "$OUT/bench.log"
 bench_rc=${PIPESTATUS[0]}
 echo "check rc=$check_rc bench rc=$bench_rc"

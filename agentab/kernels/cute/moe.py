@@ -210,7 +210,8 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
     ns = spec.n_assign
     n_red = rslots * SEG * kq * 2
     smem_bytes = (
-        4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + n_red)
+        4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + 2 * n_red)
+        + 4 * spec.m_max
         + 2 * hid
         + 1024
     )
@@ -238,7 +239,8 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
         seg_len = alloc.allocate_tensor(
             Int32, cute.make_layout(spec.max_segments), byte_alignment=16
         )
-        red = alloc.allocate_tensor(Float32, cute.make_layout(n_red), byte_alignment=16)
+        red = alloc.allocate_tensor(Float32, cute.make_layout(2 * n_red), byte_alignment=16)
+        rs_s = alloc.allocate_tensor(Float32, cute.make_layout(spec.m_max), byte_alignment=16)
         gam_s = alloc.allocate_tensor(BFloat16, cute.make_layout(hid), byte_alignment=16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         # The norm weight is a constant: stage it in shared memory before the PDL wait.
@@ -264,12 +266,18 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
             if tidx == 0:
                 mSegs[spec.max_segments, 0] = n_seg
                 mSegs[spec.max_segments, 1] = m
+        if tidx < m:
+            rs_s[tidx] = mRs[tidx]
+        cute.arch.sync_threads()
         # Items are (segment, RSLOTS intermediate rows); the KQ warps of a row slot split the
         # hidden dim, each issuing all its gate/up/gamma loads before touching x.
         slot = warp // kq
         q = warp % kq
         c0 = q * chq
         for item in range(bidx, n_seg * tiles, grid):
+            # Partial sums alternate between two halves of `red`, so one barrier per item is
+            # enough: item i+2 reuses a half only after every thread passed item i+1's barrier.
+            rb = (((item - bidx) // grid) % 2) * n_red
             s = item // tiles
             ii = (item % tiles) * rslots + slot
             e = seg_e[s]
@@ -315,8 +323,8 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
                     ag = cute.arch.warp_reduction_sum(ag)
                     au = cute.arch.warp_reduction_sum(au)
                     if lane == 0:
-                        red[((slot * SEG + j) * kq + q) * 2] = ag
-                        red[((slot * SEG + j) * kq + q) * 2 + 1] = au
+                        red[rb + ((slot * SEG + j) * kq + q) * 2] = ag
+                        red[rb + ((slot * SEG + j) * kq + q) * 2 + 1] = au
             cute.arch.sync_threads()
             if tidx < rslots * SEG:
                 sl = tidx // SEG
@@ -325,18 +333,17 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
                     g = Float32(0.0)
                     u = Float32(0.0)
                     for p in cutlass.range_constexpr(kq):
-                        g = g + red[((sl * SEG + j) * kq + p) * 2]
-                        u = u + red[((sl * SEG + j) * kq + p) * 2 + 1]
+                        g = g + red[rb + ((sl * SEG + j) * kq + p) * 2]
+                        u = u + red[rb + ((sl * SEG + j) * kq + p) * 2 + 1]
                     a = sorted_a[start + j]
                     t = a // k
                     if a >= m * k:
                         t = a - m * k
-                    r = mRs[t]
+                    r = rs_s[t]
                     g = g * r
                     u = u * r
                     act = g / (Float32(1.0) + cute.math.exp(-g)) * u
                     mAct[start + j, (item % tiles) * rslots + sl] = act.to(BFloat16)
-            cute.arch.sync_threads()
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
@@ -366,7 +373,8 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
         raise ValueError("rows_per_cta must divide hidden")
     rpc, mm = rows_per_cta, spec.m_max
     grid = hid // rpc
-    smem_bytes = 4 * WARPS * mm * rpc + 64
+    nseg_max, ns = spec.max_segments, spec.n_assign
+    smem_bytes = 4 * (WARPS * mm * rpc + 3 * nseg_max + spec.rows_act + ns) + 256
 
     @cute.kernel
     def kernel(m_unused: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
@@ -378,6 +386,9 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
         warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
         acc = alloc.allocate_tensor(Float32, cute.make_layout(WARPS * mm * rpc), byte_alignment=16)
+        segs = alloc.allocate_tensor(Int32, cute.make_layout(3 * nseg_max), byte_alignment=16)
+        srt = alloc.allocate_tensor(Int32, cute.make_layout(spec.rows_act), byte_alignment=16)
+        sw = alloc.allocate_tensor(Float32, cute.make_layout(ns), byte_alignment=16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         for i in range(tidx, WARPS * mm * rpc, THREADS):
             acc[i] = Float32(0.0)
@@ -385,12 +396,22 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
         cute.arch.griddepcontrol_wait()
         n_seg = mSegs[spec.max_segments, 0]
         m = mSegs[spec.max_segments, 1]
+        # The work list is small: stage it in shared memory once, so the segment loop waits
+        # only on the weight loads.
+        for i in range(tidx, n_seg, THREADS):
+            segs[3 * i] = mSegs[i, 0]
+            segs[3 * i + 1] = mSegs[i, 1]
+            segs[3 * i + 2] = mSegs[i, 2]
+        for i in range(tidx, m * k + m, THREADS):
+            srt[i] = mSorted[i]
+        for i in range(tidx, m * k, THREADS):
+            sw[i] = mSelW[i]
         cute.arch.sync_threads()
         base = warp * mm * rpc
         for s in range(warp, n_seg, WARPS):
-            e = mSegs[s, 0]
-            start = mSegs[s, 1]
-            ln = mSegs[s, 2]
+            e = segs[3 * s]
+            start = segs[3 * s + 1]
+            ln = segs[3 * s + 2]
             wv = []
             for r in cutlass.range_constexpr(rpc):
                 wsrc = cute.local_tile(mW2[e, d0 + r, None], (8,), (lane,))
@@ -408,13 +429,13 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
                 av.append(afr)
             for j in cutlass.range_constexpr(SEG):
                 if j < ln:
-                    a = mSorted[start + j]
+                    a = srt[start + j]
                     t = a // k
                     w = Float32(1.0)
                     if a >= m * k:
                         t = a - m * k
                     else:
-                        w = mSelW[a]
+                        w = sw[a]
                     x = av[j].load().to(Float32)
                     for r in cutlass.range_constexpr(rpc):
                         p = (wv[r].load().to(Float32) * x).reduce(

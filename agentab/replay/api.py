@@ -140,7 +140,7 @@ def _gc_frozen() -> Iterator[None]:
 
 
 def _status(stats: RunStats, replay: ReplayOptions) -> str:
-    if stats.stop_reason in ("interrupted", "error_rate"):
+    if stats.stop_reason in ("interrupted", "error_rate", "write_error"):
         return stats.stop_reason
     if stats.finished and stats.error_rate > replay.max_error_rate:
         return "error_rate"
@@ -157,6 +157,8 @@ def _raise_if_failed(stats: RunStats, replay: ReplayOptions, run_dir: Path) -> N
         )
     if stats.stop_reason == "error_rate":
         raise AgentabError(f"run ended early: {stats.message}; {where}")
+    if stats.stop_reason == "write_error":
+        raise AgentabError(f"run ended early: {stats.message}")
     if stats.finished and stats.error_rate > replay.max_error_rate:
         raise AgentabError(
             f"run failed: error rate {stats.error_rate:.1%} ({stats.errors} of {stats.finished} "

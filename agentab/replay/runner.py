@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentab.clock import is_virtual
+from agentab.errors import AgentabError
 from agentab.replay.plan import Plan, Play
 from agentab.replay.records import PartWriter
 from agentab.replay.targets.base import Outcome, RequestSpec, Target
@@ -157,7 +158,11 @@ class Runner:
 
     def abort(self, reason: str, message: str) -> None:
         """Stop dispatching and cancel what is in flight (recorded as `cancelled`)."""
-        if self._stopping and self.stats.stop_reason in ("error_rate", "interrupted"):
+        if self._stopping and self.stats.stop_reason in (
+            "error_rate",
+            "interrupted",
+            "write_error",
+        ):
             return
         self._stopping = True
         self.stats.stop_reason = reason
@@ -387,7 +392,10 @@ class Runner:
         now = self.loop.time()
         if out.end is None:
             out.end = now
-        self._record(tree, node, planned, out)
+        try:
+            self._record(tree, node, planned, out)
+        except AgentabError as exc:  # the records cannot be written: stop, do not lose more
+            self.abort("write_error", str(exc))
         stats = self.stats
         stats.inflight -= 1
         tree.inflight -= 1

@@ -230,7 +230,7 @@ class Runner:
         self._handle = None
         now = self.loop.time()
         entry = self._earliest()
-        if entry is not None and not self._stopping:
+        if self._early and entry is not None and not self._stopping:
             due = entry[0] + self._offset
             if now + _EPS < due <= self.end_t:
                 # Woken up to `_early` before the due time on purpose: the selector rounds waits

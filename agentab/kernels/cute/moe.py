@@ -197,29 +197,12 @@ def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, s
     cute.arch.sync_threads()
 
 
-@cute.jit
-def _load_item(mW13, wn, seg_e, item, tiles, rslots, inter, chq, c0, ch, lane, atom):
-    """Issue the 16-byte loads of one item's gate/up weight chunks into the register buffer."""
-    e = seg_e[item // tiles]
-    i0 = (item % tiles) * rslots
-    for r in cutlass.range_constexpr(rslots):
-        for gu in cutlass.range_constexpr(2):
-            for c in cutlass.range_constexpr(chq):
-                cc = c0 + c
-                if cc >= ch:
-                    cc = ch - 1
-                src = cute.local_tile(mW13[e, gu * inter + i0 + r, None], (8,), (cc * 32 + lane,))
-                dst = cute.local_tile(wn, (8,), ((r * 2 + gu) * chq + c,))
-                cute.copy(atom, src, dst)
-
-
 def build_moe_up(spec: MoeSpec, grid: int) -> Any:
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     ch = hid // 256  # 16-byte chunks per lane
-    kq = WARPS  # all warps split the hidden dim of the item's rows
-    chq = (ch + kq - 1) // kq  # chunks per warp (the last warp's extra chunks are masked)
-    rslots = 2  # intermediate rows (gate + up each) per item
-    wlen = rslots * 2 * chq * 8  # bf16 weights one lane holds for one item
+    kq = 4 if ch % 4 == 0 else 1  # warps splitting the hidden dim of one row pair
+    chq = ch // kq
+    rslots = WARPS // kq  # intermediate rows per item
     if hid % 256 or inter % rslots or spec.n_experts % 32:
         raise ValueError("hidden % 256, inter % row slots and n_experts % 32 must be 0")
     tiles = inter // rslots
@@ -286,27 +269,32 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
         if tidx < m:
             rs_s[tidx] = mRs[tidx]
         cute.arch.sync_threads()
-        # Items are (segment, `rslots` intermediate rows); the 8 warps split the hidden dim.
-        # Software pipeline: the next item's gate/up weights are loaded into registers while
-        # this item's dot products, reductions and activations run.
-        q = warp
+        # Items are (segment, RSLOTS intermediate rows); the KQ warps of a row slot split the
+        # hidden dim, each issuing all its gate/up/gamma loads before touching x.
+        slot = warp // kq
+        q = warp % kq
         c0 = q * chq
-        n_items = n_seg * tiles
-        wn = cute.make_rmem_tensor(cute.make_layout(wlen), BFloat16)
-        wc = cute.make_rmem_tensor(cute.make_layout(wlen), BFloat16)
-        if bidx < n_items:
-            _load_item(mW13, wn, seg_e, bidx, tiles, rslots, inter, chq, c0, ch, lane, atom)
-        for item in range(bidx, n_items, grid):
+        for item in range(bidx, n_seg * tiles, grid):
             # Partial sums alternate between two halves of `red`, so one barrier per item is
             # enough: item i+2 reuses a half only after every thread passed item i+1's barrier.
             rb = (((item - bidx) // grid) % 2) * n_red
             s = item // tiles
+            ii = (item % tiles) * rslots + slot
+            e = seg_e[s]
             start = seg_start[s]
             ln = seg_len[s]
-            wc.store(wn.load())
-            nxt = item + grid
-            if nxt < n_items:
-                _load_item(mW13, wn, seg_e, nxt, tiles, rslots, inter, chq, c0, ch, lane, atom)
+            gw = []
+            uw = []
+            for c in cutlass.range_constexpr(chq):
+                kc = (c0 + c) * 32 + lane
+                gsrc = cute.local_tile(mW13[e, ii, None], (8,), (kc,))
+                gfr = cute.make_fragment_like(gsrc)
+                cute.copy(atom, gsrc, gfr)
+                gw.append(gfr)
+                usrc = cute.local_tile(mW13[e, inter + ii, None], (8,), (kc,))
+                ufr = cute.make_fragment_like(usrc)
+                cute.copy(atom, usrc, ufr)
+                uw.append(ufr)
             for j in cutlass.range_constexpr(SEG):
                 if j < ln:
                     a = sorted_a[start + j]
@@ -315,39 +303,28 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
                         t = a - m * k
                     xs = []
                     for c in cutlass.range_constexpr(chq):
-                        cc = c0 + c
-                        if cc >= ch:
-                            cc = ch - 1
-                        xsrc = cute.local_tile(mX[t, None], (8,), (cc * 32 + lane,))
+                        kc = (c0 + c) * 32 + lane
+                        xsrc = cute.local_tile(mX[t, None], (8,), (kc,))
                         xfr = cute.make_fragment_like(xsrc)
                         cute.copy(atom, xsrc, xfr)
                         xs.append(xfr)
-                    xv = []
+                    ag = Float32(0.0)
+                    au = Float32(0.0)
                     for c in cutlass.range_constexpr(chq):
-                        cc = c0 + c
-                        vm = Float32(1.0)
-                        if cc >= ch:
-                            cc = ch - 1
-                            vm = Float32(0.0)
-                        gv = cute.local_tile(gam_s, (8,), (cc * 32 + lane,)).load().to(Float32)
-                        xv.append(xs[c].load().to(Float32) * gv * vm)
-                    for r in cutlass.range_constexpr(rslots):
-                        ag = Float32(0.0)
-                        au = Float32(0.0)
-                        for c in cutlass.range_constexpr(chq):
-                            wg = cute.local_tile(wc, (8,), ((r * 2) * chq + c,)).load()
-                            wu = cute.local_tile(wc, (8,), ((r * 2 + 1) * chq + c,)).load()
-                            ag = ag + (wg.to(Float32) * xv[c]).reduce(
-                                cute.ReductionOp.ADD, Float32(0.0), 0
-                            )
-                            au = au + (wu.to(Float32) * xv[c]).reduce(
-                                cute.ReductionOp.ADD, Float32(0.0), 0
-                            )
-                        ag = cute.arch.warp_reduction_sum(ag)
-                        au = cute.arch.warp_reduction_sum(au)
-                        if lane == 0:
-                            red[rb + ((r * SEG + j) * kq + q) * 2] = ag
-                            red[rb + ((r * SEG + j) * kq + q) * 2 + 1] = au
+                        kc = (c0 + c) * 32 + lane
+                        gv = cute.local_tile(gam_s, (8,), (kc,)).load().to(Float32)
+                        xv = xs[c].load().to(Float32) * gv
+                        ag = ag + (gw[c].load().to(Float32) * xv).reduce(
+                            cute.ReductionOp.ADD, Float32(0.0), 0
+                        )
+                        au = au + (uw[c].load().to(Float32) * xv).reduce(
+                            cute.ReductionOp.ADD, Float32(0.0), 0
+                        )
+                    ag = cute.arch.warp_reduction_sum(ag)
+                    au = cute.arch.warp_reduction_sum(au)
+                    if lane == 0:
+                        red[rb + ((slot * SEG + j) * kq + q) * 2] = ag
+                        red[rb + ((slot * SEG + j) * kq + q) * 2 + 1] = au
             cute.arch.sync_threads()
             if tidx < rslots * SEG:
                 sl = tidx // SEG
@@ -376,7 +353,8 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
              mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
-                           stream=stream, use_pdl=True, min_blocks_per_mp=1)  # fmt: skip
+                           stream=stream, use_pdl=True, min_blocks_per_mp=2,
+                           preferred_smem_carveout=50)  # fmt: skip
 
     return host
 
@@ -512,7 +490,7 @@ def alloc_buffers(spec: MoeSpec, device: Any) -> MoeBuffers:
     )
 
 
-def compile_moe(spec: MoeSpec, up_grid: int = N_SMS, rows_per_cta: int = 16) -> tuple:
+def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 16) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order."""
     e1 = spec.n_experts + 1
     up = compile_tvm_ffi(

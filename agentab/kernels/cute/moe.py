@@ -1,21 +1,21 @@
 """The MoE of the specialized path: routing + shared and routed experts, in two CuTe DSL kernels.
 
-`moe_up` (persistent grid): every CTA first turns the router logits into the step's work list in
-shared memory (sigmoid + correction bias, top-k by warp argmax, renormalized weights; tokens
-grouped by expert in a deterministic order, the shared expert appended as expert E that every
-token visits with weight 1; each expert's tokens cut into segments of at most 8). Recomputing
-this small list in every CTA costs no grid synchronisation; CTA 0 also publishes it (and the
-chosen ids/weights) for `moe_down`. Then the CTAs walk the (segment, 8-row tile) items: each warp
-streams one gate row and one up row of the expert with 128-bit loads, applies the post-attention
-RMSNorm to the tokens on the fly (x * gamma * 1/rms) and writes SiLU(gate) * up per token.
-Each touched expert's gate/up weights are read once per step per segment (one segment unless more
-than 8 tokens chose it).
+`moe_up` (persistent grid, two CTAs per SM): every CTA first turns the router logits into the
+step's work list in shared memory (sigmoid + correction bias, top-k by warp argmax, renormalized
+weights; tokens grouped by expert in a deterministic order, the shared expert appended as expert
+E that every token visits with weight 1; each expert's tokens cut into segments of at most 8).
+Recomputing this small list in every CTA costs no grid synchronisation; CTA 0 also publishes it
+(and the chosen ids/weights) for `moe_down`. Then the CTAs walk the (segment, 2 intermediate
+rows) items: four warps split the hidden dim of each gate/up row pair and issue all their 128-bit
+weight loads before touching the tokens, the post-attention RMSNorm is applied to the tokens on
+the fly (x * gamma from shared memory * 1/rms), and SiLU(gate) * up is written per token.
 
-`moe_down` (one CTA per slice of output rows): walks every segment, streams the expert's down
-rows for its slice, and accumulates routing-weight x result per token in shared memory; the
-epilogue adds the residual. No atomics: each output element has one owner, so the sum over the
-shared and routed experts is deterministic. Together they read each touched expert's weights
-once per step. Routing supports n_group == 1 (Kimi-K2's config); the grouped variant runs in
+`moe_down` (one CTA per 16 output rows): the work list is staged in shared memory, the warps take
+the segments in turn, stream the expert's down rows for the CTA's slice, and sum routing weight x
+result per token into per-warp slices of shared memory; the epilogue adds the slices in a fixed
+order and the residual. No atomics, so the sum over shared and routed experts is deterministic.
+Together they read each touched expert's weights once per step (once per segment when more than
+8 tokens chose an expert: the shared expert at batch > 8). Routing supports n_group == 1 (Kimi-K2's config); the grouped variant runs in
 the standard path and the reference.
 """
 

@@ -1,11 +1,12 @@
 """The specialized decode path: CuTe DSL kernels for one layer, captured in one CUDA graph.
 
-Batch 1..4 (`SMALL`), eleven kernels per layer, every weight streamed with 128-bit loads and
-the first chunks prefetched before the PDL wait:
+Batch 1..4 (`SMALL`), ten kernels per layer, every weight streamed with 128-bit loads and
+the first chunks prefetched before the PDL wait (numbered as in the eleven-kernel version):
   1. input RMSNorm + q_a/kv_a projection                 (gemv, norm fused)          (a)
   2. q_a RMSNorm + q_b projection                         (gemv, norm fused)          (b)
-  3. kv_a RMSNorm + RoPE + cache write, RoPE of q_pe      (mla_prep)
-  4. absorbed key projection q_nope -> q_lat per head    (gemv, grouped)             (b)
+  3+4. absorbed key projection q_nope -> q_lat per head  (gemv, grouped)             (b)
+     and, in extra CTAs of the same launch, kv_a RMSNorm + RoPE + cache write and RoPE of q_pe
+     (mla_prep.prep_body)
   5-6. attention over the latent cache                    (attention.mla_decode, SHARED with
                                                             the standard path: Triton)
   7. value projection o_lat -> o per head                 (gemv, grouped)
@@ -23,6 +24,7 @@ tokens (the token count is a kernel argument).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -35,6 +37,9 @@ from agentab.kernels.weights import DecodeState, LayerWeights
 
 SMALL = 4
 M_MAX = 64
+# The MLA preparation runs as extra CTAs of the absorbed-query GEMV (one launch fewer); set
+# AGENTAB_KERNELS_FUSE_PREP=0 to launch it as its own kernel.
+FUSE_PREP = os.environ.get("AGENTAB_KERNELS_FUSE_PREP", "1") != "0"
 _compiled: dict[Any, Any] = {}
 
 
@@ -79,10 +84,15 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     out["moe_spec"] = moe_spec
     out["moe"] = _cached(("moe", moe_spec), lambda: compile_moe(moe_spec))
     if batch <= SMALL:
-        for name, spec in gemv_specs(cfg, batch).items():
-            out[name] = (spec, _cached(("gemv", spec), lambda s=spec: compile_gemv(s)))
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)
-        out["prep"] = _cached(("prep", pspec), lambda: compile_prep(pspec))
+        for name, spec in gemv_specs(cfg, batch).items():
+            if name == "absorb" and FUSE_PREP:
+                fn = _cached(("gemv+prep", spec, pspec), lambda s=spec: compile_gemv(s, pspec))
+            else:
+                fn = _cached(("gemv", spec), lambda s=spec: compile_gemv(s))
+            out[name] = (spec, fn)
+        if not FUSE_PREP:
+            out["prep"] = _cached(("prep", pspec), lambda: compile_prep(pspec))
     return out
 
 
@@ -153,10 +163,17 @@ class SpecializedPath:
 
         gemv("qkv_a", w.w_qkv_a, x, w.attn_norm, dr, self.qkv)
         gemv("q_b", w.w_q_b, self.qkv, w.q_a_norm, dr, self.q)
-        k["prep"](
-            self.qkv, self.q, state.positions, w.kv_a_norm, self.cos_sin, state.cache, self.q_pe
-        )
-        gemv("absorb", w.w_uk_t.view(-1, cfg.qk_nope), self.q, dv, dr, self.q_lat)
+        w_uk = w.w_uk_t.view(-1, cfg.qk_nope)
+        if FUSE_PREP:
+            _spec, absorb = k["absorb"]
+            absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, self.qkv, state.positions,
+                   w.kv_a_norm, self.cos_sin, state.cache, self.q_pe)  # fmt: skip
+        else:
+            k["prep"](
+                self.qkv, self.q, state.positions, w.kv_a_norm, self.cos_sin, state.cache,
+                self.q_pe,
+            )  # fmt: skip
+            gemv("absorb", w_uk, self.q, dv, dr, self.q_lat)
         o_lat = mla_decode(
             cfg, self.q_lat.view(b, cfg.n_heads, cfg.kv_lora), self.q_pe, state.cache,
             state.positions,

@@ -41,11 +41,17 @@ def test_gemv_kernels_compile_with_wide_loads(k2, batch: int) -> None:
         assert not ops & {"ld.local", "st.local"}, f"{name} spills to local memory"
 
 
-def test_mla_prep_compiles(k2) -> None:
+def test_mla_prep_compiles_alone_and_fused_into_the_absorb_gemv(k2) -> None:
+    from agentab.kernels.cute.gemv import compile_gemv
     from agentab.kernels.cute.mla_prep import PrepSpec, compile_prep
+    from agentab.kernels.specialized import gemv_specs
 
-    f = compile_prep(PrepSpec.from_config(k2, 2, 513, 513))
-    assert "griddepcontrol.wait" in _ops(f.__ptx__)
+    pspec = PrepSpec.from_config(k2, 2, 513, 513)
+    assert "griddepcontrol.wait" in _ops(compile_prep(pspec).__ptx__)
+    fused = compile_gemv(gemv_specs(k2, 2)["absorb"], pspec)
+    ops = _ops(fused.__ptx__)
+    assert {"ld.global.v4.b32", "griddepcontrol.wait"} <= ops
+    assert not ops & {"ld.local", "st.local"}
 
 
 def test_moe_kernels_compile(k2) -> None:

@@ -101,8 +101,13 @@ def plan(spec: GemvSpec) -> tuple[int, int, int]:
     return best
 
 
-def build_gemv(spec: GemvSpec) -> Any:
-    """Trace the kernel for `spec`; returns the @cute.jit host function."""
+def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
+    """Trace the kernel for `spec`; returns the @cute.jit host function.
+
+    With `prep` (a `mla_prep.PrepSpec`), `prep.batch` extra CTAs after the GEMV's own do the
+    MLA step preparation (`mla_prep.prep_body`): the absorbed-query GEMV and the cache write /
+    RoPE then share one launch, since both only need q_b's output.
+    """
     spec.validate()
     lpr = spec.lanes_per_row
     rs = 32 // lpr
@@ -119,20 +124,16 @@ def build_gemv(spec: GemvSpec) -> Any:
     n_out = rows_cta * m_tok
     smem_bytes = 4 * (n_out * ksplit + m_tok * ksplit) + 64
 
-    @cute.kernel
-    def kernel(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
-               mY: cute.Tensor, mRs: cute.Tensor):  # fmt: skip
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
+    @cute.jit
+    def body(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
+             mY: cute.Tensor, mRs: cute.Tensor, red: cute.Tensor, red_ss: cute.Tensor,
+             tidx, bidx):  # fmt: skip
         lane = tidx % 32
         warp = tidx // 32
         wrow = warp // ksplit
         kpart = warp % ksplit
         sub = lane // lpr
         lq = lane % lpr
-        alloc = cutlass.utils.SmemAllocator()
-        red = alloc.allocate_tensor(Float32, cute.make_layout(n_out * ksplit), byte_alignment=16)
-        red_ss = alloc.allocate_tensor(Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         row0 = bidx * rows_cta + wrow * (rs * unroll) + sub
         c0 = kpart * ch
@@ -214,38 +215,97 @@ def build_gemv(spec: GemvSpec) -> Any:
             if cutlass.const_expr(spec.resid):
                 v = v + mR[t, row].to(Float32)
             mY[t, spec.out_offset + row] = v.to(out_t)
+
+    gemv_ctas = n_rows // rows_cta
+    if prep is None:
+
+        @cute.kernel
+        def kernel(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
+                   mY: cute.Tensor, mRs: cute.Tensor):  # fmt: skip
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            alloc = cutlass.utils.SmemAllocator()
+            red = alloc.allocate_tensor(
+                Float32, cute.make_layout(n_out * ksplit), byte_alignment=16
+            )
+            red_ss = alloc.allocate_tensor(
+                Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16
+            )
+            body(mW, mX, mG, mR, mY, mRs, red, red_ss, tidx, bidx)
+            cute.arch.griddepcontrol_launch_dependents()
+
+        @cute.jit
+        def host(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
+                 mY: cute.Tensor, mRs: cute.Tensor, stream):  # fmt: skip
+            kernel(mW, mX, mG, mR, mY, mRs).launch(
+                grid=[gemv_ctas, 1, 1],
+                block=[32 * warps, 1, 1],
+                smem=smem_bytes,
+                stream=stream,
+                use_pdl=True,
+            )
+
+        return host
+
+    from agentab.kernels.cute.mla_prep import check_prep, prep_body
+
+    check_prep(prep, 32 * warps)
+
+    @cute.kernel
+    def kernel_prep(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
+                    mY: cute.Tensor, mRs: cute.Tensor, mQkv: cute.Tensor, mPos: cute.Tensor,
+                    mNorm: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor,
+                    mQpe: cute.Tensor):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        alloc = cutlass.utils.SmemAllocator()
+        red = alloc.allocate_tensor(Float32, cute.make_layout(n_out * ksplit), byte_alignment=16)
+        red_ss = alloc.allocate_tensor(Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16)
+        red_p = alloc.allocate_tensor(Float32, cute.make_layout(warps), byte_alignment=16)
+        if bidx < gemv_ctas:
+            body(mW, mX, mG, mR, mY, mRs, red, red_ss, tidx, bidx)
+        else:
+            cute.arch.griddepcontrol_wait()
+            prep_body(prep, 32 * warps, bidx - gemv_ctas, tidx, mQkv, mX, mPos, mNorm, mCS,
+                      mCache, mQpe, red_p)  # fmt: skip
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
-    def host(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
-             mY: cute.Tensor, mRs: cute.Tensor, stream):  # fmt: skip
-        kernel(mW, mX, mG, mR, mY, mRs).launch(
-            grid=[n_rows // rows_cta, 1, 1],
+    def host_prep(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
+                  mY: cute.Tensor, mRs: cute.Tensor, mQkv: cute.Tensor, mPos: cute.Tensor,
+                  mNorm: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor,
+                  stream):  # fmt: skip
+        kernel_prep(mW, mX, mG, mR, mY, mRs, mQkv, mPos, mNorm, mCS, mCache, mQpe).launch(
+            grid=[gemv_ctas + prep.batch, 1, 1],
             block=[32 * warps, 1, 1],
-            smem=smem_bytes,
+            smem=smem_bytes + 4 * warps + 64,
             stream=stream,
             use_pdl=True,
         )
 
-    return host
+    return host_prep
 
 
-def compile_gemv(spec: GemvSpec) -> Any:
+def compile_gemv(spec: GemvSpec, prep: Any = None) -> Any:
     """Compile once for `spec`; call as f(W, X, gamma, resid, Y, rs) with torch tensors.
 
     Unused gamma / resid / rs take any small tensor of the declared shape (see `dummy_shapes`).
     """
     g_len = spec.k if spec.norm else 8
     r_shape = (spec.m, spec.n) if spec.resid else (1, 8)
-    return compile_tvm_ffi(
-        build_gemv(spec),
+    args = [
         fake(BFloat16, (spec.n, spec.k)),
         fake(BFloat16, (spec.m, spec.x_cols)),
         fake(BFloat16, (g_len,)),
         fake(BFloat16, r_shape),
         fake(Float32 if spec.out_f32 else BFloat16, (spec.m, spec.out_cols)),
         fake(Float32, (spec.m,)),
-    )
+    ]
+    if prep is not None:
+        from agentab.kernels.cute.mla_prep import prep_fakes
+
+        args += prep_fakes(prep)
+    return compile_tvm_ffi(build_gemv(spec, prep), *args)
 
 
 def dummy_shapes(spec: GemvSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -37,57 +37,72 @@ class PrepSpec:
                         max_len, max_pos, cfg.rms_eps)  # fmt: skip
 
 
-def build_prep(spec: PrepSpec) -> Any:
+@cute.jit
+def prep_body(spec: PrepSpec, nthreads: int, b, tidx, mQkv: cute.Tensor, mQ: cute.Tensor,
+              mPos: cute.Tensor, mNorm: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor,
+              mQpe: cute.Tensor, red: cute.Tensor):  # fmt: skip
+    """One token's preparation by one CTA of `nthreads` threads (`red`: nthreads/32 floats)."""
     kvl, rope, nh = spec.kv_lora, spec.rope, spec.n_heads
     half = rope // 2
     qkh = spec.qk_nope + rope
-    per_thread = kvl // THREADS
-    if kvl % (THREADS * 1) or kvl // 32 < 1:
-        raise ValueError("kv_lora must be a multiple of 128")
+    per_thread = kvl // nthreads
+    nwarps = nthreads // 32
     qkv_cols = spec.q_lora + kvl + rope
     pairs = (nh + 1) * half
+    lane = tidx % 32
+    warp = tidx // 32
+    pos = mPos[b]
+    ss = Float32(0.0)
+    for i in cutlass.range_constexpr(per_thread):
+        v = mQkv[b, spec.q_lora + tidx * per_thread + i].to(Float32)
+        ss = ss + v * v
+    ss = cute.arch.warp_reduction_sum(ss)
+    if lane == 0:
+        red[warp] = ss
+    cute.arch.sync_threads()
+    tot = Float32(0.0)
+    for w in cutlass.range_constexpr(nwarps):
+        tot = tot + red[w]
+    rs = cute.math.rsqrt(tot / Float32(kvl) + Float32(spec.eps))
+    for i in cutlass.range_constexpr(per_thread):
+        c = tidx * per_thread + i
+        v = mQkv[b, spec.q_lora + c].to(Float32) * rs * mNorm[c].to(Float32)
+        mCache[b, pos, c] = v.to(BFloat16)
+    for p in range(tidx, pairs, nthreads):
+        vec = p // half
+        i = p % half
+        cos = mCS[pos, i]
+        sin = mCS[pos, half + i]
+        if vec == nh:
+            x1 = mQkv[b, qkv_cols - rope + i].to(Float32)
+            x2 = mQkv[b, qkv_cols - rope + half + i].to(Float32)
+            mCache[b, pos, kvl + i] = (x1 * cos - x2 * sin).to(BFloat16)
+            mCache[b, pos, kvl + half + i] = (x2 * cos + x1 * sin).to(BFloat16)
+        else:
+            base = vec * qkh + spec.qk_nope
+            x1 = mQ[b, base + i].to(Float32)
+            x2 = mQ[b, base + half + i].to(Float32)
+            mQpe[b, vec, i] = (x1 * cos - x2 * sin).to(BFloat16)
+            mQpe[b, vec, half + i] = (x2 * cos + x1 * sin).to(BFloat16)
+
+
+def check_prep(spec: PrepSpec, nthreads: int) -> None:
+    if spec.kv_lora % nthreads or nthreads % 32:
+        raise ValueError(f"kv_lora must be a multiple of the {nthreads} threads")
+
+
+def build_prep(spec: PrepSpec) -> Any:
+    check_prep(spec, THREADS)
 
     @cute.kernel
     def kernel(mQkv: cute.Tensor, mQ: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,
                mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         b, _, _ = cute.arch.block_idx()
-        lane = tidx % 32
-        warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
-        red = alloc.allocate_tensor(Float32, cute.make_layout(4), byte_alignment=16)
+        red = alloc.allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
         cute.arch.griddepcontrol_wait()
-        pos = mPos[b]
-        ss = Float32(0.0)
-        for i in cutlass.range_constexpr(per_thread):
-            v = mQkv[b, spec.q_lora + tidx * per_thread + i].to(Float32)
-            ss = ss + v * v
-        ss = cute.arch.warp_reduction_sum(ss)
-        if lane == 0:
-            red[warp] = ss
-        cute.arch.sync_threads()
-        tot = red[0] + red[1] + red[2] + red[3]
-        rs = cute.math.rsqrt(tot / Float32(kvl) + Float32(spec.eps))
-        for i in cutlass.range_constexpr(per_thread):
-            c = tidx * per_thread + i
-            v = mQkv[b, spec.q_lora + c].to(Float32) * rs * mNorm[c].to(Float32)
-            mCache[b, pos, c] = v.to(BFloat16)
-        for p in range(tidx, pairs, THREADS):
-            vec = p // half
-            i = p % half
-            cos = mCS[pos, i]
-            sin = mCS[pos, half + i]
-            if vec == nh:
-                x1 = mQkv[b, qkv_cols - rope + i].to(Float32)
-                x2 = mQkv[b, qkv_cols - rope + half + i].to(Float32)
-                mCache[b, pos, kvl + i] = (x1 * cos - x2 * sin).to(BFloat16)
-                mCache[b, pos, kvl + half + i] = (x2 * cos + x1 * sin).to(BFloat16)
-            else:
-                base = vec * qkh + spec.qk_nope
-                x1 = mQ[b, base + i].to(Float32)
-                x2 = mQ[b, base + half + i].to(Float32)
-                mQpe[b, vec, i] = (x1 * cos - x2 * sin).to(BFloat16)
-                mQpe[b, vec, half + i] = (x2 * cos + x1 * sin).to(BFloat16)
+        prep_body(spec, THREADS, b, tidx, mQkv, mQ, mPos, mNorm, mCS, mCache, mQpe, red)
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
@@ -98,6 +113,20 @@ def build_prep(spec: PrepSpec) -> Any:
         )
 
     return host
+
+
+def prep_fakes(spec: PrepSpec) -> list:
+    """Fake tensors of the preparation's own arguments, in the fused GEMV's order
+    (qkv, positions, kv_a_norm, cos_sin, cache, q_pe_out; q is the GEMV's input)."""
+    b, kvl, rope = spec.batch, spec.kv_lora, spec.rope
+    return [
+        fake(BFloat16, (b, spec.q_lora + kvl + rope)),
+        fake(Int32, (b,)),
+        fake(BFloat16, (kvl,)),
+        fake(Float32, (spec.max_pos, rope)),
+        fake(BFloat16, (b, spec.max_len, kvl + rope)),
+        fake(BFloat16, (b, spec.n_heads, rope)),
+    ]
 
 
 def compile_prep(spec: PrepSpec) -> Any:

@@ -15,8 +15,8 @@ the segments in turn, stream the expert's down rows for the CTA's slice, and sum
 result per token into per-warp slices of shared memory; the epilogue adds the slices in a fixed
 order and the residual. No atomics, so the sum over shared and routed experts is deterministic.
 Together they read each touched expert's weights once per step (once per segment when more than
-8 tokens chose an expert: the shared expert at batch > 8). Routing supports n_group == 1 (Kimi-K2's config); the grouped variant runs in
-the standard path and the reference.
+8 tokens chose an expert: the shared expert at batch > 8). Routing supports n_group == 1
+(Kimi-K2's config); the grouped variant runs in the standard path and the reference.
 """
 
 # No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.

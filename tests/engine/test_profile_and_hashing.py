@@ -22,7 +22,7 @@ def test_builtin_profiles_load():
     p = load_profile("gb300-tp16-kimi-k3")
     assert (p.gpu_count, p.tp, p.num_layers, p.status) == (16, 16, 56, "published-derived")
     assert p.content_hash == hashlib.sha256(GB300.read_bytes()).hexdigest()
-    assert load_profile("h200-tp1-kimi-shard").status == "unmeasured-placeholder"
+    assert load_profile("h200-tp1-kimi-shard").status == "measured"
     assert load_profile(GB300).content_hash == p.content_hash
 
 

@@ -94,11 +94,20 @@ def chunk_table(records: pl.LazyFrame) -> pl.LazyFrame:
     Only the report's over-time plots need this; it explodes the chunk lists, so it is never
     part of the summary path.
     """
+    times = pl.col("chunk_times_s")
+    reported = pl.col("chunk_tokens")
+    # Servers that do not report tokens per chunk (vLLM streams) leave chunk_tokens null: spread
+    # the request's completion tokens evenly over its chunks, which keeps per-request totals exact.
+    spread = times.list.eval(pl.element() * 0.0 + 1.0) * (
+        pl.col("completion_tokens") / times.list.len()
+    )
     return (
         records.filter(OK & PROFILING)
         .select(
-            t_s=pl.col("sent_s") + pl.col("chunk_times_s"),
-            tokens=pl.col("chunk_tokens"),
+            t_s=pl.col("sent_s") + times,
+            tokens=pl.when(reported.list.len() == times.list.len())
+            .then(reported.cast(pl.List(pl.Float64)))
+            .otherwise(spread),
         )
         .explode("t_s", "tokens")
         .drop_nulls()

@@ -20,26 +20,6 @@ from tests.vllm.helpers import multi_turn_workload, write_experiment, write_work
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _report_reads_streams_without_token_ids() -> bool:
-    """Whether the report can plot records whose `chunk_tokens` is null, as vLLM's are.
-
-    vLLM streams carry no per-chunk token ids unless asked (docs/interfaces.md, run dir), and
-    `agentab.analysis.metrics.chunk_table` (report.html's over-time plots) must cope with that.
-    """
-    import polars as pl
-
-    from agentab.analysis.metrics import chunk_table
-    from agentab.replay.records import RECORD_SCHEMA
-
-    row = {name: None for name in RECORD_SCHEMA}
-    row.update(phase="profiling", sent_s=0.0, chunk_times_s=[0.1, 0.2], completion_tokens=2)
-    try:
-        chunk_table(pl.LazyFrame([row], schema=RECORD_SCHEMA)).collect()
-    except pl.exceptions.ShapeError:
-        return False
-    return True
-
-
 def agentab(*args: str) -> list[str]:
     return [sys.executable, "-m", "agentab", *args]
 
@@ -85,11 +65,6 @@ def assert_server_gone(run_dir: Path) -> None:
 
 
 @pytest.mark.vllm
-@pytest.mark.xfail(
-    not _report_reads_streams_without_token_ids(),
-    reason="agentab.analysis.metrics.chunk_table fails on null chunk_tokens (report.html)",
-    strict=True,
-)
 def test_aa_experiment_with_two_vllm_arms(tmp_path: Path, vllm_python: str) -> None:
     """auto vs latency_specialized on the CPU build, where vLLM ignores the key: an A/A test."""
     exp = experiment(

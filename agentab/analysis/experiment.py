@@ -19,19 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentab.engine.sim import OPTIONS as SIMULATOR_OPTIONS
 from agentab.errors import AgentabError
 
 ENGINE_KINDS = ("simulator", "http", "vllm")
-SIMULATOR_KEYS = (
-    "profile",
-    "num_draft_tokens",
-    "acceptance_length",
-    "acceptance_probs",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_blocks",
-    "block_size",
-)
+# The simulator's own option list; its seed comes from the experiment's seed (+ repeat).
+SIMULATOR_KEYS = ("profile", *(key for key in SIMULATOR_OPTIONS if key != "seed"))
 HTTP_KEYS = ("model", "api_key_env")  # also the [engine] keys of vLLM attach mode
 TOP_KEYS = (
     "name",

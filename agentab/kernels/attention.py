@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from agentab.kernels.config import LayerConfig
+from agentab.kernels.config import LayerConfig, kernels_version
 
 
 def mla_decode_torch(
@@ -130,14 +130,33 @@ def _build_triton() -> tuple:
 BLOCK_N = 32
 
 
-def split_plan(batch: int, max_len: int, n_sms: int = 132) -> tuple[int, int]:
-    """(number of splits, tokens per split): about two programs per SM over the whole batch."""
+def split_plan(batch: int, max_len: int, n_sms: int = 132, version: int | None = None) -> tuple:
+    """(number of splits, tokens per split): about two programs per SM over the whole batch.
+
+    Version 8 kept at least two blocks of tokens per split, which at batch 1-4 and context 4096
+    left 43 programs for 132 SMs; version 9 allows one block per split (129 programs at batch 1
+    and 2, 65 splits at batch 3-4) and leaves batch >= 5 as it was.
+    """
+    v = kernels_version() if version is None else version
     blocks = max(1, math.ceil(max_len / BLOCK_N))
     want = max(1, math.ceil(2 * n_sms / batch))
-    n_splits = min(max(1, blocks // 2), want)  # at least two blocks of tokens per split
+    # Version 8: at least two blocks of tokens per split; version 9: at least one.
+    n_splits = min(blocks, want) if v >= 9 else min(max(1, blocks // 2), want)
     split_len = math.ceil(blocks / n_splits) * BLOCK_N
     n_splits = math.ceil(max_len / split_len)
     return n_splits, split_len
+
+
+def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132,
+                 version: int | None = None) -> int:  # fmt: skip
+    """Channels per combine program: 128 (version 8); version 9 halves it down to 32 until there
+    are two programs per SM, so batch 1 reads its partials with 256 programs instead of 64."""
+    v = kernels_version() if version is None else version
+    ct = min(128, kvl)
+    if v >= 9:
+        while ct > 32 and batch * n_heads * (kvl // ct) < 2 * n_sms:
+            ct //= 2
+    return ct
 
 
 def mla_decode_triton(
@@ -165,12 +184,12 @@ def mla_decode_triton(
         nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=BLOCK_N, num_warps=8, num_stages=2,
     )  # fmt: skip
     out = torch.empty(b, nh, kvl, device=q_lat.device, dtype=torch.bfloat16)
-    ct = min(128, kvl)
+    ct = combine_tile(b, nh, kvl)
     combine_kernel[(b, nh, kvl // ct)](
         part_o, part_ml, out, n_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
         out.stride(0), out.stride(1),
-        KVL=kvl, BLOCK_S=max(2, 1 << (n_splits - 1).bit_length()), CHUNK=16, CT=ct,
+        KVL=kvl, BLOCK_S=max(2, 1 << (n_splits - 1).bit_length()), CHUNK=2048 // ct, CT=ct,
         num_warps=4,
     )  # fmt: skip
     return out

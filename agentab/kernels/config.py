@@ -8,12 +8,32 @@ count bytes on any machine.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 from agentab.errors import AgentabError
 
 BF16_BYTES = 2
 HBM_ROOFLINE_BYTES_PER_S = 4.3e12  # REFERENCE.md section 7: this workplace's H200, measured copy
+KERNEL_VERSIONS = (8, 9, 10)  # benchmarks/kernels/NOTES.md says what each one changed
+DEFAULT_KERNEL_VERSION = 8
+VERSION_ENV = "AGENTAB_KERNELS_VERSION"
+
+
+def kernels_version() -> int:
+    """The kernel version the paths build now: $AGENTAB_KERNELS_VERSION or the default.
+
+    Read at each call (not at import), so one process can build and time both versions. It
+    selects the MoE kernels of the specialized path and the attention split plan shared by both
+    paths (see NOTES.md for what each version changed and measured).
+    """
+    raw = os.environ.get(VERSION_ENV, "").strip()
+    if not raw:
+        return DEFAULT_KERNEL_VERSION
+    if raw not in {str(v) for v in KERNEL_VERSIONS}:
+        known = ", ".join(map(str, KERNEL_VERSIONS))
+        raise AgentabError(f"${VERSION_ENV}: {raw!r} is not a kernel version (known: {known})")
+    return int(raw)
 
 
 @dataclass(frozen=True)

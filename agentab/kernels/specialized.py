@@ -18,8 +18,8 @@ Batch 5..64: the attention half is the standard path's (cuBLAS uses tensor cores
 the SIMT GEMV stops paying: measured 1.3 TB/s at M=8 against cuBLAS's 2.8) and the MoE half is
 kernels 10-11, whose per-expert token count stays small at these batch sizes.
 
-Each GEMV shape is compiled once per batch size (1..4); the MoE kernels once, for up to 64
-tokens (the token count is a kernel argument).
+Each GEMV shape is compiled once per batch size (1..4); the MoE kernels once per kernel version
+(`config.kernels_version()`), for up to 64 tokens (the token count is a kernel argument).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentab.kernels.config import LayerConfig
+from agentab.kernels.config import LayerConfig, kernels_version
 from agentab.kernels.reference import rope_cos_sin
 from agentab.kernels.standard import StandardPath, StepOut
 from agentab.kernels.weights import DecodeState, LayerWeights
@@ -40,6 +40,8 @@ M_MAX = 64
 # The MLA preparation runs as extra CTAs of the absorbed-query GEMV (one launch fewer); set
 # AGENTAB_KERNELS_FUSE_PREP=0 to launch it as its own kernel.
 FUSE_PREP = os.environ.get("AGENTAB_KERNELS_FUSE_PREP", "1") != "0"
+# Kernel version 10 streams these projections with `cute/gemv_stream.py` (cp.async rings).
+STREAMED = ("qkv_a", "q_b", "o_proj")
 _compiled: dict[Any, Any] = {}
 
 
@@ -76,18 +78,25 @@ def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
 def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dict[str, Any]:
     """Compile (or fetch) every CuTe DSL kernel the path needs at this batch size."""
     from agentab.kernels.cute.gemv import compile_gemv
+    from agentab.kernels.cute.gemv_stream import compile_gemv_stream, stream_plan
     from agentab.kernels.cute.mla_prep import PrepSpec, compile_prep
     from agentab.kernels.cute.moe import MoeSpec, compile_moe
 
     out: dict[str, Any] = {}
     moe_spec = MoeSpec.from_config(cfg, M_MAX)
+    version = kernels_version()
     out["moe_spec"] = moe_spec
-    out["moe"] = _cached(("moe", moe_spec), lambda: compile_moe(moe_spec))
+    moe_version = min(version, 9)  # version 10 changed only the dense GEMVs
+    out["moe"] = _cached(
+        ("moe", moe_spec, moe_version), lambda: compile_moe(moe_spec, version=moe_version)
+    )
     if batch <= SMALL:
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)
         for name, spec in gemv_specs(cfg, batch).items():
             if name == "absorb" and FUSE_PREP:
                 fn = _cached(("gemv+prep", spec, pspec), lambda s=spec: compile_gemv(s, pspec))
+            elif version >= 10 and name in STREAMED and stream_plan(spec) is not None:
+                fn = _cached(("gemv-stream", spec), lambda s=spec: compile_gemv_stream(s))
             else:
                 fn = _cached(("gemv", spec), lambda s=spec: compile_gemv(s))
             out[name] = (spec, fn)

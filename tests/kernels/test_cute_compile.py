@@ -70,3 +70,45 @@ def test_gemv_plan_fills_the_gpu() -> None:
     assert (rw, ksplit, unroll) == (1, 4, 1)  # 384 CTAs of 4 warps, each warp 7 of 28 chunks
     rw, ksplit, unroll = plan(GemvSpec(n=2112, k=7168, m=1, x_cols=7168, out_cols=2112))
     assert 2112 // (rw * unroll) >= 264 and ksplit == 4
+
+
+def _before_wait(ptx: str, op: str) -> int:
+    return ptx[: ptx.index("griddepcontrol.wait")].count(op)
+
+
+def test_moe_version_9_requests_the_shared_expert_before_the_pdl_wait(k2) -> None:
+    from agentab.kernels.cute.moe import MoeSpec, compile_moe
+
+    up, down = compile_moe(MoeSpec.from_config(k2), version=9)
+    # moe_up: 7 chunks x (gate, up) per lane of the first item; moe_down: 16 rows for warp 0.
+    assert _before_wait(up.__ptx__, "cp.async.cg.shared.global") == 14
+    assert _before_wait(down.__ptx__, "cp.async.cg.shared.global") == 16
+    assert "ld.global.L1::no_allocate.v4" in up.__ptx__
+    assert not _ops(up.__ptx__) & {"ld.local", "st.local"}
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_streaming_gemvs_compile_without_spills(k2, batch: int) -> None:
+    from agentab.kernels.cute.gemv_stream import compile_gemv_stream, stream_plan
+    from agentab.kernels.specialized import STREAMED, gemv_specs
+
+    for name, spec in gemv_specs(k2, batch).items():
+        if name not in STREAMED:
+            continue
+        _warps, _rw, stages = stream_plan(spec)
+        ptx = compile_gemv_stream(spec).__ptx__
+        assert _before_wait(ptx, "cp.async.cg.shared.global") == stages, name
+        assert not _ops(ptx) & {"ld.local", "st.local"}, f"{name} spills to local memory"
+
+
+def test_stream_plans_for_the_k2_shard() -> None:
+    from agentab.kernels.config import PRESETS
+    from agentab.kernels.cute.gemv_stream import stream_plan
+    from agentab.kernels.specialized import gemv_specs
+
+    plans = {n: stream_plan(s) for n, s in gemv_specs(PRESETS["k2-tp8-shard"], 1).items()}
+    # (warps, rows per warp, ring stages): qkv_a 132 CTAs, q_b 256, o_proj 256.
+    assert plans["qkv_a"] == (8, 2, 40)
+    assert plans["q_b"] == (6, 2, 12)
+    assert plans["o_proj"] == (7, 4, 28)
+    assert plans["router"] is None and plans["absorb"] is None and plans["uv"] is None

@@ -73,6 +73,18 @@ class MoeSpec:
         return self.n_assign + self.m_max
 
 
+def _weight_atom(stream_hint: bool) -> Any:
+    """The 128-bit load of expert weights; with `stream_hint` (version 9) it does not allocate in
+    L1: each weight byte is read once, and the activations that are re-read keep the L1."""
+    if stream_hint:
+        op = cute.nvgpu.CopyG2ROp()
+        return cute.make_copy_atom(
+            op, BFloat16, num_bits_per_copy=128,
+            l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE,
+        )  # fmt: skip
+    return cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+
+
 @cute.jit
 def _warp_argmax(val: Float32, idx: Int32, aux: Float32) -> tuple:
     """Warp-wide max of val (ties -> lower idx), carrying idx and aux along."""
@@ -89,11 +101,17 @@ def _warp_argmax(val: Float32, idx: Int32, aux: Float32) -> tuple:
 
 
 @cute.jit
-def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
-             seg_e, seg_start, seg_len, tidx, warp, lane):  # fmt: skip
-    """Build the work list in shared memory (called by every CTA of moe_up)."""
+def _routing(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, sel_e, sel_w, cnt, off,
+             segoff, sorted_a, seg_e, seg_start, seg_len, tidx, warp, lane):  # fmt: skip
+    """Build the work list in shared memory (called by every CTA of moe_up).
+
+    With `shared_first` the shared expert's segments come first (segment 0.. ceil(m/8) - 1), so
+    the kernels know before the PDL wait which weights their first work item reads.
+    """
     e_per_lane = spec.n_experts // 32
     k, n_exp = spec.top_k, spec.n_experts
+    sh = 0 if shared_first else n_exp  # slot of the shared expert in cnt/off/segoff
+    eoff = 1 if shared_first else 0  # slot of routed expert e is e + eoff
     # 1. top-k per token: one warp per token.
     for t in range(warp, m, WARPS):
         biased = cute.make_rmem_tensor(cute.make_layout(e_per_lane), Float32)
@@ -127,17 +145,18 @@ def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, s
             for kk in cutlass.range_constexpr(k):
                 sel_w[t * k + kk] = sel_w[t * k + kk] * scale
     cute.arch.sync_threads()
-    # 2. tokens per expert (deterministic: a thread scans the assignments in order).
+    # 2. tokens per expert (deterministic: a thread scans the assignments in order). Slot v of
+    # cnt/off/segoff is the shared expert at v == sh, routed expert v - eoff otherwise.
     n_assign = m * k
-    for e in range(tidx, n_exp + 1, THREADS):
+    for v in range(tidx, n_exp + 1, THREADS):
         c = Int32(0)
-        if e == n_exp:
+        if v == sh:
             c = m
         else:
             for a in range(n_assign):
-                if sel_e[a] == e:
+                if sel_e[a] == v - eoff:
                     c = c + 1
-        cnt[e] = c
+        cnt[v] = c
     cute.arch.sync_threads()
     # 3. exclusive prefix sums of counts and of segment counts (warp 0, 32 lanes x a run each).
     if warp == 0:
@@ -172,11 +191,13 @@ def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, s
             segoff[n_exp + 1] = inc_seg
     cute.arch.sync_threads()
     # 4. scatter assignments into expert order and cut segments.
-    for e in range(tidx, n_exp + 1, THREADS):
-        c = cnt[e]
+    for v in range(tidx, n_exp + 1, THREADS):
+        c = cnt[v]
         if c > 0:
-            base = off[e]
-            if e == n_exp:
+            base = off[v]
+            e = v - eoff
+            if v == sh:
+                e = Int32(n_exp)
                 for t in range(m):
                     sorted_a[base + t] = n_assign + t
             else:
@@ -185,7 +206,7 @@ def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, s
                     if sel_e[a] == e:
                         sorted_a[base + pos] = a
                         pos = pos + 1
-            sb = segoff[e]
+            sb = segoff[v]
             for q in range((c + (SEG - 1)) // SEG):
                 seg_e[sb + q] = e
                 seg_start[sb + q] = base + q * SEG
@@ -197,7 +218,14 @@ def _routing(spec: MoeSpec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, s
     cute.arch.sync_threads()
 
 
-def build_moe_up(spec: MoeSpec, grid: int) -> Any:
+def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
+    """Trace moe_up. Version 8: the work list in expert order, the shared expert last.
+
+    Version 9: the shared expert's segments first, so item b < tiles (segment 0, the shared
+    expert, rows b * rslots ..) is known before the PDL wait: those CTAs issue its weight loads
+    first and stream them while the router drains and while they build the work list; 1/rms is
+    loaded right after the wait instead of after the routing.
+    """
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     ch = hid // 256  # 16-byte chunks per lane
     kq = 4 if ch % 4 == 0 else 1  # warps splitting the hidden dim of one row pair
@@ -205,16 +233,97 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
     rslots = WARPS // kq  # intermediate rows per item
     if hid % 256 or inter % rslots or spec.n_experts % 32:
         raise ValueError("hidden % 256, inter % row slots and n_experts % 32 must be 0")
+    if version not in (8, 9):
+        raise ValueError(f"moe_up version {version}: 8 or 9")
     tiles = inter // rslots
     n_exp = spec.n_experts
     ns = spec.n_assign
     n_red = rslots * SEG * kq * 2
+    v9 = version >= 9
     smem_bytes = (
         4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + 2 * n_red)
         + 4 * spec.m_max
         + 2 * hid
         + 1024
     )
+    carveout = 50
+    if v9:
+        smem_bytes += 2 * chq * THREADS * 16 + 128  # the first item's prefetched weights
+        # Two CTAs of 89 KB per SM: 85% of 228 KB rounds up to the 196 KB configuration, which
+        # leaves 60 KB of L1 for the activations (100% would leave 28 KB).
+        carveout = 85
+
+    @cute.jit
+    def load_rows(mW13: cute.Tensor, e, ii, c0, lane, gw: list, uw: list):
+        """Issue the 16-byte loads of one warp's part of gate row ii and up row inter + ii."""
+        atom = _weight_atom(v9)
+        for c in cutlass.range_constexpr(chq):
+            kc = (c0 + c) * 32 + lane
+            cute.copy(atom, cute.local_tile(mW13[e, ii, None], (8,), (kc,)), gw[c])
+            cute.copy(atom, cute.local_tile(mW13[e, inter + ii, None], (8,), (kc,)), uw[c])
+
+    def frags() -> list:
+        return [cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(chq)]
+
+    @cute.jit
+    def do_item(item, rb, gw: list, uw: list, m, mX: cute.Tensor, mAct: cute.Tensor,
+                sorted_a: cute.Tensor, seg_start: cute.Tensor, seg_len: cute.Tensor,
+                red: cute.Tensor, rs_s: cute.Tensor, gam_s: cute.Tensor, tidx, slot, q, c0,
+                lane):  # fmt: skip
+        """One (segment, rslots rows) item whose weights are in gw/uw (loads in flight)."""
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        s = item // tiles
+        start = seg_start[s]
+        ln = seg_len[s]
+        for j in cutlass.range_constexpr(SEG):
+            if j < ln:
+                a = sorted_a[start + j]
+                t = a // k
+                if a >= m * k:
+                    t = a - m * k
+                xs = []
+                for c in cutlass.range_constexpr(chq):
+                    kc = (c0 + c) * 32 + lane
+                    xsrc = cute.local_tile(mX[t, None], (8,), (kc,))
+                    xfr = cute.make_fragment_like(xsrc)
+                    cute.copy(atom, xsrc, xfr)
+                    xs.append(xfr)
+                ag = Float32(0.0)
+                au = Float32(0.0)
+                for c in cutlass.range_constexpr(chq):
+                    kc = (c0 + c) * 32 + lane
+                    gv = cute.local_tile(gam_s, (8,), (kc,)).load().to(Float32)
+                    xv = xs[c].load().to(Float32) * gv
+                    ag = ag + (gw[c].load().to(Float32) * xv).reduce(
+                        cute.ReductionOp.ADD, Float32(0.0), 0
+                    )
+                    au = au + (uw[c].load().to(Float32) * xv).reduce(
+                        cute.ReductionOp.ADD, Float32(0.0), 0
+                    )
+                ag = cute.arch.warp_reduction_sum(ag)
+                au = cute.arch.warp_reduction_sum(au)
+                if lane == 0:
+                    red[rb + ((slot * SEG + j) * kq + q) * 2] = ag
+                    red[rb + ((slot * SEG + j) * kq + q) * 2 + 1] = au
+        cute.arch.sync_threads()
+        if tidx < rslots * SEG:
+            sl = tidx // SEG
+            j = tidx % SEG
+            if j < ln:
+                g = Float32(0.0)
+                u = Float32(0.0)
+                for p in cutlass.range_constexpr(kq):
+                    g = g + red[rb + ((sl * SEG + j) * kq + p) * 2]
+                    u = u + red[rb + ((sl * SEG + j) * kq + p) * 2 + 1]
+                a = sorted_a[start + j]
+                t = a // k
+                if a >= m * k:
+                    t = a - m * k
+                r = rs_s[t]
+                g = g * r
+                u = u * r
+                act = g / (Float32(1.0) + cute.math.exp(-g)) * u
+                mAct[start + j, (item % tiles) * rslots + sl] = act.to(BFloat16)
 
     @cute.kernel
     def kernel(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
@@ -242,14 +351,49 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
         red = alloc.allocate_tensor(Float32, cute.make_layout(2 * n_red), byte_alignment=16)
         rs_s = alloc.allocate_tensor(Float32, cute.make_layout(spec.m_max), byte_alignment=16)
         gam_s = alloc.allocate_tensor(BFloat16, cute.make_layout(hid), byte_alignment=16)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        # Items are (segment, RSLOTS intermediate rows); the KQ warps of a row slot split the
+        # hidden dim, each issuing all its gate/up loads before touching x.
+        slot = warp // kq
+        q = warp % kq
+        c0 = q * chq
+        # Version 9: item bidx (< tiles) is the shared expert's (segment 0): its weights are
+        # constants, so they are requested before anything else.
+        pre = bidx < tiles
+        gw0 = []
+        uw0 = []
+        if cutlass.const_expr(v9):
+            # cp.async into this thread's own slots of `pbuf` (no registers held across the
+            # routing); the thread reads back only what it copied, so wait_group needs no barrier.
+            pbuf = alloc.allocate_tensor(
+                BFloat16, cute.make_layout(2 * chq * THREADS * 8), byte_alignment=128
+            )
+            for c in cutlass.range_constexpr(chq):
+                gw0.append(cute.local_tile(pbuf, (8,), ((2 * c) * THREADS + tidx,)))
+                uw0.append(cute.local_tile(pbuf, (8,), ((2 * c + 1) * THREADS + tidx,)))
+            if pre:
+                casync = cute.make_copy_atom(
+                    cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL),
+                    BFloat16,
+                    num_bits_per_copy=128,
+                )
+                ii0 = bidx * rslots + slot
+                for c in cutlass.range_constexpr(chq):
+                    kc = (c0 + c) * 32 + lane
+                    cute.copy(casync, cute.local_tile(mW13[n_exp, ii0, None], (8,), (kc,)),
+                              gw0[c])  # fmt: skip
+                    cute.copy(casync, cute.local_tile(mW13[n_exp, inter + ii0, None], (8,), (kc,)),
+                              uw0[c])  # fmt: skip
+                cute.arch.cp_async_commit_group()
         # The norm weight is a constant: stage it in shared memory before the PDL wait.
         for i in range(tidx, hid // 8, THREADS):
             gsrc = cute.local_tile(mGamma, (8,), (i,))
             gdst = cute.local_tile(gam_s, (8,), (i,))
             cute.autovec_copy(gsrc, gdst)
         cute.arch.griddepcontrol_wait()
-        _routing(spec, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
+        if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
+            if tidx < m:
+                rs_s[tidx] = mRs[tidx]
+        _routing(spec, v9, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
                  seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
         n_seg = segoff[n_exp + 1]
         if bidx == 0:
@@ -266,84 +410,28 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
             if tidx == 0:
                 mSegs[spec.max_segments, 0] = n_seg
                 mSegs[spec.max_segments, 1] = m
-        if tidx < m:
-            rs_s[tidx] = mRs[tidx]
-        cute.arch.sync_threads()
-        # Items are (segment, RSLOTS intermediate rows); the KQ warps of a row slot split the
-        # hidden dim, each issuing all its gate/up/gamma loads before touching x.
-        slot = warp // kq
-        q = warp % kq
-        c0 = q * chq
-        for item in range(bidx, n_seg * tiles, grid):
+        if cutlass.const_expr(not v9):
+            if tidx < m:
+                rs_s[tidx] = mRs[tidx]
+            cute.arch.sync_threads()
+        first = bidx
+        if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
+            if pre:
+                cute.arch.cp_async_wait_group(0)
+                do_item(bidx, 0, gw0, uw0, m, mX, mAct, sorted_a, seg_start, seg_len, red, rs_s,
+                        gam_s, tidx, slot, q, c0, lane)  # fmt: skip
+                first = bidx + grid
+        for item in range(first, n_seg * tiles, grid):
             # Partial sums alternate between two halves of `red`, so one barrier per item is
             # enough: item i+2 reuses a half only after every thread passed item i+1's barrier.
             rb = (((item - bidx) // grid) % 2) * n_red
             s = item // tiles
             ii = (item % tiles) * rslots + slot
-            e = seg_e[s]
-            start = seg_start[s]
-            ln = seg_len[s]
-            gw = []
-            uw = []
-            for c in cutlass.range_constexpr(chq):
-                kc = (c0 + c) * 32 + lane
-                gsrc = cute.local_tile(mW13[e, ii, None], (8,), (kc,))
-                gfr = cute.make_fragment_like(gsrc)
-                cute.copy(atom, gsrc, gfr)
-                gw.append(gfr)
-                usrc = cute.local_tile(mW13[e, inter + ii, None], (8,), (kc,))
-                ufr = cute.make_fragment_like(usrc)
-                cute.copy(atom, usrc, ufr)
-                uw.append(ufr)
-            for j in cutlass.range_constexpr(SEG):
-                if j < ln:
-                    a = sorted_a[start + j]
-                    t = a // k
-                    if a >= m * k:
-                        t = a - m * k
-                    xs = []
-                    for c in cutlass.range_constexpr(chq):
-                        kc = (c0 + c) * 32 + lane
-                        xsrc = cute.local_tile(mX[t, None], (8,), (kc,))
-                        xfr = cute.make_fragment_like(xsrc)
-                        cute.copy(atom, xsrc, xfr)
-                        xs.append(xfr)
-                    ag = Float32(0.0)
-                    au = Float32(0.0)
-                    for c in cutlass.range_constexpr(chq):
-                        kc = (c0 + c) * 32 + lane
-                        gv = cute.local_tile(gam_s, (8,), (kc,)).load().to(Float32)
-                        xv = xs[c].load().to(Float32) * gv
-                        ag = ag + (gw[c].load().to(Float32) * xv).reduce(
-                            cute.ReductionOp.ADD, Float32(0.0), 0
-                        )
-                        au = au + (uw[c].load().to(Float32) * xv).reduce(
-                            cute.ReductionOp.ADD, Float32(0.0), 0
-                        )
-                    ag = cute.arch.warp_reduction_sum(ag)
-                    au = cute.arch.warp_reduction_sum(au)
-                    if lane == 0:
-                        red[rb + ((slot * SEG + j) * kq + q) * 2] = ag
-                        red[rb + ((slot * SEG + j) * kq + q) * 2 + 1] = au
-            cute.arch.sync_threads()
-            if tidx < rslots * SEG:
-                sl = tidx // SEG
-                j = tidx % SEG
-                if j < ln:
-                    g = Float32(0.0)
-                    u = Float32(0.0)
-                    for p in cutlass.range_constexpr(kq):
-                        g = g + red[rb + ((sl * SEG + j) * kq + p) * 2]
-                        u = u + red[rb + ((sl * SEG + j) * kq + p) * 2 + 1]
-                    a = sorted_a[start + j]
-                    t = a // k
-                    if a >= m * k:
-                        t = a - m * k
-                    r = rs_s[t]
-                    g = g * r
-                    u = u * r
-                    act = g / (Float32(1.0) + cute.math.exp(-g)) * u
-                    mAct[start + j, (item % tiles) * rslots + sl] = act.to(BFloat16)
+            gw = frags()
+            uw = frags()
+            load_rows(mW13, seg_e[s], ii, c0, lane, gw, uw)
+            do_item(item, rb, gw, uw, m, mX, mAct, sorted_a, seg_start, seg_len, red, rs_s,
+                    gam_s, tidx, slot, q, c0, lane)  # fmt: skip
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
@@ -354,30 +442,103 @@ def build_moe_up(spec: MoeSpec, grid: int) -> Any:
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
                            stream=stream, use_pdl=True, min_blocks_per_mp=2,
-                           preferred_smem_carveout=50)  # fmt: skip
+                           preferred_smem_carveout=carveout)  # fmt: skip
 
     return host
 
 
-def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
+def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
     """Each CTA owns `rows_per_cta` output rows; its warps take the segments in turn.
 
     A warp issues the 16-byte loads of all its rows of the expert's down projection and of the
     segment's activations at once, then reduces; each warp sums into its own slice of shared
     memory and the epilogue adds the slices in a fixed order, so the result is deterministic.
+
+    Version 9 (with moe_up's shared-first work list): segment 0 is the shared expert's, so warp
+    0 requests its rows (cp.async) before the PDL wait; the work list, routing
+    weights and the residual are staged after the wait in one round of independent loads
+    (version 8 read the segment count first, then the lists one after another: four dependent
+    L2 round trips before the first weight load, one more for the residual at the end).
     """
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     if inter != 256:
         raise ValueError("moe_down maps one 16-byte chunk per lane: inter must be 256")
     if hid % rows_per_cta:
         raise ValueError("rows_per_cta must divide hidden")
+    if version not in (8, 9):
+        raise ValueError(f"moe_down version {version}: 8 or 9")
+    v9 = version >= 9
     rpc, mm = rows_per_cta, spec.m_max
     grid = hid // rpc
     nseg_max, ns = spec.max_segments, spec.n_assign
+    n_segs_flat = 3 * (nseg_max + 1)
     smem_bytes = 4 * (WARPS * mm * rpc + 3 * nseg_max + spec.rows_act + ns) + 256
+    if v9:
+        smem_bytes += 4 * 3 + 2 * mm * rpc + 16 * rpc * 32 + 256
+
+    @cute.jit
+    def do_seg(s, wv: list, m, mAct: cute.Tensor, segs: cute.Tensor, srt: cute.Tensor,
+               sw: cute.Tensor, acc: cute.Tensor, lane):  # fmt: skip
+        """One segment of one expert whose `rpc` weight rows are in wv (loads in flight)."""
+        tx, _, _ = cute.arch.thread_idx()
+        base = (tx // 32) * mm * rpc
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        start = segs[3 * s + 1]
+        ln = segs[3 * s + 2]
+        av = []
+        for j in cutlass.range_constexpr(SEG):
+            jj = j
+            if jj >= ln:
+                jj = 0
+            asrc = cute.local_tile(mAct[start + jj, None], (8,), (lane,))
+            afr = cute.make_fragment_like(asrc)
+            cute.copy(atom, asrc, afr)
+            av.append(afr)
+        for j in cutlass.range_constexpr(SEG):
+            if j < ln:
+                a = srt[start + j]
+                t = a // k
+                w = Float32(1.0)
+                if a >= m * k:
+                    t = a - m * k
+                else:
+                    w = sw[a]
+                x = av[j].load().to(Float32)
+                for r in cutlass.range_constexpr(rpc):
+                    p = (wv[r].load().to(Float32) * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+                    p = cute.arch.warp_reduction_sum(p)
+                    if lane == 0:
+                        acc[base + t * rpc + r] = acc[base + t * rpc + r] + w * p
+
+    def frags() -> list:
+        return [cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(rpc)]
+
+    @cute.jit
+    def load_rows(mW2: cute.Tensor, e, d0, lane, wv: list):
+        atom = _weight_atom(v9)
+        for r in cutlass.range_constexpr(rpc):
+            cute.copy(atom, cute.local_tile(mW2[e, d0 + r, None], (8,), (lane,)), wv[r])
+
+    @cute.jit
+    def stage(src_at, dst: cute.Tensor, n: int, tidx):
+        """dst[i] = src_at(i) for i < n (compile-time n): every load issued before any store."""
+        rounds = (n + THREADS - 1) // THREADS
+        vals = []
+        for r in cutlass.range_constexpr(rounds):
+            i = tidx + r * THREADS
+            if cutlass.const_expr((r + 1) * THREADS > n):  # noqa: SIM102 (compile-time, runtime)
+                if i >= n:
+                    i = n - 1
+            vals.append(src_at(i))
+        for r in cutlass.range_constexpr(rounds):
+            if cutlass.const_expr((r + 1) * THREADS > n):
+                if tidx + r * THREADS < n:
+                    dst[tidx + r * THREADS] = vals[r]
+            else:
+                dst[tidx + r * THREADS] = vals[r]
 
     @cute.kernel
-    def kernel(m_unused: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
+    def kernel(m_arg: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
                mSegs: cute.Tensor, mSelW: cute.Tensor, mRes: cute.Tensor,
                mOut: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
@@ -386,85 +547,93 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int) -> Any:
         warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
         acc = alloc.allocate_tensor(Float32, cute.make_layout(WARPS * mm * rpc), byte_alignment=16)
-        segs = alloc.allocate_tensor(Int32, cute.make_layout(3 * nseg_max), byte_alignment=16)
+        segs = alloc.allocate_tensor(Int32, cute.make_layout(n_segs_flat), byte_alignment=16)
         srt = alloc.allocate_tensor(Int32, cute.make_layout(spec.rows_act), byte_alignment=16)
         sw = alloc.allocate_tensor(Float32, cute.make_layout(ns), byte_alignment=16)
-        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         for i in range(tidx, WARPS * mm * rpc, THREADS):
             acc[i] = Float32(0.0)
         d0 = bidx * rpc
-        cute.arch.griddepcontrol_wait()
-        n_seg = mSegs[spec.max_segments, 0]
-        m = mSegs[spec.max_segments, 1]
-        # The work list is small: stage it in shared memory once, so the segment loop waits
-        # only on the weight loads.
-        for i in range(tidx, n_seg, THREADS):
-            segs[3 * i] = mSegs[i, 0]
-            segs[3 * i + 1] = mSegs[i, 1]
-            segs[3 * i + 2] = mSegs[i, 2]
-        for i in range(tidx, m * k + m, THREADS):
-            srt[i] = mSorted[i]
-        for i in range(tidx, m * k, THREADS):
-            sw[i] = mSelW[i]
-        cute.arch.sync_threads()
-        base = warp * mm * rpc
+        first = 1 if v9 else 0
+        if cutlass.const_expr(v9):
+            res_s = alloc.allocate_tensor(BFloat16, cute.make_layout(mm * rpc), byte_alignment=16)
+            pw = alloc.allocate_tensor(BFloat16, cute.make_layout(rpc * 32 * 8), byte_alignment=128)
+            wv0 = [cute.local_tile(pw, (8,), (r * 32 + lane,)) for r in range(rpc)]
+            # The shared expert's segments come first, so warp 0 starts with segment 0, whose
+            # rows are constants: cp.async them into its own shared-memory slots (no registers
+            # held across the wait), read back by the same lanes after wait_group.
+            if warp == 0:
+                casync = cute.make_copy_atom(
+                    cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL),
+                    BFloat16,
+                    num_bits_per_copy=128,
+                )
+                for r in cutlass.range_constexpr(rpc):
+                    src = cute.local_tile(mW2[spec.n_experts, d0 + r, None], (8,), (lane,))
+                    cute.copy(casync, src, wv0[r])
+                cute.arch.cp_async_commit_group()
+            cute.arch.griddepcontrol_wait()
+            stage(lambda i: mSegs[i // 3, i % 3], segs, n_segs_flat, tidx)
+            stage(lambda i: mSorted[i], srt, spec.rows_act, tidx)
+            stage(lambda i: mSelW[i], sw, ns, tidx)
+            stage(lambda i: mRes[i // rpc, d0 + i % rpc], res_s, mm * rpc, tidx)
+            cute.arch.sync_threads()
+            n_seg = segs[3 * nseg_max]
+            m = segs[3 * nseg_max + 1]
+            if warp == 0:
+                cute.arch.cp_async_wait_group(0)
+                do_seg(0, wv0, m, mAct, segs, srt, sw, acc, lane)
+        else:
+            cute.arch.griddepcontrol_wait()
+            n_seg = mSegs[spec.max_segments, 0]
+            m = mSegs[spec.max_segments, 1]
+            # The work list is small: stage it in shared memory once, so the segment loop waits
+            # only on the weight loads.
+            for i in range(tidx, n_seg, THREADS):
+                segs[3 * i] = mSegs[i, 0]
+                segs[3 * i + 1] = mSegs[i, 1]
+                segs[3 * i + 2] = mSegs[i, 2]
+            for i in range(tidx, m * k + m, THREADS):
+                srt[i] = mSorted[i]
+            for i in range(tidx, m * k, THREADS):
+                sw[i] = mSelW[i]
+            cute.arch.sync_threads()
         for s in range(warp, n_seg, WARPS):
-            e = segs[3 * s]
-            start = segs[3 * s + 1]
-            ln = segs[3 * s + 2]
-            wv = []
-            for r in cutlass.range_constexpr(rpc):
-                wsrc = cute.local_tile(mW2[e, d0 + r, None], (8,), (lane,))
-                wfr = cute.make_fragment_like(wsrc)
-                cute.copy(atom, wsrc, wfr)
-                wv.append(wfr)
-            av = []
-            for j in cutlass.range_constexpr(SEG):
-                jj = j
-                if jj >= ln:
-                    jj = 0
-                asrc = cute.local_tile(mAct[start + jj, None], (8,), (lane,))
-                afr = cute.make_fragment_like(asrc)
-                cute.copy(atom, asrc, afr)
-                av.append(afr)
-            for j in cutlass.range_constexpr(SEG):
-                if j < ln:
-                    a = srt[start + j]
-                    t = a // k
-                    w = Float32(1.0)
-                    if a >= m * k:
-                        t = a - m * k
-                    else:
-                        w = sw[a]
-                    x = av[j].load().to(Float32)
-                    for r in cutlass.range_constexpr(rpc):
-                        p = (wv[r].load().to(Float32) * x).reduce(
-                            cute.ReductionOp.ADD, Float32(0.0), 0
-                        )
-                        p = cute.arch.warp_reduction_sum(p)
-                        if lane == 0:
-                            acc[base + t * rpc + r] = acc[base + t * rpc + r] + w * p
+            if s >= first:  # version 9: warp 0 did segment 0 above
+                wv = frags()
+                load_rows(mW2, segs[3 * s], d0, lane, wv)
+                do_seg(s, wv, m, mAct, segs, srt, sw, acc, lane)
         cute.arch.sync_threads()
         for i in range(tidx, m * rpc, THREADS):
             t = i // rpc
             r = i % rpc
-            v = mRes[t, d0 + r].to(Float32)
+            v = Float32(0.0)
+            if cutlass.const_expr(v9):  # noqa: SIM108 (a compile-time branch)
+                v = res_s[i].to(Float32)
+            else:
+                v = mRes[t, d0 + r].to(Float32)
             for wi in cutlass.range_constexpr(WARPS):
                 v = v + acc[wi * mm * rpc + i]
             mOut[t, d0 + r] = v.to(BFloat16)
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
-    def host(m_unused: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
+    def host(m_arg: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
              mSegs: cute.Tensor, mSelW: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
              stream):  # fmt: skip
-        kernel(m_unused, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(
-            grid=[grid, 1, 1],
-            block=[THREADS, 1, 1],
-            smem=smem_bytes,
-            stream=stream,
-            use_pdl=True,
-        )
+        if cutlass.const_expr(v9):
+            # Two CTAs per SM, as version 8 got from its 128 registers.
+            kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(
+                grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes, stream=stream,
+                use_pdl=True, min_blocks_per_mp=2, preferred_smem_carveout=50,
+            )  # fmt: skip
+        else:
+            kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(
+                grid=[grid, 1, 1],
+                block=[THREADS, 1, 1],
+                smem=smem_bytes,
+                stream=stream,
+                use_pdl=True,
+            )
 
     return host
 
@@ -490,11 +659,13 @@ def alloc_buffers(spec: MoeSpec, device: Any) -> MoeBuffers:
     )
 
 
-def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 16) -> tuple:
+def compile_moe(
+    spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 16, version: int = 9
+) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order."""
     e1 = spec.n_experts + 1
     up = compile_tvm_ffi(
-        build_moe_up(spec, up_grid),
+        build_moe_up(spec, up_grid, version),
         Int32(1),
         fake(Float32, (spec.m_max, spec.n_experts)),
         fake(Float32, (spec.n_experts,)),
@@ -510,7 +681,7 @@ def compile_moe(spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 16)
         fake(Float32, (spec.m_max,)),
     )
     down = compile_tvm_ffi(
-        build_moe_down(spec, rows_per_cta),
+        build_moe_down(spec, rows_per_cta, version),
         Int32(1),
         fake(BFloat16, (e1, spec.hidden, spec.inter)),
         fake(BFloat16, (spec.rows_act, spec.inter)),

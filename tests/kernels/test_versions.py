@@ -1,0 +1,37 @@
+"""Kernel versions: the environment switch and the attention split plans each version uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentab.errors import AgentabError
+from agentab.kernels.config import DEFAULT_KERNEL_VERSION, VERSION_ENV, kernels_version
+
+attention = pytest.importorskip("agentab.kernels.attention")
+
+
+def test_version_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(VERSION_ENV, raising=False)
+    assert kernels_version() == DEFAULT_KERNEL_VERSION
+    monkeypatch.setenv(VERSION_ENV, "9")
+    assert kernels_version() == 9
+    monkeypatch.setenv(VERSION_ENV, "7")
+    with pytest.raises(AgentabError, match="AGENTAB_KERNELS_VERSION"):
+        kernels_version()
+
+
+def test_split_plans_at_context_4096() -> None:
+    # 4097 cache rows = 129 blocks of 32 tokens.
+    assert attention.split_plan(1, 4097, version=8) == (43, 96)
+    assert attention.split_plan(1, 4097, version=9) == (129, 32)
+    assert attention.split_plan(2, 4097, version=9) == (129, 32)
+    assert attention.split_plan(4, 4097, version=9) == (65, 64)
+    for b in (5, 8, 64):  # batch >= 5 plans as before
+        assert attention.split_plan(b, 4097, version=9) == attention.split_plan(b, 4097, version=8)
+
+
+def test_combine_tiles() -> None:
+    assert attention.combine_tile(1, 16, 512, version=8) == 128
+    assert attention.combine_tile(1, 16, 512, version=9) == 32  # 256 programs
+    assert attention.combine_tile(4, 16, 512, version=9) == 64
+    assert attention.combine_tile(5, 16, 512, version=9) == 128

@@ -85,8 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("agentab: aborted", err=True)
         sys.exit(130)
+    except click.UsageError as exc:
+        # One line, like every other user error: what is wrong, and where to look.
+        command = exc.ctx.command_path if exc.ctx is not None else "agentab"
+        click.echo(f"agentab: error: {exc.format_message()} (see '{command} --help')", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"agentab: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

@@ -45,3 +45,16 @@ def test_main_turns_agentab_error_into_one_line(capsys) -> None:
         cli_module.cli.commands.pop("boom-test", None)
     err = capsys.readouterr().err
     assert err.strip() == "agentab: error: trace.json: line 3: field 'in' is negative"
+
+
+def test_usage_errors_are_one_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentab", "workload", "generate", "--sessions", "x", "-o", "y"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "agentab: error: Invalid value for '--sessions': 'x' is not a valid integer."
+        " (see 'agentab workload generate --help')\n"
+    )

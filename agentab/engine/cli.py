@@ -24,7 +24,10 @@ def engine() -> None:
     """Inspect the engine and its simulator."""
 
 
-def _probs(value: str | None) -> list[float] | None:
+def parse_acceptance_probs(
+    ctx: click.Context | None, param: click.Parameter | None, value: str | None
+) -> list[float] | None:
+    """`--acceptance-probs 0.9,0.7,0.5` -> per-position acceptance rates (a click callback)."""
     if value is None:
         return None
     try:
@@ -76,7 +79,7 @@ def trace(
         decode_backend,
         num_draft_tokens=num_draft_tokens,
         acceptance_length=acceptance_length,
-        acceptance_probs=_probs(acceptance_probs),
+        acceptance_probs=parse_acceptance_probs(None, None, acceptance_probs),
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         kv_blocks=kv_blocks,

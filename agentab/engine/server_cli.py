@@ -13,6 +13,9 @@ from typing import Any
 
 import click
 
+from agentab.engine.cli import parse_acceptance_probs
+from agentab.engine.paths import BACKENDS
+
 ENGINES = ("sim",)
 
 
@@ -26,9 +29,7 @@ ENGINES = ("sim",)
     help="Which engine serves (sim: the simulator, real clock).",
 )
 @click.option("--profile", required=True, help="Hardware profile name or TOML path.")
-@click.option(
-    "--decode-backend", default="auto", show_default=True, help="auto | latency_specialized"
-)
+@click.option("--decode-backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True, help="0 picks a free port.")
 @click.option(
@@ -46,6 +47,12 @@ ENGINES = ("sim",)
 )
 @click.option("--num-draft-tokens", type=int, default=None)
 @click.option("--acceptance-length", type=float, default=None)
+@click.option(
+    "--acceptance-probs",
+    callback=parse_acceptance_probs,
+    default=None,
+    help="Per-position acceptance rates, e.g. 0.9,0.7,0.5.",
+)
 @click.option("--max-num-seqs", type=int, default=None)
 @click.option("--max-num-batched-tokens", type=int, default=None)
 @click.option("--kv-blocks", type=int, default=None)
@@ -65,6 +72,7 @@ def serve(**kw: Any) -> None:
         for k in (
             "num_draft_tokens",
             "acceptance_length",
+            "acceptance_probs",
             "max_num_seqs",
             "max_num_batched_tokens",
             "kv_blocks",

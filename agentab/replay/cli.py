@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from agentab.engine.cli import parse_acceptance_probs
+from agentab.engine.paths import BACKENDS
 from agentab.errors import AgentabError
 from agentab.replay.options import ENDPOINTS, ReplayOptions
 
@@ -175,7 +177,11 @@ def replay(**kw: Any) -> None:
 @_replay_options
 @click.option("--profile", required=True, help="Hardware profile name or TOML path.")
 @click.option(
-    "--decode-backend", default="auto", show_default=True, help="auto | latency_specialized"
+    "--decode-backend",
+    type=click.Choice(BACKENDS),
+    default="auto",
+    show_default=True,
+    help="Which decode path the simulator may use for the steps it supports.",
 )
 @click.option("--num-draft-tokens", type=int, default=None, help="Speculative draft tokens.")
 @click.option(
@@ -183,6 +189,12 @@ def replay(**kw: Any) -> None:
     type=float,
     default=None,
     help="Synthetic mean acceptance length (spec decode).",
+)
+@click.option(
+    "--acceptance-probs",
+    callback=parse_acceptance_probs,
+    default=None,
+    help="Per-position acceptance rates, e.g. 0.9,0.7,0.5 (instead of --acceptance-length).",
 )
 @click.option("--max-num-seqs", type=int, default=None)
 @click.option("--max-num-batched-tokens", type=int, default=None)
@@ -198,6 +210,7 @@ def simulate(**kw: Any) -> None:
     for name in (
         "num_draft_tokens",
         "acceptance_length",
+        "acceptance_probs",
         "max_num_seqs",
         "max_num_batched_tokens",
         "kv_blocks",

@@ -87,7 +87,7 @@ def test_simulate_writes_a_complete_run_dir(workload: Path, tmp_path: Path) -> N
         (["--concurrency", "2", "--rate", "1"], "--concurrency is closed loop"),
         (["--start-window", "0.8", "0.2"], "start_window must be two fractions"),
         (["--duration", "0"], "no stopping rule"),
-        (["--decode-backend", "fast"], "decode_backend: 'fast' must be one of"),
+        (["--decode-backend", "fast"], "'--decode-backend': 'fast' is not one of"),
     ],
 )
 def test_bad_options_are_one_line_errors(

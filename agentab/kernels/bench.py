@@ -86,6 +86,35 @@ def bench_path(
     }
 
 
+def finish_row(
+    cfg: LayerConfig, context: int, row: dict[str, Any], detail: dict[str, Any]
+) -> dict[str, Any]:
+    """Complete a results row from the per-path `bench_path` results in `detail`.
+
+    `row` already holds `batch` and `<path>_us` / `<path>_kernels` for the paths measured;
+    adds bytes (with the experts the step touched), speedup and the roofline fractions.
+    """
+    if not detail:
+        return row
+    touched = next(iter(detail.values()))["touched_experts"]
+    nbytes = cfg.step_bytes(row["batch"], context, touched_experts=touched)
+    row["bytes"] = int(nbytes)
+    row["touched_experts"] = touched
+    if "specialized_us" in row and "standard_us" in row:
+        row["speedup"] = round(row["standard_us"] / row["specialized_us"], 3)
+        row["roofline_fraction"] = round(
+            nbytes / (row["specialized_us"] * 1e-6) / HBM_ROOFLINE_BYTES_PER_S, 3
+        )
+    row["standard_roofline_fraction"] = round(
+        nbytes / (row["standard_us"] * 1e-6) / HBM_ROOFLINE_BYTES_PER_S, 3
+    ) if "standard_us" in row else None  # fmt: skip
+    row["kernel_names"] = {k: v["kernel_names"] for k, v in detail.items()}
+    row["eager_kernel_breakdown"] = {
+        k: v["eager_kernel_breakdown"] for k, v in detail.items() if v["eager_kernel_breakdown"]
+    }
+    return row
+
+
 def run_bench(
     preset: str,
     batches: list[int],
@@ -123,26 +152,7 @@ def run_bench(
             _log(f"  batch {b:3d} {name:12s} {r['us_per_layer']:9.1f} us/layer "
                  f"(p10 {r['p10_us_per_layer']:.1f}, p90 {r['p90_us_per_layer']:.1f}) "
                  f"{r['kernels']} kernels, build {r['build_s']:.1f}s")  # fmt: skip
-        if not detail:
-            rows.append(row)
-            continue
-        touched = next(iter(detail.values()))["touched_experts"]
-        nbytes = cfg.step_bytes(b, context, touched_experts=touched)
-        row["bytes"] = int(nbytes)
-        row["touched_experts"] = touched
-        if "specialized_us" in row and "standard_us" in row:
-            row["speedup"] = round(row["standard_us"] / row["specialized_us"], 3)
-            row["roofline_fraction"] = round(
-                nbytes / (row["specialized_us"] * 1e-6) / HBM_ROOFLINE_BYTES_PER_S, 3
-            )
-        row["standard_roofline_fraction"] = round(
-            nbytes / (row["standard_us"] * 1e-6) / HBM_ROOFLINE_BYTES_PER_S, 3
-        ) if "standard_us" in row else None  # fmt: skip
-        row["kernel_names"] = {k: v["kernel_names"] for k, v in detail.items()}
-        row["eager_kernel_breakdown"] = {
-            k: v["eager_kernel_breakdown"] for k, v in detail.items() if v["eager_kernel_breakdown"]
-        }
-        rows.append(row)
+        rows.append(finish_row(cfg, context, row, detail))
     for b in standard_extra or []:
         r = bench_path("standard", cfg, weights, b, context, max(20, iters // 4), seed)
         extra_rows.append({"batch": b, "standard_us": round(r["us_per_layer"], 2),

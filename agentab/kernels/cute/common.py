@@ -9,6 +9,20 @@ from typing import Any
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
+# Hopper's shared-memory capacities per SM (KB); the rest of the 256 KB is L1.
+SMEM_CONFIGS_KB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
+
+
+def carveout_for(smem_per_sm: int) -> int:
+    """The carveout hint (percent of 228 KB) that selects the smallest shared-memory
+    configuration holding `smem_per_sm` bytes, whether the driver rounds the hint up or to the
+    nearest configuration (the percentage is rounded down from the configuration's own)."""
+    for kb in SMEM_CONFIGS_KB:
+        if kb * 1024 >= smem_per_sm:
+            return int(100 * kb / 228)
+    raise ValueError(f"{smem_per_sm} bytes of shared memory per SM: more than 228 KB")
+
+
 def fake(dtype: Any, shape: tuple[int, ...]) -> Any:
     """A fake row-major tensor of a static shape, 16-byte aligned (what 128-bit loads need)."""
     from cutlass.cute.runtime import make_fake_compact_tensor

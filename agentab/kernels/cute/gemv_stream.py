@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
-from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
 from agentab.kernels.cute.gemv import GemvSpec
 
 N_SMS = 132
@@ -92,7 +92,7 @@ def build_gemv_stream(spec: GemvSpec) -> Any:
     inv_k = 1.0 / spec.k
     smem_bytes = stages * 16 * threads + 256
     per_sm = math.ceil(grid / N_SMS)
-    carveout = min(100, math.ceil(100 * per_sm * (smem_bytes + 1024) / (228 * 1024)))
+    carveout = carveout_for(per_sm * (smem_bytes + 1024))
 
     @cute.kernel
     def kernel(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,

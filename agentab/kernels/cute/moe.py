@@ -28,7 +28,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
 
 SEG = 8  # tokens per segment
 WARPS = 8
@@ -249,9 +249,9 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
     carveout = 50
     if v9:
         smem_bytes += 2 * chq * THREADS * 16 + 128  # the first item's prefetched weights
-        # Two CTAs of 89 KB per SM: 85% of 228 KB rounds up to the 196 KB configuration, which
-        # leaves 60 KB of L1 for the activations (100% would leave 28 KB).
-        carveout = 85
+        # Two CTAs of 89 KB per SM: the 196 KB configuration, which leaves 60 KB of L1 for the
+        # activations (228 KB would leave 28 KB).
+        carveout = carveout_for(2 * (smem_bytes + 1024))
 
     @cute.jit
     def load_rows(mW13: cute.Tensor, e, ii, c0, lane, gw: list, uw: list):
@@ -624,7 +624,8 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
             # Two CTAs per SM, as version 8 got from its 128 registers.
             kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(
                 grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes, stream=stream,
-                use_pdl=True, min_blocks_per_mp=2, preferred_smem_carveout=50,
+                use_pdl=True, min_blocks_per_mp=2,
+                preferred_smem_carveout=carveout_for(2 * (smem_bytes + 1024)),
             )  # fmt: skip
         else:
             kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(

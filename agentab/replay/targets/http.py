@@ -176,7 +176,17 @@ class HttpTarget:
                     out.end = loop.time()
                     _classify_status(out, resp.status, text)
                     return
-                await self._read_stream(resp, out, loop)
+                deadline = None
+                if self.timeout_s and resp.connection is not None:
+                    # From here on the silence limit is a lazy deadline (_ReadDeadline): aiohttp's
+                    # sock_read would cancel and re-create a loop timer on every chunk.
+                    resp.connection.protocol.read_timeout = None
+                    deadline = _ReadDeadline(loop, resp.content, self.timeout_s)
+                try:
+                    await self._read_stream(resp, out, loop, deadline)
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()
         except _CONNECT_ERRORS as exc:
             out.fail("connect", f"{type(exc).__name__}: {exc}")
         except (TimeoutError, aiohttp.ServerTimeoutError):
@@ -191,7 +201,11 @@ class HttpTarget:
             out.end = loop.time()
 
     async def _read_stream(
-        self, resp: aiohttp.ClientResponse, out: Outcome, loop: asyncio.AbstractEventLoop
+        self,
+        resp: aiohttp.ClientResponse,
+        out: Outcome,
+        loop: asyncio.AbstractEventLoop,
+        deadline: _ReadDeadline | None,
     ) -> None:
         """Parse SSE `data:` lines; time every content chunk at the read that delivered it."""
         chat = self.endpoint == "chat"
@@ -207,7 +221,10 @@ class HttpTarget:
             data = await content.readany()
             if not data:
                 break
-            now = loop.time() - sent
+            now = loop.time()
+            if deadline is not None:
+                deadline.last = now
+            now -= sent
             lines = (buf + data if buf else data).split(b"\n")
             buf = lines.pop()  # an incomplete last line waits for the next read
             for line in lines:
@@ -277,6 +294,44 @@ class HttpTarget:
         from agentab.replay.metrics import parse_prometheus
 
         return parse_prometheus(text)
+
+
+class _ReadDeadline:
+    """The stream body's silence limit (`timeout_s` without bytes), checked lazily.
+
+    The reader only stores the time of each read in `last`; one loop timer per stream fires at
+    `last + timeout_s` and re-arms itself at the new `last + timeout_s` while bytes keep coming,
+    so a healthy stream costs one timer per `timeout_s` instead of one per chunk (aiohttp's
+    sock_read cancels and re-creates a timer on every read; at 20k chunks/s those handles were
+    most of the cyclic GC's work). On silence the reader's next `readany` raises the same
+    ServerTimeoutError that sock_read raises, so the error class stays `timeout`.
+    """
+
+    __slots__ = ("_content", "_handle", "_loop", "_timeout", "last")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, content: aiohttp.StreamReader, timeout_s: float
+    ) -> None:
+        self._loop = loop
+        self._content = content
+        self._timeout = timeout_s
+        self.last = loop.time()
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self.last + timeout_s, self._check)
+
+    def _check(self) -> None:
+        due = self.last + self._timeout
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self._content.set_exception(
+            aiohttp.ServerTimeoutError("Timeout on reading data from socket")
+        )
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 def _take_usage(out: Outcome, usage: dict[str, Any]) -> None:

@@ -266,15 +266,12 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
         return [cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(chq)]
 
     @cute.jit
-    def do_item(item, rb, gw: list, uw: list, m, mX: cute.Tensor, mAct: cute.Tensor,
-                sorted_a: cute.Tensor, seg_start: cute.Tensor, seg_len: cute.Tensor,
-                red: cute.Tensor, rs_s: cute.Tensor, gam_s: cute.Tensor, tidx, slot, q, c0,
-                lane):  # fmt: skip
-        """One (segment, rslots rows) item whose weights are in gw/uw (loads in flight)."""
+    def do_item(item, rb, start, ln, gw: list, uw: list, m, mX: cute.Tensor, mAct: cute.Tensor,
+                sorted_a: cute.Tensor, red: cute.Tensor, rs_s: cute.Tensor, gam_s: cute.Tensor,
+                tidx, slot, q, c0, lane):  # fmt: skip
+        """One (segment, rslots rows) item (segment rows start.. start + ln) whose weights are in
+        gw/uw (loads in flight)."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        s = item // tiles
-        start = seg_start[s]
-        ln = seg_len[s]
         for j in cutlass.range_constexpr(SEG):
             if j < ln:
                 a = sorted_a[start + j]
@@ -353,9 +350,9 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
         gam_s = alloc.allocate_tensor(BFloat16, cute.make_layout(hid), byte_alignment=16)
         # Items are (segment, RSLOTS intermediate rows); the KQ warps of a row slot split the
         # hidden dim, each issuing all its gate/up loads before touching x.
-        slot = warp // kq
-        q = warp % kq
-        c0 = q * chq
+        slot = warp // kq if v9 else None  # version 8 computes these after the routing
+        q = warp % kq if v9 else None
+        c0 = q * chq if v9 else None
         # Version 9: item bidx (< tiles) is the shared expert's (segment 0): its weights are
         # constants, so they are requested before anything else.
         pre = bidx < tiles
@@ -414,12 +411,15 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
             cute.arch.sync_threads()
+            slot = warp // kq
+            q = warp % kq
+            c0 = q * chq
         first = bidx
         if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
             if pre:
                 cute.arch.cp_async_wait_group(0)
-                do_item(bidx, 0, gw0, uw0, m, mX, mAct, sorted_a, seg_start, seg_len, red, rs_s,
-                        gam_s, tidx, slot, q, c0, lane)  # fmt: skip
+                do_item(bidx, 0, seg_start[0], seg_len[0], gw0, uw0, m, mX, mAct, sorted_a, red,
+                        rs_s, gam_s, tidx, slot, q, c0, lane)  # fmt: skip
                 first = bidx + grid
         for item in range(first, n_seg * tiles, grid):
             # Partial sums alternate between two halves of `red`, so one barrier per item is
@@ -427,11 +427,19 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
             rb = (((item - bidx) // grid) % 2) * n_red
             s = item // tiles
             ii = (item % tiles) * rslots + slot
+            e = seg_e[s]
+            # (the two versions order these smem reads differently; each as checked/measured)
+            if cutlass.const_expr(not v9):
+                start = seg_start[s]
+                ln = seg_len[s]
             gw = frags()
             uw = frags()
-            load_rows(mW13, seg_e[s], ii, c0, lane, gw, uw)
-            do_item(item, rb, gw, uw, m, mX, mAct, sorted_a, seg_start, seg_len, red, rs_s,
-                    gam_s, tidx, slot, q, c0, lane)  # fmt: skip
+            load_rows(mW13, e, ii, c0, lane, gw, uw)
+            if cutlass.const_expr(v9):
+                start = seg_start[s]
+                ln = seg_len[s]
+            do_item(item, rb, start, ln, gw, uw, m, mX, mAct, sorted_a, red, rs_s, gam_s, tidx,
+                    slot, q, c0, lane)  # fmt: skip
         cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
@@ -477,14 +485,13 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
         smem_bytes += 4 * 3 + 2 * mm * rpc + 16 * rpc * 32 + 256
 
     @cute.jit
-    def do_seg(s, wv: list, m, mAct: cute.Tensor, segs: cute.Tensor, srt: cute.Tensor,
-               sw: cute.Tensor, acc: cute.Tensor, lane):  # fmt: skip
-        """One segment of one expert whose `rpc` weight rows are in wv (loads in flight)."""
+    def do_seg(start, ln, wv: list, m, mAct: cute.Tensor, srt: cute.Tensor, sw: cute.Tensor,
+               acc: cute.Tensor, lane):  # fmt: skip
+        """One segment (rows start.. start + ln of the activations) of one expert whose `rpc`
+        weight rows are in wv (loads in flight)."""
         tx, _, _ = cute.arch.thread_idx()
         base = (tx // 32) * mm * rpc
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        start = segs[3 * s + 1]
-        ln = segs[3 * s + 2]
         av = []
         for j in cutlass.range_constexpr(SEG):
             jj = j
@@ -520,6 +527,21 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
             cute.copy(atom, cute.local_tile(mW2[e, d0 + r, None], (8,), (lane,)), wv[r])
 
     @cute.jit
+    def seg(s, d0, m, mW2: cute.Tensor, mAct: cute.Tensor, segs: cute.Tensor, srt: cute.Tensor,
+            sw: cute.Tensor, acc: cute.Tensor, lane):  # fmt: skip
+        """Segment s: its list entry, its expert's rows (loads issued), then `do_seg`."""
+        e = segs[3 * s]
+        if cutlass.const_expr(not v9):
+            start = segs[3 * s + 1]
+            ln = segs[3 * s + 2]
+        wv = frags()
+        load_rows(mW2, e, d0, lane, wv)
+        if cutlass.const_expr(v9):
+            start = segs[3 * s + 1]
+            ln = segs[3 * s + 2]
+        do_seg(start, ln, wv, m, mAct, srt, sw, acc, lane)
+
+    @cute.jit
     def stage(src_at, dst: cute.Tensor, n: int, tidx):
         """dst[i] = src_at(i) for i < n (compile-time n): every load issued before any store."""
         rounds = (n + THREADS - 1) // THREADS
@@ -547,13 +569,14 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
         warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
         acc = alloc.allocate_tensor(Float32, cute.make_layout(WARPS * mm * rpc), byte_alignment=16)
-        segs = alloc.allocate_tensor(Int32, cute.make_layout(n_segs_flat), byte_alignment=16)
+        segs = alloc.allocate_tensor(
+            Int32, cute.make_layout(n_segs_flat if v9 else 3 * nseg_max), byte_alignment=16
+        )
         srt = alloc.allocate_tensor(Int32, cute.make_layout(spec.rows_act), byte_alignment=16)
         sw = alloc.allocate_tensor(Float32, cute.make_layout(ns), byte_alignment=16)
         for i in range(tidx, WARPS * mm * rpc, THREADS):
             acc[i] = Float32(0.0)
         d0 = bidx * rpc
-        first = 1 if v9 else 0
         if cutlass.const_expr(v9):
             res_s = alloc.allocate_tensor(BFloat16, cute.make_layout(mm * rpc), byte_alignment=16)
             pw = alloc.allocate_tensor(BFloat16, cute.make_layout(rpc * 32 * 8), byte_alignment=128)
@@ -581,7 +604,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
             m = segs[3 * nseg_max + 1]
             if warp == 0:
                 cute.arch.cp_async_wait_group(0)
-                do_seg(0, wv0, m, mAct, segs, srt, sw, acc, lane)
+                do_seg(segs[1], segs[2], wv0, m, mAct, srt, sw, acc, lane)
         else:
             cute.arch.griddepcontrol_wait()
             n_seg = mSegs[spec.max_segments, 0]
@@ -598,10 +621,11 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
                 sw[i] = mSelW[i]
             cute.arch.sync_threads()
         for s in range(warp, n_seg, WARPS):
-            if s >= first:  # version 9: warp 0 did segment 0 above
-                wv = frags()
-                load_rows(mW2, segs[3 * s], d0, lane, wv)
-                do_seg(s, wv, m, mAct, segs, srt, sw, acc, lane)
+            if cutlass.const_expr(v9):
+                if s >= 1:  # warp 0 did segment 0 above
+                    seg(s, d0, m, mW2, mAct, segs, srt, sw, acc, lane)
+            else:
+                seg(s, d0, m, mW2, mAct, segs, srt, sw, acc, lane)
         cute.arch.sync_threads()
         for i in range(tidx, m * rpc, THREADS):
             t = i // rpc

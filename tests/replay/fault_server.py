@@ -4,6 +4,10 @@ Each request's behaviour comes from its `X-Request-Id` (the replay sends `L<lane
 `mode_for(request_id)` picks one of MODES. The server runs in a thread with its own event loop,
 so a test can drive a blocking replay (real clock) against it from the main thread. It logs, per
 request id, the monotonic time at which it finished writing a successful response.
+
+`hold_after(request_id)` > 0 makes an "ok" response stop after that many chunks, once they have
+left the server's buffers, and wait until the server stops; `held` maps each such request id to
+the client's port, so a test can check (with `client_drained`) that the client has read them.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 from aiohttp import web
@@ -48,12 +53,15 @@ class FaultServer:
         *,
         token_interval_s: float = 0.002,
         stall_s: float = 30.0,
+        hold_after: Callable[[str], int] = lambda rid: 0,
     ) -> None:
         self.mode_for = mode_for
         self.token_interval_s = token_interval_s
         self.stall_s = stall_s
         self.finished: dict[str, float] = {}  # request id -> monotonic end of a full response
         self.seen: list[str] = []
+        self.hold_after = hold_after
+        self.held: dict[str, int] = {}  # request id -> client port, for held responses
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready = threading.Event()
@@ -139,8 +147,12 @@ class FaultServer:
                 )
             transport.abort()
             return resp
+        hold = self.hold_after(rid)
         for i in range(n):
             await resp.write(chunk(i))
+            if i + 1 == hold:
+                await self._hold(request, rid)
+                return resp
             if self.token_interval_s:
                 await asyncio.sleep(self.token_interval_s)
         await resp.write(usage_chunk(prompt, n, None))
@@ -148,3 +160,25 @@ class FaultServer:
         await resp.write_eof()
         self.finished[rid] = time.monotonic()
         return resp
+
+    async def _hold(self, request: web.Request, rid: str) -> None:
+        transport = request.transport
+        assert transport is not None and self._stop is not None
+        while transport.get_write_buffer_size():  # every byte handed to the kernel
+            await asyncio.sleep(0.001)
+        self.held[rid] = transport.get_extra_info("peername")[1]
+        await self._stop.wait()
+
+    def client_drained(self, client_port: int) -> bool:
+        """True once every byte this server sent on the connection from `client_port` has
+        reached the client's socket (acknowledged) and the client process has read it."""
+        ours = theirs = None
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote = fields[1], fields[2]
+            tx, rx = (int(q, 16) for q in fields[4].split(":"))
+            if local.endswith(f":{self.port:04X}") and remote.endswith(f":{client_port:04X}"):
+                ours = tx  # bytes sent and not yet acknowledged
+            elif local.endswith(f":{client_port:04X}") and remote.endswith(f":{self.port:04X}"):
+                theirs = rx  # bytes received and not yet read by the client
+        return ours == 0 and theirs == 0

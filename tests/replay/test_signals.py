@@ -17,7 +17,7 @@ from agentab.replay import scan_records
 from agentab.workloads import save
 from agentab.workloads.model import Request, Session, Workload
 
-from .fault_server import FaultServer
+from .fault_server import FaultServer, node_of
 
 
 def _workload(path: Path, *, turns: int, out: int) -> Path:
@@ -115,31 +115,46 @@ def test_sigkill_leaves_every_request_finished_a_second_before(tmp_path: Path) -
 
 
 def _interrupt(tmp_path: Path, sig: signal.Signals) -> None:
-    # 50 tokens at 20 ms: about 1 s per request, so 4 are always in flight.
+    # Every lane's third request (node 2) stops after HELD chunks and waits. The signal goes out
+    # only once all 4 are held and the client has read every byte of them (the server's sends
+    # acknowledged, the client's socket empty): the loop then queued the reader tasks' wakeups
+    # before the signal existed, so each cancelled record holds exactly HELD chunks.
+    held_chunks = 3
     wl = _workload(tmp_path / "wl.jsonl", turns=50, out=50)
     out = tmp_path / "run"
-    with FaultServer(token_interval_s=0.02) as srv:
+    with FaultServer(
+        token_interval_s=0.005, hold_after=lambda rid: held_chunks if node_of(rid) == 2 else 0
+    ) as srv:
         proc = _replay(wl, srv.url, out)
         try:
-            _wait_for(lambda: len(srv.finished) >= 6)
+            _wait_for(
+                lambda: len(srv.held) == 4 and all(map(srv.client_drained, srv.held.values()))
+            )
             proc.send_signal(sig)
             _stdout, stderr = proc.communicate(timeout=20)
         finally:
             if proc.poll() is None:
                 proc.kill()
         seen = list(srv.seen)
+        held = set(srv.held)
+        finished = set(srv.finished)
     assert proc.returncode == 128 + sig, stderr
+    assert held == {f"L{lane}-P0-N2" for lane in range(4)}
+    assert len(finished) == 8 and len(seen) == 12
     df = scan_records(out).collect()
     cancelled = df.filter(pl.col("error_class") == "cancelled")
-    assert cancelled.height == 4
+    assert set(cancelled["request_id"]) == held
     assert (
         f"agentab: error: interrupted by {sig.name}; 4 in-flight request(s) recorded as "
         "cancelled" in stderr
     )
     assert "Traceback" not in stderr
     # Every request the server saw has a record; the cancelled ones kept their partial chunks.
-    assert set(seen) == set(df["request_id"].to_list())
-    assert all(0 < n < 50 for n in cancelled["chunk_times_s"].list.len().to_list())
+    assert sorted(seen) == sorted(df["request_id"].to_list())
+    assert cancelled["chunk_times_s"].list.len().to_list() == [held_chunks] * 4
+    done = df.filter(pl.col("error_class").is_null())
+    assert set(done["request_id"]) == finished
+    assert done["chunk_times_s"].list.len().to_list() == [50] * 8
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"
     assert manifest["stats"]["cancelled"] == 4

@@ -10,6 +10,12 @@ and `scan_records` reads only files not covered by a wider one, so no row is rea
 
 The writer thread uses real (monotonic) time on purpose: durability is about wall-clock crash
 windows, also when the replay itself runs on the virtual clock.
+
+Why rows are buffered column by column, with numeric list columns (`chunk_times_s`: about 110
+floats per request) as one flat `array` of values plus per-row lengths: the writer thread needs
+the GIL for every Python object polars converts, and converting ~100 rows of 110-float lists
+held it 2-10 ms per flush, stalling the replay loop (dispatch lateness). From flat buffers polars
+builds the list columns with the GIL released, so the loop is held up well under a millisecond.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ import os
 import re
 import threading
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from agentab.errors import AgentabError
@@ -55,9 +63,84 @@ METRICS_SCHEMA = pl.Schema(
 )
 """Columns of `metrics/*.arrow`: scraped server metrics in long form (labels as JSON)."""
 
+_FLAT_CODES: dict[Any, str] = {pl.Float64: "d", pl.Int32: "i", pl.Int64: "q"}
+"""List columns with these inner types are buffered flat (array typecode per inner dtype)."""
+
 RECORDS_DIR = "records"
 METRICS_DIR = "metrics"
 _PART_RE = re.compile(r"^part-(\d+)-(\d+)\.arrow$")
+
+
+class _Batch:
+    """Rows queued since the last flush, column by column (see the module doc for why).
+
+    Scalar columns are Python lists; a flat list column is `values` (all rows' items in one
+    `array`), `lengths` (items per row) and `valid` (False where the row's value is None).
+    """
+
+    __slots__ = ("flat", "n", "scalar")
+
+    def __init__(self, schema: pl.Schema) -> None:
+        self.n = 0
+        self.scalar: dict[str, list[Any]] = {}
+        self.flat: dict[str, tuple[array[Any], array[int], list[bool]]] = {}
+        for name, dtype in schema.items():
+            code = _FLAT_CODES.get(dtype.inner) if isinstance(dtype, pl.List) else None
+            if code is None:
+                self.scalar[name] = []
+            else:
+                self.flat[name] = (array(code), array("q"), [])
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        flat_items = []
+        for name, (values, _lengths, _valid) in self.flat.items():
+            items = row[name]
+            if items is None:
+                flat_items.append(None)
+                continue
+            try:  # convert first: a bad item must not leave a half-appended row behind
+                flat_items.append(array(values.typecode, items))
+            except (TypeError, OverflowError) as exc:
+                raise AgentabError(f"record column {name}: {exc} in {items!r:.80}") from None
+        for name, column in self.scalar.items():
+            column.append(row[name])
+        for (values, lengths, valid), items in zip(self.flat.values(), flat_items, strict=True):
+            if items is None:
+                lengths.append(0)
+                valid.append(False)
+            else:
+                values.extend(items)
+                lengths.append(len(items))
+                valid.append(True)
+        self.n += 1
+
+    def frame(self, schema: pl.Schema) -> pl.DataFrame:
+        columns: list[pl.Series] = []
+        for name, dtype in schema.items():
+            if name in self.scalar:
+                columns.append(pl.Series(name, self.scalar[name], dtype=dtype))
+            else:
+                columns.append(_list_column(name, dtype, *self.flat[name]))
+        return pl.DataFrame(columns)
+
+
+def _list_column(
+    name: str, dtype: pl.List, values: array[Any], lengths: array[int], valid: list[bool]
+) -> pl.Series:
+    """A list column from flat items and per-row lengths, built by polars without Python
+    objects per item (the GIL is released while the lazy query runs)."""
+    n = len(lengths)
+    counts = np.frombuffer(lengths, dtype=np.int64) if n else np.zeros(0, np.int64)
+    items = pl.Series(
+        "v", np.frombuffer(values, dtype=values.typecode) if values else [], dtype.inner
+    )
+    rows = pl.LazyFrame({"row": np.repeat(np.arange(n, dtype=np.int64), counts), "v": items})
+    lists = rows.group_by("row", maintain_order=True).agg(pl.col("v"))
+    every = pl.LazyFrame({"row": np.arange(n, dtype=np.int64), "ok": np.asarray(valid, bool)})
+    joined = every.join(lists, on="row", how="left", maintain_order="left")
+    # Rows with no items are missing from the group-by: an empty list, or null where None.
+    value = pl.when(pl.col("ok")).then(pl.col("v").fill_null(pl.lit([], dtype=dtype)))
+    return joined.select(value.otherwise(None).cast(dtype).alias(name)).collect().to_series()
 
 
 class PartWriter:
@@ -78,10 +161,9 @@ class PartWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.schema = schema
-        self._names = list(schema.names())
         self.flush_interval_s = flush_interval_s
         self.compact_every = compact_every
-        self._rows: list[tuple[Any, ...]] = []
+        self._batch = _Batch(schema)
         self._oldest: float | None = None
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
@@ -97,11 +179,10 @@ class PartWriter:
         """Queue one row (a mapping with every schema column)."""
         if self._error is not None:
             raise AgentabError(f"{self.directory}: writing records failed: {self._error}")
-        values = tuple(row[name] for name in self._names)
         with self._lock:
-            if not self._rows:
+            if not self._batch.n:
                 self._oldest = time.monotonic()
-            self._rows.append(values)
+            self._batch.add(row)
 
     def add_many(self, rows: Sequence[Mapping[str, Any]]) -> None:
         for row in rows:
@@ -110,10 +191,12 @@ class PartWriter:
     def flush(self) -> None:
         """Write every queued row now (blocking)."""
         with self._lock:
-            rows, self._rows, self._oldest = self._rows, [], None
-        if rows:
+            batch, self._oldest = self._batch, None
+            if batch.n:
+                self._batch = _Batch(self.schema)
+        if batch.n:
             with self._io_lock:
-                self._write_part(rows)
+                self._write_part(batch)
 
     def close(self) -> None:
         """Flush, merge the remaining small parts, stop the thread. Idempotent."""
@@ -147,13 +230,13 @@ class PartWriter:
                 self._error = exc
                 return
 
-    def _write_part(self, rows: list[tuple[Any, ...]]) -> None:
-        frame = pl.DataFrame(rows, schema=self.schema, orient="row")
+    def _write_part(self, batch: _Batch) -> None:
+        frame = batch.frame(self.schema)
         seq = self._seq
         self._seq += 1
         path = self.directory / f"part-{seq:08d}-{seq:08d}.arrow"
         _atomic_write_ipc(frame, path)
-        self.rows_written += len(rows)
+        self.rows_written += batch.n
         self._level0.append(path)
         if len(self._level0) >= self.compact_every:
             self._compact()

@@ -120,3 +120,37 @@ def test_empty_run_dir_has_schema(tmp_path: Path) -> None:
 def test_not_a_run_dir(tmp_path: Path) -> None:
     with pytest.raises(AgentabError, match="not a run dir"):
         scan_records(tmp_path / "nope")
+
+
+def test_flat_list_columns_equal_row_wise_construction(tmp_path: Path) -> None:
+    # The writer buffers list columns flat; the frame must equal polars' own row-wise one,
+    # including empty lists, null lists, and a part with nothing but empty lists.
+    rows = [
+        _row(0, chunk_times_s=[0.5, 0.25, 1e-9], chunk_tokens=[3, 1, 2]),
+        _row(1, chunk_times_s=[], chunk_tokens=None, error_class="connect"),
+        _row(2, chunk_times_s=[7.0], chunk_tokens=[]),
+        _row(3, chunk_times_s=[], chunk_tokens=None),
+    ]
+    run = _run_dir(tmp_path)
+    with PartWriter(run / "records", RECORD_SCHEMA) as w:
+        w.add_many(rows)
+        w.flush()
+        w.add(rows[3])
+    got = scan_records(run).collect()
+    names = list(RECORD_SCHEMA.names())
+    want = pl.DataFrame(
+        [tuple(r[n] for n in names) for r in [*rows, rows[3]]], schema=RECORD_SCHEMA, orient="row"
+    )
+    assert got.equals(want)
+    assert got["chunk_tokens"].to_list() == [[3, 1, 2], None, [], None, None]
+    assert got["chunk_times_s"].to_list() == [[0.5, 0.25, 1e-9], [], [7.0], [], []]
+
+
+def test_a_bad_list_item_is_refused_whole(tmp_path: Path) -> None:
+    with PartWriter(tmp_path / "records", RECORD_SCHEMA) as w:
+        with pytest.raises(AgentabError, match="record column chunk_times_s"):
+            w.add(_row(0, chunk_times_s=[0.1, "x"]))
+        w.add(_row(1))
+    df = pl.read_ipc(part_files(tmp_path / "records")[0])
+    assert df["request_id"].to_list() == ["r1"]
+    assert df["chunk_times_s"].to_list() == [[0.1, 0.2]]

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import re
 import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -142,7 +145,7 @@ def start_server(interval: float) -> tuple[subprocess.Popen[bytes], str]:
 # -- the agentab client --------------------------------------------------------------------------
 
 
-def run_agentab(url: str, args: argparse.Namespace) -> dict[str, float]:
+def run_agentab(url: str, args: argparse.Namespace) -> dict[str, Any]:
     from agentab.replay import ReplayOptions, replay_to_dir, scan_records
     from agentab.workloads.model import Request, Session, Workload
 
@@ -161,6 +164,9 @@ def run_agentab(url: str, args: argparse.Namespace) -> dict[str, float]:
         seed=1,
     )
     with tempfile.TemporaryDirectory() as tmp:
+        rss = _RssSampler()
+        gc_pauses: list[float] = []
+        gc.callbacks.append(_gc_timer(gc_pauses))
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         wall = time.perf_counter()
         run = replay_to_dir(
@@ -168,6 +174,9 @@ def run_agentab(url: str, args: argparse.Namespace) -> dict[str, float]:
         )
         wall = time.perf_counter() - wall
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        gc.callbacks.pop()
+        rss.stop()
+        garbage = gc.collect()  # cyclic garbage the run left behind
         df = scan_records(run).collect()
     ok = df.filter(pl.col("error_class").is_null())
     late = (df["sent_s"] - df["planned_s"]).to_numpy() * 1e3
@@ -195,6 +204,16 @@ def run_agentab(url: str, args: argparse.Namespace) -> dict[str, float]:
         "errors": df.height - ok.height,
         "wall_s": wall,
         "cpu_s": (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime),
+        "rss_start_mib": rss.samples[0],
+        "rss_max_mib": max(rss.samples),
+        "rss_end_mib": rss.samples[-1],
+        "rss_quartiles": " / ".join(
+            f"{rss.samples[int(q * (len(rss.samples) - 1))]:.0f}" for q in (0.25, 0.5, 0.75, 1.0)
+        ),
+        "young_max": max(rss.young),
+        "gc_runs": len(gc_pauses),
+        "gc_max_ms": max(gc_pauses, default=0.0) * 1e3,
+        "garbage": garbage,
         "req_per_s": df.height / args.duration,
         "chunks": arrivals.size,
         "chunks_per_s": steady,
@@ -208,6 +227,46 @@ def run_agentab(url: str, args: argparse.Namespace) -> dict[str, float]:
         "itl_ms": float(np.mean(itl)),
         "itl_p99_ms": float(np.percentile(itl, 99)),
     }
+
+
+class _RssSampler:
+    """The process's resident memory (MiB) every 0.25 s while the replay runs: cyclic garbage
+    the client leaves to the GC shows up as growth."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = [self._rss()]
+        self.young: list[int] = [gc.get_count()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _rss() -> float:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            self.samples.append(self._rss())
+            self.young.append(gc.get_count()[0])
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(self._rss())
+
+
+def _gc_timer(pauses: list[float]) -> Any:
+    """A gc callback appending each collection's duration (s) to `pauses`."""
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - started[0])
+
+    return callback
 
 
 def timer_baseline(rate: float, n: int = 2000) -> dict[str, float]:
@@ -380,6 +439,13 @@ def main() -> None:
         ("p99 ITL (ms)", "itl_p99_ms", "{:.2f}"),
         ("client wall (s)", "wall_s", "{:.1f}"),
         ("client cpu (s)", "cpu_s", "{:.1f}"),
+        ("client RSS start (MiB)", "rss_start_mib", "{:.0f}"),
+        ("client RSS max (MiB)", "rss_max_mib", "{:.0f}"),
+        ("client RSS 25/50/75/100% (MiB)", "rss_quartiles", "{}"),
+        ("max GC gen0 count (objects)", "young_max", "{:,.0f}"),
+        ("GC collections (incl. setup)", "gc_runs", "{:,.0f}"),
+        ("longest GC collection (ms)", "gc_max_ms", "{:.1f}"),
+        ("cyclic garbage after the run", "garbage", "{:,.0f}"),
     ]
     print(f"{'':30} {'agentab replay':>16} {'vllm bench serve':>18}")
     for label, key, fmt in rows:

@@ -18,6 +18,7 @@ from typing import Any
 
 from agentab.clock import is_virtual, run_real, run_virtual
 from agentab.errors import AgentabError
+from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir, write_manifest
 from agentab.replay.metrics import scrape_loop
 from agentab.replay.options import ReplayOptions
@@ -104,6 +105,7 @@ async def _run(
         with (
             ProgressView(runner, enabled=progress, label=label),
             _gc_frozen(loop),
+            eager_tasks(loop) if not is_virtual(loop) else contextlib.nullcontext(),
         ):
             stats = await runner.run()
         manifest["clock_t0"] = runner.t0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,55 @@ def parse_acceptance_probs(
         return [float(x) for x in value.split(",") if x.strip()]
     except ValueError:
         raise AgentabError(f"--acceptance-probs: {value!r} is not a comma-separated list") from None
+
+
+# The simulator's engine flags shared by `agentab simulate` and `agentab serve`.
+SIMULATOR_FLAGS = (
+    "num_draft_tokens",
+    "acceptance_length",
+    "acceptance_probs",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "kv_blocks",
+)
+
+
+def simulator_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the simulator's flags (profile, decode backend, spec decode, limits) to a command."""
+    options = [
+        click.option("--profile", required=True, help="Hardware profile name or TOML path."),
+        click.option(
+            "--decode-backend",
+            type=click.Choice(BACKENDS),
+            default="auto",
+            show_default=True,
+            help="Which decode path the engine may use for the steps it supports.",
+        ),
+        click.option("--num-draft-tokens", type=int, default=None, help="Speculative drafts."),
+        click.option(
+            "--acceptance-length",
+            type=float,
+            default=None,
+            help="Synthetic mean acceptance length (spec decode).",
+        ),
+        click.option(
+            "--acceptance-probs",
+            callback=parse_acceptance_probs,
+            default=None,
+            help="Per-position acceptance rates, e.g. 0.9,0.7,0.5 (instead of the length).",
+        ),
+        click.option("--max-num-seqs", type=int, default=None),
+        click.option("--max-num-batched-tokens", type=int, default=None),
+        click.option("--kv-blocks", type=int, default=None, help="Override KV capacity (blocks)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def simulator_flags(kw: dict[str, Any]) -> dict[str, Any]:
+    """The flags of `simulator_options` that were given, as `build_simulator` options."""
+    return {name: kw[name] for name in SIMULATOR_FLAGS if kw[name] is not None}
 
 
 @engine.command()

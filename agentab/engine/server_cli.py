@@ -13,8 +13,7 @@ from typing import Any
 
 import click
 
-from agentab.engine.cli import parse_acceptance_probs
-from agentab.engine.paths import BACKENDS
+from agentab.engine.cli import simulator_flags, simulator_options
 
 ENGINES = ("sim",)
 
@@ -28,8 +27,7 @@ ENGINES = ("sim",)
     show_default=True,
     help="Which engine serves (sim: the simulator, real clock).",
 )
-@click.option("--profile", required=True, help="Hardware profile name or TOML path.")
-@click.option("--decode-backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
+@simulator_options
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True, help="0 picks a free port.")
 @click.option(
@@ -45,17 +43,6 @@ ENGINES = ("sim",)
     default=None,
     help="Refuse prompt + max_tokens above this (vLLM-style 400).",
 )
-@click.option("--num-draft-tokens", type=int, default=None)
-@click.option("--acceptance-length", type=float, default=None)
-@click.option(
-    "--acceptance-probs",
-    callback=parse_acceptance_probs,
-    default=None,
-    help="Per-position acceptance rates, e.g. 0.9,0.7,0.5.",
-)
-@click.option("--max-num-seqs", type=int, default=None)
-@click.option("--max-num-batched-tokens", type=int, default=None)
-@click.option("--kv-blocks", type=int, default=None)
 @click.option("--seed", type=int, default=None, help="Engine seed (spec-decode acceptance).")
 @click.option(
     "--record-emissions",
@@ -67,19 +54,9 @@ def serve(**kw: Any) -> None:
     from agentab.engine import build_simulator
     from agentab.engine.server import EngineServer
 
-    options = {
-        k: kw[k]
-        for k in (
-            "num_draft_tokens",
-            "acceptance_length",
-            "acceptance_probs",
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "kv_blocks",
-            "seed",
-        )
-        if kw[k] is not None
-    }
+    options = simulator_flags(kw)
+    if kw["seed"] is not None:
+        options["seed"] = kw["seed"]
     engine = build_simulator(kw["profile"], kw["decode_backend"], **options)
     server = EngineServer(
         engine,

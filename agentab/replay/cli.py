@@ -11,8 +11,7 @@ from typing import Any
 
 import click
 
-from agentab.engine.cli import parse_acceptance_probs
-from agentab.engine.paths import BACKENDS
+from agentab.engine.cli import simulator_flags, simulator_options
 from agentab.errors import AgentabError
 from agentab.replay.options import ENDPOINTS, ReplayOptions
 
@@ -175,30 +174,7 @@ def replay(**kw: Any) -> None:
 
 @click.command("simulate")
 @_replay_options
-@click.option("--profile", required=True, help="Hardware profile name or TOML path.")
-@click.option(
-    "--decode-backend",
-    type=click.Choice(BACKENDS),
-    default="auto",
-    show_default=True,
-    help="Which decode path the simulator may use for the steps it supports.",
-)
-@click.option("--num-draft-tokens", type=int, default=None, help="Speculative draft tokens.")
-@click.option(
-    "--acceptance-length",
-    type=float,
-    default=None,
-    help="Synthetic mean acceptance length (spec decode).",
-)
-@click.option(
-    "--acceptance-probs",
-    callback=parse_acceptance_probs,
-    default=None,
-    help="Per-position acceptance rates, e.g. 0.9,0.7,0.5 (instead of --acceptance-length).",
-)
-@click.option("--max-num-seqs", type=int, default=None)
-@click.option("--max-num-batched-tokens", type=int, default=None)
-@click.option("--kv-blocks", type=int, default=None, help="Override the KV cache size (blocks).")
+@simulator_options
 def simulate(**kw: Any) -> None:
     """Replay WORKLOAD against the in-process simulator on the virtual clock."""
     from agentab.replay.api import simulate_to_dir
@@ -206,17 +182,8 @@ def simulate(**kw: Any) -> None:
     engine_options: dict[str, Any] = {
         "profile": kw["profile"],
         "decode_backend": kw["decode_backend"],
+        **simulator_flags(kw),
     }
-    for name in (
-        "num_draft_tokens",
-        "acceptance_length",
-        "acceptance_probs",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "kv_blocks",
-    ):
-        if kw[name] is not None:
-            engine_options[name] = kw[name]
     run_dir = simulate_to_dir(
         _load(kw),
         engine_options=engine_options,

@@ -8,6 +8,7 @@ metrics need end in one `AgentabError` line naming the path, never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,22 +86,24 @@ def scan_run_records(path: Path) -> pl.LazyFrame:
     """The run's request records as one lazy frame, via replay's reader."""
     from agentab.replay.records import scan_records
 
-    records = scan_records(path)
-    missing = [c for c in REQUIRED_COLUMNS if c not in records.collect_schema().names()]
-    if missing:
-        raise AgentabError(f"{path}/records: missing column(s) {', '.join(missing)}")
-    return records
+    return _require_columns(scan_records(path), REQUIRED_COLUMNS, f"{path}/records")
 
 
 def scan_server_metrics(path: Path) -> pl.LazyFrame:
     """Scraped Prometheus samples (long form); an empty frame when the run scraped none."""
     from agentab.replay.records import scan_metrics
 
-    frame = scan_metrics(path)
-    missing = [c for c in METRICS_COLUMNS if c not in frame.collect_schema().names()]
-    if missing:
-        raise AgentabError(f"{path}/metrics: missing column(s) {', '.join(missing)}")
+    frame = _require_columns(scan_metrics(path), METRICS_COLUMNS, f"{path}/metrics")
     return frame.select(METRICS_COLUMNS)
+
+
+def _require_columns(frame: pl.LazyFrame, columns: Sequence[str], where: str) -> pl.LazyFrame:
+    """Fail with one line naming the missing columns, before any metric reads them."""
+    names = frame.collect_schema().names()
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise AgentabError(f"{where}: missing column(s) {', '.join(missing)}")
+    return frame
 
 
 def load_run(path: str | Path) -> Run:

@@ -17,6 +17,7 @@ import click
 import orjson
 
 from agentab.engine.paths import BACKENDS
+from agentab.engine.sim import OPTIONS as SIM_OPTIONS
 from agentab.errors import AgentabError
 
 
@@ -37,14 +38,10 @@ def parse_acceptance_probs(
         raise AgentabError(f"--acceptance-probs: {value!r} is not a comma-separated list") from None
 
 
-# The simulator's engine flags shared by `agentab simulate` and `agentab serve`.
-SIMULATOR_FLAGS = (
-    "num_draft_tokens",
-    "acceptance_length",
-    "acceptance_probs",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_blocks",
+# The simulator options `agentab simulate` and `agentab serve` expose as flags (the rest of
+# `agentab.engine.sim.OPTIONS` are set per command or left at their defaults).
+SIMULATOR_FLAGS = tuple(
+    name for name in SIM_OPTIONS if name not in ("block_size", "seed", "fast_forward")
 )
 
 

@@ -29,6 +29,7 @@ from agentab.workloads.checks import (
     opt_int,
     opt_num,
     opt_str,
+    session_header,
     str_tuple,
 )
 from agentab.workloads.model import PARENT_AGENT_ID, Request, Session, Subagent, Workload
@@ -142,16 +143,7 @@ def _check_unique_ids(sessions: list[Session], source: str) -> None:
 def parse_session(obj: object, ctx: Ctx) -> Session:
     """One AgentX session object -> Session (raises AgentabError naming where it is wrong)."""
     ctx.session = None
-    if type(obj) is not dict:
-        ctx.fail(f"a session must be a JSON object, got {type(obj).__name__}")
-    d: dict[str, Any] = obj
-    sid = d.get("id")
-    if type(sid) is not str or not sid:
-        ctx.fail("session field 'id' must be a non-empty string")
-    ctx.session = sid
-    if not d.keys() <= SESSION_FIELDS:
-        ctx.unknown(d.keys(), SESSION_FIELDS, None)
-    block_size = need_int(ctx, d, "block_size", None, minimum=1)
+    d, sid, block_size = session_header(ctx, obj, SESSION_FIELDS)
     scope = d.get("hash_id_scope", "local")
     if scope not in ("local", "global"):
         ctx.fail(f"field 'hash_id_scope' must be 'local' or 'global', got {scope!r}")

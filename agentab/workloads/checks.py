@@ -159,6 +159,25 @@ def str_tuple(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> tupl
     return t
 
 
+def session_header(
+    ctx: Ctx, obj: object, fields: frozenset[str]
+) -> tuple[dict[str, Any], str, int]:
+    """A session object's checked header: the dict, its id (also set on `ctx`) and block size.
+
+    Shared by the AgentX and native readers, so both name a bad session the same way.
+    """
+    if type(obj) is not dict:
+        ctx.fail(f"a session must be a JSON object, got {type(obj).__name__}")
+    d: dict[str, Any] = obj
+    sid = d.get("id")
+    if type(sid) is not str or not sid:
+        ctx.fail("session field 'id' must be a non-empty string")
+    ctx.session = sid
+    if not d.keys() <= fields:
+        ctx.unknown(d.keys(), fields, None)
+    return d, sid, need_int(ctx, d, "block_size", None, minimum=1)
+
+
 def need_list(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> list[Any]:
     v = d.get(key)
     if type(v) is list:

@@ -28,6 +28,7 @@ from agentab.workloads.checks import (
     opt_int,
     opt_num,
     opt_str,
+    session_header,
     str_tuple,
 )
 from agentab.workloads.model import (
@@ -139,16 +140,7 @@ def load_native(path: Path) -> Workload:
 
 
 def _parse_session(ctx: Ctx, obj: object) -> Session:
-    if type(obj) is not dict:
-        ctx.fail(f"a session must be a JSON object, got {type(obj).__name__}")
-    d: dict[str, Any] = obj
-    sid = d.get("id")
-    if type(sid) is not str or not sid:
-        ctx.fail("session field 'id' must be a non-empty string")
-    ctx.session = sid
-    if not d.keys() <= SESSION_FIELDS:
-        ctx.unknown(d.keys(), SESSION_FIELDS, None)
-    block_size = need_int(ctx, d, "block_size", None, minimum=1)
+    d, sid, block_size = session_header(ctx, obj, SESSION_FIELDS)
     scope = d.get("hash_scope")
     if scope is not None and type(scope) is not str:
         ctx.fail("field 'hash_scope' must be a string or null")

@@ -37,8 +37,12 @@ OPTS = ReplayOptions(
 )
 
 
-def _session(i: int) -> Session:
-    """Four growing parent turns (chained hash ids) and one joined subagent."""
+def _session(i: int, out_scale: int = 1) -> Session:
+    """Four growing parent turns (chained hash ids) and one joined subagent.
+
+    `out_scale` multiplies the parent turns' output lengths: the timing test needs enough chunks
+    that its p99 is a percentile, not the second-largest of a few hundred samples.
+    """
     items: list[Request | Subagent] = []
     ids: tuple[int, ...] = ()
     for k in range(4):
@@ -47,7 +51,7 @@ def _session(i: int) -> Session:
             Request(
                 t=0.3 * k,
                 in_tokens=len(ids) * 64 + 10,
-                out_tokens=12 + 4 * k,
+                out_tokens=(12 + 4 * k) * out_scale,
                 hash_ids=ids,
                 api_time=0.1,
             )
@@ -110,7 +114,7 @@ class _ServedHttpTarget(HttpTarget):
 
 
 def test_client_chunk_times_match_server_writes(tmp_path: Path) -> None:
-    wl = Workload(tuple(_session(i) for i in range(3)))
+    wl = Workload(tuple(_session(i, out_scale=5) for i in range(3)))
     target = _ServedHttpTarget()
     run_dir = run_to_dir(
         wl, target, replay=OPTS, out_dir=tmp_path / "r", virtual=False, progress=False

@@ -46,6 +46,9 @@ _compiled: dict[Any, Any] = {}
 
 
 def _cached(key: Any, make: Any) -> Any:
+    from agentab.kernels.cute.common import pdl_mode
+
+    key = (key, pdl_mode())  # the PDL trigger placement is traced into every kernel
     if key not in _compiled:
         _compiled[key] = make()
     return _compiled[key]

@@ -8,6 +8,26 @@ from typing import Any
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
+PDL_ENV = "AGENTAB_KERNELS_PDL"
+PDL_MODES = ("end", "early")
+
+
+def pdl_mode() -> str:
+    """Where each kernel lets its PDL dependent launch: "end" (after its last store) or
+    "early" (right after its own griddepcontrol.wait).
+
+    With "end" the dependent grid starts only as this one drains, so its pre-wait weight loads
+    overlap nothing but the final memory flush. With "early" the dependent's CTAs take SM slots
+    as this grid's CTAs retire and issue their constant (weight) loads under its tail. Safe
+    because every kernel reads and writes activations only after its own wait, and a grid
+    completes only after its wait returned (so completion stays transitive along the chain).
+    Read at trace time: compile caches must key on it.
+    """
+    raw = os.environ.get(PDL_ENV, "end").strip() or "end"
+    if raw not in PDL_MODES:
+        raise ValueError(f"${PDL_ENV}: {raw!r} is not one of {', '.join(PDL_MODES)}")
+    return raw
+
 
 # Hopper's shared-memory capacities per SM (KB); the rest of the 256 KB is L1.
 SMEM_CONFIGS_KB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)

@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
-from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.common import compile_tvm_ffi, fake, pdl_mode
 
 N_SMS = 132
 
@@ -108,6 +108,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
     MLA step preparation (`mla_prep.prep_body`): the absorbed-query GEMV and the cache write /
     RoPE then share one launch, since both only need q_b's output.
     """
+    early = pdl_mode() == "early"  # where the PDL dependent may launch
     spec.validate()
     lpr = spec.lanes_per_row
     rs = 32 // lpr
@@ -148,6 +149,8 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
                 cute.copy(atom, src, frag)
                 wfr.append(frag)
         cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(early):
+            cute.arch.griddepcontrol_launch_dependents()
 
         acc = cute.make_rmem_tensor(cute.make_layout(unroll * m_tok), Float32)
         ss = cute.make_rmem_tensor(cute.make_layout(m_tok), Float32)
@@ -232,7 +235,8 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
                 Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16
             )
             body(mW, mX, mG, mR, mY, mRs, red, red_ss, tidx, bidx)
-            cute.arch.griddepcontrol_launch_dependents()
+            if cutlass.const_expr(not early):
+                cute.arch.griddepcontrol_launch_dependents()
 
         @cute.jit
         def host(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
@@ -266,9 +270,12 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
             body(mW, mX, mG, mR, mY, mRs, red, red_ss, tidx, bidx)
         else:
             cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(early):
+                cute.arch.griddepcontrol_launch_dependents()
             prep_body(prep, 32 * warps, bidx - gemv_ctas, tidx, mQkv, mX, mPos, mNorm, mCS,
                       mCache, mQpe, red_p)  # fmt: skip
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not early):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def host_prep(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,

@@ -24,7 +24,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
-from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
+from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake, pdl_mode
 from agentab.kernels.cute.gemv import GemvSpec
 
 N_SMS = 132
@@ -77,6 +77,7 @@ def stream_plan(spec: GemvSpec) -> tuple[int, int, int] | None:
 
 def build_gemv_stream(spec: GemvSpec) -> Any:
     """Trace the kernel for `spec` (see `stream_plan`); same arguments as `gemv.build_gemv`."""
+    early = pdl_mode() == "early"  # where the PDL dependent may launch
     spec.validate()
     got = stream_plan(spec)
     if got is None:
@@ -119,6 +120,8 @@ def build_gemv_stream(spec: GemvSpec) -> Any:
             cute.copy(casync, src, slots[i])
             cute.arch.cp_async_commit_group()
         cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(early):
+            cute.arch.griddepcontrol_launch_dependents()
 
         acc = cute.make_rmem_tensor(cute.make_layout(rw * m_tok), Float32)
         ss = cute.make_rmem_tensor(cute.make_layout(m_tok), Float32)
@@ -175,7 +178,8 @@ def build_gemv_stream(spec: GemvSpec) -> Any:
                     if cutlass.const_expr(spec.resid):
                         v = v + mR[t, row].to(Float32)
                     mY[t, spec.out_offset + row] = v.to(out_t)
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not early):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def host(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,

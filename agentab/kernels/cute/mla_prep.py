@@ -14,7 +14,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.common import compile_tvm_ffi, fake, pdl_mode
 
 THREADS = 128
 
@@ -92,6 +92,7 @@ def check_prep(spec: PrepSpec, nthreads: int) -> None:
 
 
 def build_prep(spec: PrepSpec) -> Any:
+    early = pdl_mode() == "early"  # where the PDL dependent may launch
     check_prep(spec, THREADS)
 
     @cute.kernel
@@ -102,8 +103,11 @@ def build_prep(spec: PrepSpec) -> Any:
         alloc = cutlass.utils.SmemAllocator()
         red = alloc.allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
         cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(early):
+            cute.arch.griddepcontrol_launch_dependents()
         prep_body(spec, THREADS, b, tidx, mQkv, mQ, mPos, mNorm, mCS, mCache, mQpe, red)
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not early):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def host(mQkv: cute.Tensor, mQ: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,

@@ -28,7 +28,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
+from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake, pdl_mode
 
 SEG = 8  # tokens per segment
 WARPS = 8
@@ -226,6 +226,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
     first and stream them while the router drains and while they build the work list; 1/rms is
     loaded right after the wait instead of after the routing.
     """
+    early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     ch = hid // 256  # 16-byte chunks per lane
     kq = 4 if ch % 4 == 0 else 1  # warps splitting the hidden dim of one row pair
@@ -387,6 +388,8 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
             gdst = cute.local_tile(gam_s, (8,), (i,))
             cute.autovec_copy(gsrc, gdst)
         cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(early):
+            cute.arch.griddepcontrol_launch_dependents()
         if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
@@ -440,7 +443,8 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
                 ln = seg_len[s]
             do_item(item, rb, start, ln, gw, uw, m, mX, mAct, sorted_a, red, rs_s, gam_s, tidx,
                     slot, q, c0, lane)  # fmt: skip
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not early):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
@@ -468,6 +472,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
     (version 8 read the segment count first, then the lists one after another: four dependent
     L2 round trips before the first weight load, one more for the residual at the end).
     """
+    early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     if inter != 256:
         raise ValueError("moe_down maps one 16-byte chunk per lane: inter must be 256")
@@ -595,6 +600,8 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
                     cute.copy(casync, src, wv0[r])
                 cute.arch.cp_async_commit_group()
             cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(early):
+                cute.arch.griddepcontrol_launch_dependents()
             stage(lambda i: mSegs[i // 3, i % 3], segs, n_segs_flat, tidx)
             stage(lambda i: mSorted[i], srt, spec.rows_act, tidx)
             stage(lambda i: mSelW[i], sw, ns, tidx)
@@ -607,6 +614,8 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
                 do_seg(segs[1], segs[2], wv0, m, mAct, srt, sw, acc, lane)
         else:
             cute.arch.griddepcontrol_wait()
+            if cutlass.const_expr(early):
+                cute.arch.griddepcontrol_launch_dependents()
             n_seg = mSegs[spec.max_segments, 0]
             m = mSegs[spec.max_segments, 1]
             # The work list is small: stage it in shared memory once, so the segment loop waits
@@ -638,7 +647,8 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
             for wi in cutlass.range_constexpr(WARPS):
                 v = v + acc[wi * mm * rpc + i]
             mOut[t, d0 + r] = v.to(BFloat16)
-        cute.arch.griddepcontrol_launch_dependents()
+        if cutlass.const_expr(not early):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @cute.jit
     def host(m_arg: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,

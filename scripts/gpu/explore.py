@@ -1,0 +1,235 @@
+# ruff: noqa: E501  (log lines)
+"""One device call for session 3's questions (benchmarks/kernels/NOTES.md, "Session 3").
+
+Run on the GPU machine (repo root):  source .gpu/setup.sh && python3 scripts/gpu/explore.py
+  A  read ceilings: one plain streaming read (Triton) of the sizes the layer's kernels read,
+     alone and as a chain of nine kernels in one graph (the floor of a nine-kernel layer
+     without cross-kernel overlap), against one kernel reading the same 182.6 MB;
+  B  the specialized path with the PDL trigger at the end (as measured before) and early
+     (right after each kernel's wait), versions 8 and 9, batch 1, 2, 4, 64; the standard path
+     at 1 and 64 for the speedup;
+  C  `kernels check` semantics for the early trigger (context 512);
+  D  the remaining batch sizes for the best early variant.
+Writes $OUT/explore.json; prints a short table last. EXPLORE_BUDGET_S (default 420) bounds it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+T0 = time.time()
+CONTEXT = 4096
+OUT = Path(os.environ.get("OUT", "out"))
+BUDGET = float(os.environ.get("EXPLORE_BUDGET_S", "420"))
+DOC: dict[str, Any] = {"read": {}, "bench": [], "checks": []}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def save() -> None:
+    DOC["elapsed_s"] = round(time.time() - T0, 1)
+    (OUT / "explore.json").write_text(json.dumps(DOC, indent=1))
+
+
+def read_ceilings() -> None:
+    """Stage A: what one streaming read of N bytes costs in a graph, alone and chained."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_kernel(x_ptr, out_ptr, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], tl.float32)
+        base = pid.to(tl.int64) * CHUNK
+        for i in tl.static_range(0, CHUNK, BLOCK):
+            offs = base + i + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(acc))
+
+    def launcher(x: torch.Tensor, out: torch.Tensor, per_sm: int):
+        n = x.numel()
+        block = 2048
+        progs = 132 * per_sm
+        chunk = triton.cdiv(triton.cdiv(n, progs), block) * block
+        grid = (triton.cdiv(n, chunk),)
+        return lambda: read_kernel[grid](x, out, n, CHUNK=chunk, BLOCK=block, num_warps=8)
+
+    out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)
+    mb = 1 << 20
+    sizes = {"q_b 9.4MB": 9_437_184, "router 5.5MB": 5_505_024, "o_proj 29.4MB": 29_360_128,
+             "qkv_a 30.3MB": 30_277_632, "moe_down 33MB": 33_030_144, "moe_up 66MB": 66_060_288,
+             "layer 182.6MB": 182_647_424, "1GB": 1024 * mb}  # fmt: skip
+    for name, nbytes in sizes.items():
+        copies = max(2, min(16, (600 * mb) // nbytes + 1))  # > 10x L2 per graph replay
+        bufs = [torch.randn(nbytes // 2, device="cuda").to(torch.bfloat16) for _ in range(copies)]
+        best = None
+        for per_sm in (1, 2, 4, 8):
+            fns = [launcher(b, out, per_sm) for b in bufs]
+            for f in fns:
+                f()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for f in fns:
+                    f()
+            ts = []
+            for _ in range(3):
+                g.replay()
+            for _ in range(20):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                g.replay()
+                e.record()
+                e.synchronize()
+                ts.append(s.elapsed_time(e) * 1000 / copies)
+            ts.sort()
+            us = ts[len(ts) // 2]
+            DOC["read"][f"{name} x{per_sm}/SM"] = round(us, 2)
+            if best is None or us < best[0]:
+                best = (us, per_sm)
+        us, per_sm = best
+        DOC["read"][name] = {
+            "us": round(us, 2),
+            "per_sm": per_sm,
+            "tb_s": round(nbytes / us / 1e6, 3),
+        }
+        log(f"read {name:>14}: {us:8.2f} us  {nbytes / us / 1e6:5.2f} TB/s  ({per_sm} programs/SM)")
+        del bufs
+        torch.cuda.empty_cache()
+    # A chain of the layer's nine weight reads in one graph (4 layer copies rotate).
+    parts = [30_277_632, 9_437_184, 2_097_152, 4_718_592, 2_097_152, 29_360_128, 5_505_024,
+             66_060_288, 33_030_144]  # fmt: skip
+    layers = [
+        [torch.randn(p // 2, device="cuda").to(torch.bfloat16) for p in parts] for _ in range(4)
+    ]
+    fns = [launcher(b, out, 2) for lay in layers for b in lay]
+    for f in fns:
+        f()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    for _ in range(3):
+        g.replay()
+    ts = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) * 1000 / 4)
+    ts.sort()
+    us = ts[len(ts) // 2]
+    DOC["read"]["chain of 9 (182.6MB)"] = {
+        "us": round(us, 2),
+        "tb_s": round(sum(parts) / us / 1e6, 3),
+    }
+    log(
+        f"read chain of 9 kernels, 182.6 MB: {us:.2f} us per layer ({sum(parts) / us / 1e6:.2f} TB/s)"
+    )
+    save()
+
+
+def main() -> int:
+    import torch
+
+    from agentab.kernels.bench import bench_path
+    from agentab.kernels.check import check_one
+    from agentab.kernels.config import get_preset
+    from agentab.kernels.weights import init_weights
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    log(f"torch {torch.__version__} {torch.cuda.get_device_name()}")
+    try:
+        read_ceilings()
+    except Exception:
+        traceback.print_exc()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cfg = get_preset("k2-tp8-shard")
+    dev = torch.device("cuda")
+    weights = [init_weights(cfg, 1000 * i, dev) for i in range(4)]
+    w_check = init_weights(cfg, 4242, dev)
+    log("weights ready")
+
+    def variant(version: int, pdl: str) -> None:
+        os.environ["AGENTAB_KERNELS_VERSION"] = str(version)
+        os.environ["AGENTAB_KERNELS_PDL"] = pdl
+
+    def bench(path: str, version: int, pdl: str, batch: int) -> float | None:
+        if time.time() - T0 > BUDGET:
+            log(f"skip bench {path} v{version} {pdl} b{batch}: budget")
+            return None
+        variant(version, pdl)
+        try:
+            r = bench_path(path, cfg, weights, batch, CONTEXT, 100, 0)
+        except Exception as exc:
+            traceback.print_exc()
+            DOC["bench"].append({"path": path, "version": version, "pdl": pdl, "batch": batch,
+                                 "error": f"{type(exc).__name__}: {exc}"[:400]})  # fmt: skip
+            return None
+        torch.cuda.empty_cache()
+        row = {"path": path, "version": version, "pdl": pdl, "batch": batch,
+               **{k: r[k] for k in ("us_per_layer", "p10_us_per_layer", "p90_us_per_layer", "kernels", "build_s")},
+               "breakdown": r["eager_kernel_breakdown"]}  # fmt: skip
+        DOC["bench"].append(row)
+        save()
+        log(f"bench {path:11s} v{version} {pdl:5s} b{batch:3d}: {r['us_per_layer']:8.1f} us/layer "
+            f"(p10 {r['p10_us_per_layer']:.1f} p90 {r['p90_us_per_layer']:.1f}) {r['kernels']} kernels")  # fmt: skip
+        return r["us_per_layer"]
+
+    def check(version: int, pdl: str, batch: int) -> None:
+        if time.time() - T0 > BUDGET:
+            return
+        variant(version, pdl)
+        try:
+            r = check_one("specialized", cfg, w_check, batch, 512, 0)
+        except Exception as exc:
+            traceback.print_exc()
+            r = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+        DOC["checks"].append({"version": version, "pdl": pdl, "batch": batch, **r})
+        save()
+        log(f"check v{version} {pdl} b{batch}: {'ok' if r.get('ok') else 'FAIL'} "
+            f"out {r.get('out_err', float('nan')):.2e} mism {r.get('expert_mismatches')} written {r.get('all_written')}")  # fmt: skip
+
+    for b in (1, 64):
+        bench("standard", 8, "end", b)
+    for b in (1, 2, 4, 64):
+        for v, pdl in ((8, "end"), (8, "early"), (9, "early")):
+            bench("specialized", v, pdl, b)
+    for v in (8, 9):
+        for b in (1, 2, 3, 4, 5, 8, 33, 64):
+            check(v, "early", b)
+    for b in (8, 16, 32):
+        bench("standard", 8, "end", b)
+        for v in (8, 9):
+            bench("specialized", v, "early", b)
+    save()
+    print("\nread ceilings (us, TB/s):")
+    for k, v in DOC["read"].items():
+        if isinstance(v, dict):
+            print(f"  {k:>22}: {v['us']:8.2f} us {v['tb_s']:.2f} TB/s")
+    print("bench (us/layer):")
+    for r in DOC["bench"]:
+        if "us_per_layer" in r:
+            print(
+                f"  {r['path'][:4]} v{r['version']} {r['pdl']:5s} b{r['batch']:3d}: {r['us_per_layer']:8.1f}"
+            )
+    bad = [c for c in DOC["checks"] if not c.get("ok")]
+    print(
+        f"checks: {len(DOC['checks']) - len(bad)}/{len(DOC['checks'])} ok {[(c['version'], c['batch']) for c in bad]}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,7 +26,7 @@ from typing import Any
 T0 = time.time()
 CONTEXT = 4096
 OUT = Path(os.environ.get("OUT", "out"))
-BUDGET = float(os.environ.get("EXPLORE_BUDGET_S", "420"))
+BUDGET = float(os.environ.get("EXPLORE_BUDGET_S", "300"))
 DOC: dict[str, Any] = {"read": {}, "bench": [], "checks": []}
 
 
@@ -50,7 +50,7 @@ def read_ceilings() -> None:
         pid = tl.program_id(0)
         acc = tl.zeros([BLOCK], tl.float32)
         base = pid.to(tl.int64) * CHUNK
-        for i in tl.static_range(0, CHUNK, BLOCK):
+        for i in tl.range(0, CHUNK, BLOCK):
             offs = base + i + tl.arange(0, BLOCK)
             acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
         tl.store(out_ptr + pid, tl.sum(acc))
@@ -65,14 +65,14 @@ def read_ceilings() -> None:
 
     out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)
     mb = 1 << 20
-    sizes = {"q_b 9.4MB": 9_437_184, "router 5.5MB": 5_505_024, "o_proj 29.4MB": 29_360_128,
-             "qkv_a 30.3MB": 30_277_632, "moe_down 33MB": 33_030_144, "moe_up 66MB": 66_060_288,
-             "layer 182.6MB": 182_647_424, "1GB": 1024 * mb}  # fmt: skip
+    # (call 1 of session 3 measured these sizes with a fully unrolled loop; the 1 GB case then
+    # spent the call compiling, so the loop is a plain loop now and the list is short)
+    sizes = {"qkv_a 30.3MB": 30_277_632, "moe_up 66MB": 66_060_288}
     for name, nbytes in sizes.items():
         copies = max(2, min(16, (600 * mb) // nbytes + 1))  # > 10x L2 per graph replay
         bufs = [torch.randn(nbytes // 2, device="cuda").to(torch.bfloat16) for _ in range(copies)]
         best = None
-        for per_sm in (1, 2, 4, 8):
+        for per_sm in (2, 8):
             fns = [launcher(b, out, per_sm) for b in bufs]
             for f in fns:
                 f()
@@ -111,7 +111,7 @@ def read_ceilings() -> None:
     layers = [
         [torch.randn(p // 2, device="cuda").to(torch.bfloat16) for p in parts] for _ in range(4)
     ]
-    fns = [launcher(b, out, 2) for lay in layers for b in lay]
+    fns = [launcher(b, out, 4) for lay in layers for b in lay]
     for f in fns:
         f()
     g = torch.cuda.CUDAGraph()

@@ -134,14 +134,15 @@ def split_plan(batch: int, max_len: int, n_sms: int = 132, version: int | None =
     """(number of splits, tokens per split): about two programs per SM over the whole batch.
 
     Version 8 kept at least two blocks of tokens per split, which at batch 1-4 and context 4096
-    left 43 programs for 132 SMs; version 9 allows one block per split (129 programs at batch 1
-    and 2, 65 splits at batch 3-4) and leaves batch >= 5 as it was.
+    left 43 programs for 132 SMs; versions 9 and 10 allow one block per split (129 programs at
+    batch 1 and 2, 65 splits at batch 3-4) and leave batch >= 5 as it was; versions 11 and 12
+    (new MoE kernels only) plan as version 8.
     """
     v = kernels_version() if version is None else version
     blocks = max(1, math.ceil(max_len / BLOCK_N))
     want = max(1, math.ceil(2 * n_sms / batch))
     # Version 8: at least two blocks of tokens per split; version 9: at least one.
-    n_splits = min(blocks, want) if v >= 9 else min(max(1, blocks // 2), want)
+    n_splits = min(blocks, want) if v in (9, 10) else min(max(1, blocks // 2), want)
     split_len = math.ceil(blocks / n_splits) * BLOCK_N
     n_splits = math.ceil(max_len / split_len)
     return n_splits, split_len
@@ -153,7 +154,7 @@ def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132,
     are two programs per SM, so batch 1 reads its partials with 256 programs instead of 64."""
     v = kernels_version() if version is None else version
     ct = min(128, kvl)
-    if v >= 9:
+    if v in (9, 10):
         while ct > 32 and batch * n_heads * (kvl // ct) < 2 * n_sms:
             ct //= 2
     return ct

@@ -42,6 +42,7 @@ M_MAX = 64
 FUSE_PREP = os.environ.get("AGENTAB_KERNELS_FUSE_PREP", "1") != "0"
 # Kernel version 10 streams these projections with `cute/gemv_stream.py` (cp.async rings).
 STREAMED = ("qkv_a", "q_b", "o_proj")
+MOE_VERSIONS = {8: (8, 8), 9: (9, 9), 10: (9, 9), 11: (11, 8), 12: (11, 9)}
 _compiled: dict[Any, Any] = {}
 
 
@@ -89,16 +90,19 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     moe_spec = MoeSpec.from_config(cfg, M_MAX)
     version = kernels_version()
     out["moe_spec"] = moe_spec
-    moe_version = min(version, 9)  # version 10 changed only the dense GEMVs
+    # (moe_up, moe_down) versions: 10 changed only the dense GEMVs; 11 and 12 only moe_up (the
+    # cp.async ring), with version 8's or version 9's moe_down.
+    up_v, down_v = MOE_VERSIONS[version]
     out["moe"] = _cached(
-        ("moe", moe_spec, moe_version), lambda: compile_moe(moe_spec, version=moe_version)
+        ("moe", moe_spec, up_v, down_v),
+        lambda: compile_moe(moe_spec, version=up_v, down_version=down_v),
     )
     if batch <= SMALL:
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)
         for name, spec in gemv_specs(cfg, batch).items():
             if name == "absorb" and FUSE_PREP:
                 fn = _cached(("gemv+prep", spec, pspec), lambda s=spec: compile_gemv(s, pspec))
-            elif version >= 10 and name in STREAMED and stream_plan(spec) is not None:
+            elif version == 10 and name in STREAMED and stream_plan(spec) is not None:
                 fn = _cached(("gemv-stream", spec), lambda s=spec: compile_gemv_stream(s))
             else:
                 fn = _cached(("gemv", spec), lambda s=spec: compile_gemv(s))

@@ -150,10 +150,11 @@ def main() -> int:
 
     OUT.mkdir(parents=True, exist_ok=True)
     log(f"torch {torch.__version__} {torch.cuda.get_device_name()}")
-    try:
-        read_ceilings()
-    except Exception:
-        traceback.print_exc()
+    if os.environ.get("EXPLORE_READ", "0") == "1":  # measured in call 2 (NOTES.md)
+        try:
+            read_ceilings()
+        except Exception:
+            traceback.print_exc()
     torch.backends.cuda.matmul.allow_tf32 = False
     cfg = get_preset("k2-tp8-shard")
     dev = torch.device("cuda")
@@ -201,18 +202,24 @@ def main() -> int:
         log(f"check v{version} {pdl} b{batch}: {'ok' if r.get('ok') else 'FAIL'} "
             f"out {r.get('out_err', float('nan')):.2e} mism {r.get('expert_mismatches')} written {r.get('all_written')}")  # fmt: skip
 
+    # EXPLORE_VARIANTS: "version:pdl" pairs timed at batch 1, 2, 4, 64 (call 2: 8:end, 8:early,
+    # 9:early); EXPLORE_CHECK: versions checked (early trigger when the variant says so);
+    # EXPLORE_MORE: versions timed at batch 8, 16, 32 too.
+    variants = [(int(v), pdl) for v, pdl in
+                (x.split(":") for x in os.environ.get("EXPLORE_VARIANTS", "8:end,11:end,12:end").split(","))]  # fmt: skip
+    pdl_of = dict(variants)
     for b in (1, 64):
         bench("standard", 8, "end", b)
     for b in (1, 2, 4, 64):
-        for v, pdl in ((8, "end"), (8, "early"), (9, "early")):
+        for v, pdl in variants:
             bench("specialized", v, pdl, b)
-    for v in (8, 9):
+    for v in map(int, os.environ.get("EXPLORE_CHECK", "11,12").split(",")):
         for b in (1, 2, 3, 4, 5, 8, 33, 64):
-            check(v, "early", b)
+            check(v, pdl_of.get(v, "end"), b)
     for b in (8, 16, 32):
         bench("standard", 8, "end", b)
-        for v in (8, 9):
-            bench("specialized", v, "early", b)
+        for v in map(int, os.environ.get("EXPLORE_MORE", "8,11,12").split(",")):
+            bench("specialized", v, pdl_of.get(v, "end"), b)
     save()
     print("\nread ceilings (us, TB/s):")
     for k, v in DOC["read"].items():

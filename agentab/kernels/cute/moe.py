@@ -31,6 +31,7 @@ from agentab.kernels.config import LayerConfig
 from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake, pdl_mode
 
 SEG = 8  # tokens per segment
+RING = 3  # moe_up version 11: items in flight per thread (shared-memory stages)
 WARPS = 8
 THREADS = 32 * WARPS
 N_SMS = 132
@@ -225,6 +226,14 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
     expert, rows b * rslots ..) is known before the PDL wait: those CTAs issue its weight loads
     first and stream them while the router drains and while they build the work list; 1/rms is
     loaded right after the wait instead of after the routing.
+
+    Version 11 (session 3; ncu showed versions 8/9 at 37% of DRAM bandwidth at batch 1, their
+    CTAs alternating between waiting for one item's weights and computing it): one CTA per SM,
+    and every thread streams its chunks of the items through a private ring of `RING` stages in
+    shared memory with cp.async, the next items' copies in flight while it computes the current
+    one (a thread reads back only its own slots, so the ring needs no barrier). The first item
+    (the shared expert's, as in version 9) is requested before the PDL wait. The weights of an
+    item are read once from shared memory into registers, then used for all its tokens.
     """
     early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
@@ -234,13 +243,16 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
     rslots = WARPS // kq  # intermediate rows per item
     if hid % 256 or inter % rslots or spec.n_experts % 32:
         raise ValueError("hidden % 256, inter % row slots and n_experts % 32 must be 0")
-    if version not in (8, 9):
-        raise ValueError(f"moe_up version {version}: 8 or 9")
+    if version not in (8, 9, 11):
+        raise ValueError(f"moe_up version {version}: 8, 9 or 11")
     tiles = inter // rslots
     n_exp = spec.n_experts
     ns = spec.n_assign
     n_red = rslots * SEG * kq * 2
-    v9 = version >= 9
+    v9 = version == 9
+    v11 = version == 11
+    shared_first = version >= 9
+    stage_elems = 2 * chq * THREADS * 8  # one item's weights, every thread's slots
     smem_bytes = (
         4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + 2 * n_red)
         + 4 * spec.m_max
@@ -253,6 +265,11 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
         # Two CTAs of 89 KB per SM: the 196 KB configuration, which leaves 60 KB of L1 for the
         # activations (228 KB would leave 28 KB).
         carveout = carveout_for(2 * (smem_bytes + 1024))
+    if v11:
+        smem_bytes += RING * stage_elems * 2 + 128
+        carveout = carveout_for(smem_bytes + 1024)
+        if smem_bytes + 1024 > 227 * 1024:
+            raise ValueError(f"moe_up v11: {smem_bytes} bytes of shared memory per CTA")
 
     @cute.jit
     def load_rows(mW13: cute.Tensor, e, ii, c0, lane, gw: list, uw: list):
@@ -267,12 +284,49 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
         return [cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(chq)]
 
     @cute.jit
+    def issue(mW13: cute.Tensor, ring: cute.Tensor, stage, e, ii, c0, lane, tidx):
+        """Version 11: cp.async this thread's chunks of gate row ii and up row inter + ii of
+        expert e into its slots of ring stage `stage`."""
+        casync = cute.make_copy_atom(
+            cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL),
+            BFloat16,
+            num_bits_per_copy=128,
+        )
+        base = stage * (2 * chq * THREADS)
+        for c in cutlass.range_constexpr(chq):
+            kc = (c0 + c) * 32 + lane
+            g_dst = cute.local_tile(ring, (8,), (base + (2 * c) * THREADS + tidx,))
+            u_dst = cute.local_tile(ring, (8,), (base + (2 * c + 1) * THREADS + tidx,))
+            cute.copy(casync, cute.local_tile(mW13[e, ii, None], (8,), (kc,)), g_dst)
+            cute.copy(casync, cute.local_tile(mW13[e, inter + ii, None], (8,), (kc,)), u_dst)
+
+    def ring_views(ring: cute.Tensor, stage, tidx) -> tuple:
+        base = stage * (2 * chq * THREADS)
+        gw = [cute.local_tile(ring, (8,), (base + (2 * c) * THREADS + tidx,)) for c in range(chq)]
+        uw = [cute.local_tile(ring, (8,), (base + (2 * c + 1) * THREADS + tidx,))
+              for c in range(chq)]  # fmt: skip
+        return gw, uw
+
+    @cute.jit
     def do_item(item, rb, start, ln, gw: list, uw: list, m, mX: cute.Tensor, mAct: cute.Tensor,
                 sorted_a: cute.Tensor, red: cute.Tensor, rs_s: cute.Tensor, gam_s: cute.Tensor,
                 tidx, slot, q, c0, lane):  # fmt: skip
         """One (segment, rslots rows) item (segment rows start.. start + ln) whose weights are in
         gw/uw (loads in flight)."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        if cutlass.const_expr(v11):
+            # from this thread's ring slots into registers once, for every token of the item
+            gwr = []
+            uwr = []
+            for c in cutlass.range_constexpr(chq):
+                gf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+                uf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+                gf.store(gw[c].load())
+                uf.store(uw[c].load())
+                gwr.append(gf)
+                uwr.append(uf)
+            gw = gwr
+            uw = uwr
         for j in cutlass.range_constexpr(SEG):
             if j < ln:
                 a = sorted_a[start + j]
@@ -351,9 +405,9 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
         gam_s = alloc.allocate_tensor(BFloat16, cute.make_layout(hid), byte_alignment=16)
         # Items are (segment, RSLOTS intermediate rows); the KQ warps of a row slot split the
         # hidden dim, each issuing all its gate/up loads before touching x.
-        slot = warp // kq if v9 else None  # version 8 computes these after the routing
-        q = warp % kq if v9 else None
-        c0 = q * chq if v9 else None
+        slot = warp // kq if shared_first else None  # version 8 computes these after the routing
+        q = warp % kq if shared_first else None
+        c0 = q * chq if shared_first else None
         # Version 9: item bidx (< tiles) is the shared expert's (segment 0): its weights are
         # constants, so they are requested before anything else.
         pre = bidx < tiles
@@ -382,6 +436,13 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
                     cute.copy(casync, cute.local_tile(mW13[n_exp, inter + ii0, None], (8,), (kc,)),
                               uw0[c])  # fmt: skip
                 cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(v11):
+            ring = alloc.allocate_tensor(
+                BFloat16, cute.make_layout(RING * stage_elems), byte_alignment=128
+            )
+            if pre:  # the shared expert's item: constants, requested before the wait
+                issue(mW13, ring, 0, n_exp, bidx * rslots + slot, c0, lane, tidx)
+            cute.arch.cp_async_commit_group()
         # The norm weight is a constant: stage it in shared memory before the PDL wait.
         for i in range(tidx, hid // 8, THREADS):
             gsrc = cute.local_tile(mGamma, (8,), (i,))
@@ -390,10 +451,10 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
         cute.arch.griddepcontrol_wait()
         if cutlass.const_expr(early):
             cute.arch.griddepcontrol_launch_dependents()
-        if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
+        if cutlass.const_expr(shared_first):  # noqa: SIM102 (compile-time, then runtime)
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
-        _routing(spec, v9, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
+        _routing(spec, shared_first, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
                  seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
         n_seg = segoff[n_exp + 1]
         if bidx == 0:
@@ -410,13 +471,44 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
             if tidx == 0:
                 mSegs[spec.max_segments, 0] = n_seg
                 mSegs[spec.max_segments, 1] = m
-        if cutlass.const_expr(not v9):
+        if cutlass.const_expr(not shared_first):
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
             cute.arch.sync_threads()
             slot = warp // kq
             q = warp % kq
             c0 = q * chq
+        if cutlass.const_expr(v11):
+            # My items are bidx + kk * grid; item kk sits in ring stage kk % RING. Every
+            # iteration commits one group (empty when nothing is left), so wait_group(RING - 1)
+            # always means "item kk has landed".
+            n_items = n_seg * tiles
+            mine = Int32(0)
+            if bidx < n_items:
+                mine = (n_items - bidx + grid - 1) // grid
+            if bidx >= tiles and mine > 0:  # a routed first item: known only now
+                issue(mW13, ring, 0, seg_e[bidx // tiles], (bidx % tiles) * rslots + slot, c0,
+                      lane, tidx)  # fmt: skip
+            cute.arch.cp_async_commit_group()
+            for d in cutlass.range_constexpr(1, RING - 1):
+                if d < mine:
+                    it = bidx + d * grid
+                    issue(mW13, ring, d, seg_e[it // tiles], (it % tiles) * rslots + slot, c0,
+                          lane, tidx)  # fmt: skip
+                cute.arch.cp_async_commit_group()
+            for kk in range(mine):
+                nk = kk + (RING - 1)
+                if nk < mine:
+                    it = bidx + nk * grid
+                    issue(mW13, ring, nk % RING, seg_e[it // tiles], (it % tiles) * rslots + slot,
+                          c0, lane, tidx)  # fmt: skip
+                cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(RING - 1)
+                item = bidx + kk * grid
+                s = item // tiles
+                gw, uw = ring_views(ring, kk % RING, tidx)
+                do_item(item, (kk % 2) * n_red, seg_start[s], seg_len[s], gw, uw, m, mX, mAct,
+                        sorted_a, red, rs_s, gam_s, tidx, slot, q, c0, lane)  # fmt: skip
         first = bidx
         if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
             if pre:
@@ -424,6 +516,8 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
                 do_item(bidx, 0, seg_start[0], seg_len[0], gw0, uw0, m, mX, mAct, sorted_a, red,
                         rs_s, gam_s, tidx, slot, q, c0, lane)  # fmt: skip
                 first = bidx + grid
+        if cutlass.const_expr(v11):
+            first = n_seg * tiles  # (done above: the loop below runs no item)
         for item in range(first, n_seg * tiles, grid):
             # Partial sums alternate between two halves of `red`, so one barrier per item is
             # enough: item i+2 reuses a half only after every thread passed item i+1's barrier.
@@ -453,7 +547,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9) -> Any:
              mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
-                           stream=stream, use_pdl=True, min_blocks_per_mp=2,
+                           stream=stream, use_pdl=True, min_blocks_per_mp=1 if v11 else 2,
                            preferred_smem_carveout=carveout)  # fmt: skip
 
     return host
@@ -695,10 +789,23 @@ def alloc_buffers(spec: MoeSpec, device: Any) -> MoeBuffers:
 
 
 def compile_moe(
-    spec: MoeSpec, up_grid: int = 2 * N_SMS, rows_per_cta: int = 16, version: int = 9
+    spec: MoeSpec,
+    up_grid: int | None = None,
+    rows_per_cta: int = 16,
+    version: int = 9,
+    down_version: int | None = None,
 ) -> tuple:
-    """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order."""
+    """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order.
+
+    moe_down runs `down_version` (default: `version`, 8 for moe_up version 11, whose
+    shared-first work list both down versions read)."""
     e1 = spec.n_experts + 1
+    if up_grid is None:
+        up_grid = N_SMS if version == 11 else 2 * N_SMS
+    if down_version is None:
+        down_version = 8 if version == 11 else version
+    if down_version == 9 and version == 8:
+        raise ValueError("moe_down version 9 needs the shared-first work list (moe_up 9 or 11)")
     up = compile_tvm_ffi(
         build_moe_up(spec, up_grid, version),
         Int32(1),
@@ -716,7 +823,7 @@ def compile_moe(
         fake(Float32, (spec.m_max,)),
     )
     down = compile_tvm_ffi(
-        build_moe_down(spec, rows_per_cta, version),
+        build_moe_down(spec, rows_per_cta, down_version),
         Int32(1),
         fake(BFloat16, (e1, spec.hidden, spec.inter)),
         fake(BFloat16, (spec.rows_act, spec.inter)),

@@ -42,7 +42,7 @@ M_MAX = 64
 FUSE_PREP = os.environ.get("AGENTAB_KERNELS_FUSE_PREP", "1") != "0"
 # Kernel version 10 streams these projections with `cute/gemv_stream.py` (cp.async rings).
 STREAMED = ("qkv_a", "q_b", "o_proj")
-MOE_VERSIONS = {8: (8, 8), 9: (9, 9), 10: (9, 9), 11: (11, 8), 12: (11, 9)}
+MOE_VERSIONS = {8: (8, 8), 9: (9, 9), 10: (9, 9), 11: (11, 8), 12: (11, 9), 13: (13, 8)}
 _compiled: dict[Any, Any] = {}
 
 
@@ -53,6 +53,12 @@ def _cached(key: Any, make: Any) -> Any:
     if key not in _compiled:
         _compiled[key] = make()
     return _compiled[key]
+
+
+def prenorm_tokens(version: int, batch: int) -> bool:
+    """Whether moe_up reads RMS-normalized tokens (version 13 above batch 4, where the attention
+    half already computes them for the router) instead of normalizing them per item."""
+    return version == 13 and batch > SMALL
 
 
 def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
@@ -93,9 +99,10 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     # (moe_up, moe_down) versions: 10 changed only the dense GEMVs; 11 and 12 only moe_up (the
     # cp.async ring), with version 8's or version 9's moe_down.
     up_v, down_v = MOE_VERSIONS[version]
+    prenorm = prenorm_tokens(version, batch)
     out["moe"] = _cached(
-        ("moe", moe_spec, up_v, down_v),
-        lambda: compile_moe(moe_spec, version=up_v, down_version=down_v),
+        ("moe", moe_spec, up_v, down_v, prenorm),
+        lambda: compile_moe(moe_spec, version=up_v, down_version=down_v, prenorm=prenorm),
     )
     if batch <= SMALL:
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)
@@ -155,7 +162,10 @@ class SpecializedPath:
         self.dummy_vec = torch.zeros(8, device=dev, dtype=bf16)
         self.dummy_rs = torch.zeros(batch, device=dev, dtype=f32)
         self.router_in_normed = batch > SMALL
-        self.hn = torch.zeros(batch, h, device=dev, dtype=bf16)
+        # (M_MAX rows: moe_up takes the normalized tokens at its compiled shape when prenorm)
+        self.hn_full = torch.zeros(M_MAX, h, device=dev, dtype=bf16)
+        self.hn = self.hn_full[:batch]
+        self.prenorm = prenorm_tokens(kernels_version(), batch)
         if batch > SMALL:
             self.standard = StandardPath(cfg, weights, max_position)
 
@@ -206,7 +216,8 @@ class SpecializedPath:
         hn = F.rms_norm(h1, (cfg.hidden,), w.ffn_norm, cfg.rms_eps)
         self.hn.copy_(hn)
         self.logits[:b].copy_(torch.mm(hn, w.w_gate.t(), out_dtype=torch.float32))
-        self.rs[:b].copy_(torch.rsqrt(h1.float().pow(2).mean(-1) + cfg.rms_eps))
+        if not self.prenorm:
+            self.rs[:b].copy_(torch.rsqrt(h1.float().pow(2).mean(-1) + cfg.rms_eps))
 
     def step(self, x: torch.Tensor, state: DecodeState) -> StepOut:
         w, b, mb = self.w, self.b, self.moe_buf
@@ -216,7 +227,8 @@ class SpecializedPath:
             else:
                 self._attention_large(x, state)
             up, down = self.k["moe"]
-            up(b, self.logits, w.gate_bias, self.h1, w.ffn_norm, w.w13_all, mb.act, self.ids,
+            tokens = self.hn_full if self.prenorm else self.h1
+            up(b, self.logits, w.gate_bias, tokens, w.ffn_norm, w.w13_all, mb.act, self.ids,
                self.wts, mb.sorted_a, mb.segs, mb.sel_w, self.rs)  # fmt: skip
             down(b, w.w2_all, mb.act, mb.sorted_a, mb.segs, mb.sel_w, self.h1, self.out)
         return self.outputs()

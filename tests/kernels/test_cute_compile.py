@@ -126,3 +126,16 @@ def test_moe_up_version_11_streams_through_a_ring(k2) -> None:
     assert ptx.count("cp.async.cg.shared.global") >= 14 * 3
     assert re.search(r"cp\.async\.wait_group\s+2;", ptx)
     assert not _ops(ptx) & {"ld.local", "st.local"}
+
+
+def test_moe_up_version_13_prenorm_skips_the_norm(k2) -> None:
+    from agentab.kernels.cute.moe import MoeSpec, compile_moe
+
+    spec = MoeSpec.from_config(k2)
+    plain, _ = compile_moe(spec, version=13)
+    pre, _ = compile_moe(spec, version=13, prenorm=True)
+    # without the norm: no gamma staged before the wait, no gamma read per item
+    assert _before_wait(pre.__ptx__, "ld.global") < _before_wait(plain.__ptx__, "ld.global")
+    assert pre.__ptx__.count("ld.shared.v4") < plain.__ptx__.count("ld.shared.v4")
+    for f in (plain, pre):
+        assert not _ops(f.__ptx__) & {"ld.local", "st.local"}

@@ -42,7 +42,15 @@ M_MAX = 64
 FUSE_PREP = os.environ.get("AGENTAB_KERNELS_FUSE_PREP", "1") != "0"
 # Kernel version 10 streams these projections with `cute/gemv_stream.py` (cp.async rings).
 STREAMED = ("qkv_a", "q_b", "o_proj")
-MOE_VERSIONS = {8: (8, 8), 9: (9, 9), 10: (9, 9), 11: (11, 8), 12: (11, 9), 13: (13, 8)}
+MOE_VERSIONS = {
+    8: (8, 8),
+    9: (9, 9),
+    10: (9, 9),
+    11: (11, 8),
+    12: (11, 9),
+    13: (13, 8),
+    14: (13, 8),
+}
 _compiled: dict[Any, Any] = {}
 
 
@@ -58,7 +66,7 @@ def _cached(key: Any, make: Any) -> Any:
 def prenorm_tokens(version: int, batch: int) -> bool:
     """Whether moe_up reads RMS-normalized tokens (version 13 above batch 4, where the attention
     half already computes them for the router) instead of normalizing them per item."""
-    return version == 13 and batch > SMALL
+    return version in (13, 14) and batch > SMALL
 
 
 def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
@@ -100,9 +108,10 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     # cp.async ring), with version 8's or version 9's moe_down.
     up_v, down_v = MOE_VERSIONS[version]
     prenorm = prenorm_tokens(version, batch)
+    mma = prenorm and version == 14  # moe_up on the tensor cores above batch 4
     out["moe"] = _cached(
-        ("moe", moe_spec, up_v, down_v, prenorm),
-        lambda: compile_moe(moe_spec, version=up_v, down_version=down_v, prenorm=prenorm),
+        ("moe", moe_spec, up_v, down_v, prenorm, mma),
+        lambda: compile_moe(moe_spec, version=up_v, down_version=down_v, prenorm=prenorm, mma=mma),
     )
     if batch <= SMALL:
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)

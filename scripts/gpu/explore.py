@@ -210,11 +210,11 @@ def main() -> int:
     pdl_of = dict(variants)
     for b in (1, 64):
         bench("standard", 8, "end", b)
-    for b in (1, 2, 4, 64):
+    for b in map(int, os.environ.get("EXPLORE_BATCHES", "1,2,4,64").split(",")):
         for v, pdl in variants:
             bench("specialized", v, pdl, b)
     for v in map(int, os.environ.get("EXPLORE_CHECK", "11,12").split(",")):
-        for b in (1, 2, 3, 4, 5, 8, 33, 64):
+        for b in map(int, os.environ.get("EXPLORE_CHECK_BATCHES", "1,2,3,4,5,8,33,64").split(",")):
             check(v, pdl_of.get(v, "end"), b)
     for b in (8, 16, 32):
         bench("standard", 8, "end", b)

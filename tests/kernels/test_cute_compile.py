@@ -139,3 +139,16 @@ def test_moe_up_version_13_prenorm_skips_the_norm(k2) -> None:
     assert pre.__ptx__.count("ld.shared.v4") < plain.__ptx__.count("ld.shared.v4")
     for f in (plain, pre):
         assert not _ops(f.__ptx__) & {"ld.local", "st.local"}
+
+
+def test_moe_up_on_the_tensor_cores(k2) -> None:
+    from agentab.kernels.cute.moe import MoeSpec, compile_moe
+
+    up, _down = compile_moe(MoeSpec.from_config(k2), version=13, prenorm=True, mma=True)
+    ptx = up.__ptx__
+    # 28 steps of 32 columns per warp, two m16n8k16 per step; per step one 16-byte load of the
+    # gate row, of the up row (both past L1) and of the token
+    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 56
+    assert ptx.count("ld.global.L1::no_allocate.v4") == 56
+    assert ptx.count("ld.global.v4.b32") == 28
+    assert not _ops(ptx) & {"ld.local", "st.local"}

@@ -219,6 +219,26 @@ def _routing(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, sel_e, sel_w,
     cute.arch.sync_threads()
 
 
+@cute.jit
+def _publish(spec: MoeSpec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len,
+             mIds, mWts, mSelW, mSorted, mSegs, tidx):  # fmt: skip
+    """CTA 0 writes the step's choices (ids, weights) and the work list moe_down reads."""
+    k, n_exp = spec.top_k, spec.n_experts
+    for a in range(tidx, m * k, THREADS):
+        mIds[a // k, a % k] = sel_e[a]
+        mWts[a // k, a % k] = sel_w[a]
+        mSelW[a] = sel_w[a]
+    for i in range(tidx, off[n_exp + 1], THREADS):
+        mSorted[i] = sorted_a[i]
+    for s in range(tidx, n_seg, THREADS):
+        mSegs[s, 0] = seg_e[s]
+        mSegs[s, 1] = seg_start[s]
+        mSegs[s, 2] = seg_len[s]
+    if tidx == 0:
+        mSegs[spec.max_segments, 0] = n_seg
+        mSegs[spec.max_segments, 1] = m
+
+
 def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = False) -> Any:
     """Trace moe_up. Version 8: the work list in expert order, the shared expert last.
 
@@ -470,19 +490,8 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                  seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
         n_seg = segoff[n_exp + 1]
         if bidx == 0:
-            for a in range(tidx, m * k, THREADS):
-                mIds[a // k, a % k] = sel_e[a]
-                mWts[a // k, a % k] = sel_w[a]
-                mSelW[a] = sel_w[a]
-            for i in range(tidx, off[n_exp + 1], THREADS):
-                mSorted[i] = sorted_a[i]
-            for s in range(tidx, n_seg, THREADS):
-                mSegs[s, 0] = seg_e[s]
-                mSegs[s, 1] = seg_start[s]
-                mSegs[s, 2] = seg_len[s]
-            if tidx == 0:
-                mSegs[spec.max_segments, 0] = n_seg
-                mSegs[spec.max_segments, 1] = m
+            _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len,
+                     mIds, mWts, mSelW, mSorted, mSegs, tidx)  # fmt: skip
         if cutlass.const_expr(not shared_first):
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
@@ -807,11 +816,13 @@ def compile_moe(
     version: int = 9,
     down_version: int | None = None,
     prenorm: bool = False,
+    mma: bool = False,
 ) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order.
 
     moe_down runs `down_version` (default: `version`, 8 for moe_up version 11, whose
-    shared-first work list both down versions read)."""
+    shared-first work list both down versions read). With `mma` (prenormalized tokens only),
+    moe_up is `moe_mma`'s tensor-core kernel."""
     e1 = spec.n_experts + 1
     if up_grid is None:
         up_grid = N_SMS if version == 11 else 2 * N_SMS
@@ -819,8 +830,16 @@ def compile_moe(
         down_version = 8 if version in (11, 13) else version
     if down_version == 9 and version == 8:
         raise ValueError("moe_down version 9 needs the shared-first work list (moe_up 9 or 11)")
+    if mma and not prenorm:
+        raise ValueError("the tensor-core moe_up reads prenormalized tokens")
+    if mma:
+        from agentab.kernels.cute.moe_mma import build_moe_up_mma
+
+        up_host = build_moe_up_mma(spec, up_grid)
+    else:
+        up_host = build_moe_up(spec, up_grid, version, prenorm)
     up = compile_tvm_ffi(
-        build_moe_up(spec, up_grid, version, prenorm),
+        up_host,
         Int32(1),
         fake(Float32, (spec.m_max, spec.n_experts)),
         fake(Float32, (spec.n_experts,)),

@@ -1,0 +1,193 @@
+"""moe_up on the tensor cores: the batch > 4 variant of the specialized MoE's first kernel.
+
+Session 3's profile of the SIMT moe_up at batch 64 (ncu: 55% SM throughput, 59% of DRAM
+bandwidth) showed it issue-bound: per token and weight element it converted, multiplied and
+reduced across lanes. Here the weights sit on the MMA M side (`mma.sync.m16n8k16`, bf16 in,
+fp32 accumulate), as the issue asks for larger batches: an item is (segment of <= 8 tokens,
+block of 8 intermediate rows); A rows 0-7 are those gate rows and rows 8-15 the matching up
+rows, so one thread ends with gate and up of the same row; B columns are the segment's tokens
+(columns past its length hold a repeated token and are dropped). The 8 warps split the hidden
+dim (896 columns each, 28 steps of 32 columns; each lane streams 16 bytes of its gate row, its
+up row and its token per step, 7 steps in flight), then sum their partials in shared memory.
+
+Only the k order inside a step is ours to choose: a lane's 8 consecutive columns feed the k
+slots {2c, 2c+1, 2c+8, 2c+9} of two MMAs (c = lane % 4), and its token's chunk feeds the same
+slots of B, so each product pairs the same columns. The tokens arrive RMS-normalized (times
+gamma) in bf16, as the path's router input; the routing prologue and the work list are the SIMT
+kernel's (`moe._routing`, shared expert first), so `moe_down` reads the same lists.
+
+CTAs take contiguous runs of items (the row blocks of one segment follow each other), so a
+warp's token chunks stay in L1 across the 32 row blocks of a segment; the weights bypass L1.
+"""
+
+# No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32
+
+from agentab.kernels.cute.common import carveout_for, pdl_mode
+from agentab.kernels.cute.moe import (
+    SEG,
+    THREADS,
+    WARPS,
+    MoeSpec,
+    _publish,
+    _routing,
+    _weight_atom,
+)
+
+RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
+STEP_COLS = 32  # columns per warp step: 4 lanes x 8
+UNROLL = 7  # steps whose loads are in flight together
+
+
+def build_moe_up_mma(spec: MoeSpec, grid: int) -> Any:
+    """Trace the tensor-core moe_up (prenormalized tokens); arguments as `moe.build_moe_up`."""
+    early = pdl_mode() == "early"  # where the PDL dependent may launch
+    hid, inter, k = spec.hidden, spec.inter, spec.top_k
+    n_exp, ns = spec.n_experts, spec.n_assign
+    if SEG != 8:
+        raise ValueError("the MMA's N is 8: segments of 8 tokens")
+    kw = hid // WARPS  # columns per warp
+    if hid % (WARPS * STEP_COLS) or (kw // STEP_COLS) % UNROLL or inter % RB:
+        raise ValueError(f"hidden {hid} / inter {inter}: no whole steps of the MMA plan")
+    n_steps = kw // STEP_COLS
+    tiles = inter // RB
+    red_n = WARPS * 32 * 4  # one half of the partial-sum buffer
+    smem_bytes = 4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments)
+    smem_bytes += 4 * 2 * red_n + 1024
+
+    @cute.jit
+    def mma_step(atom, acc, w, u, x):
+        """Two m16n8k16 MMAs over one lane's 8 columns: k slots (2c, 2c+1, 2c+8, 2c+9) take
+        columns 0-3 in the first and 4-7 in the second."""
+        for h in cutlass.range_constexpr(2):
+            a = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), BFloat16)
+            b = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), BFloat16)
+            o = 4 * h
+            # A values: (row g, k 2c), (g, 2c+1), (g+8, 2c), (g+8, 2c+1), then k + 8.
+            a[0] = w[o]
+            a[1] = w[o + 1]
+            a[2] = u[o]
+            a[3] = u[o + 1]
+            a[4] = w[o + 2]
+            a[5] = w[o + 3]
+            a[6] = u[o + 2]
+            a[7] = u[o + 3]
+            # B values: (k 2c, token g), (2c+1, g), (2c+8, g), (2c+9, g).
+            for i in cutlass.range_constexpr(4):
+                b[i] = x[o + i]
+            cute.gemm(atom, acc, a, b, acc)
+
+    @cute.kernel
+    def kernel(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
+               mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
+               mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
+               mRs: cute.Tensor):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        g = lane // 4
+        c = lane % 4
+        alloc = cutlass.utils.SmemAllocator()
+        sel_e = alloc.allocate_tensor(Int32, cute.make_layout(ns), byte_alignment=16)
+        sel_w = alloc.allocate_tensor(Float32, cute.make_layout(ns), byte_alignment=16)
+        cnt = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
+        off = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
+        segoff = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
+        sorted_a = alloc.allocate_tensor(Int32, cute.make_layout(spec.rows_act), byte_alignment=16)
+        seg_e = alloc.allocate_tensor(Int32, cute.make_layout(spec.max_segments), byte_alignment=16)
+        seg_start = alloc.allocate_tensor(
+            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
+        )
+        seg_len = alloc.allocate_tensor(
+            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
+        )
+        red = alloc.allocate_tensor(Float32, cute.make_layout(2 * red_n), byte_alignment=16)
+        cute.arch.griddepcontrol_wait()
+        if cutlass.const_expr(early):
+            cute.arch.griddepcontrol_launch_dependents()
+        _routing(spec, True, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
+                 seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
+        n_seg = segoff[n_exp + 1]
+        if bidx == 0:
+            _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len,
+                     mIds, mWts, mSelW, mSorted, mSegs, tidx)  # fmt: skip
+        atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
+        w_atom = _weight_atom(True)
+        x_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
+        n_items = n_seg * tiles
+        per = (n_items + grid - 1) // grid
+        lo = bidx * per
+        hi = lo + per
+        if hi > n_items:
+            hi = n_items
+        col0 = warp * (kw // 8) + c  # in 16-byte chunks of a row
+        for item in range(lo, hi):
+            s = item // tiles
+            jb = item % tiles
+            e = seg_e[s]
+            start = seg_start[s]
+            ln = seg_len[s]
+            j = g
+            if j >= ln:  # columns past the segment repeat its last token (dropped below)
+                j = ln - 1
+            a_id = sorted_a[start + j]
+            tok = a_id // k
+            if a_id >= m * k:
+                tok = a_id - m * k
+            row = jb * RB + g
+            acc = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
+            for i in cutlass.range_constexpr(4):
+                acc[i] = Float32(0.0)
+            for o in cutlass.range_constexpr(n_steps // UNROLL):
+                ws = []
+                us = []
+                xs = []
+                for t in cutlass.range_constexpr(UNROLL):
+                    ck = col0 + (o * UNROLL + t) * 4
+                    wf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+                    uf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+                    xf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+                    cute.copy(w_atom, cute.local_tile(mW13[e, row, None], (8,), (ck,)), wf)
+                    cute.copy(w_atom, cute.local_tile(mW13[e, inter + row, None], (8,), (ck,)), uf)
+                    cute.copy(x_atom, cute.local_tile(mX[tok, None], (8,), (ck,)), xf)
+                    ws.append(wf)
+                    us.append(uf)
+                    xs.append(xf)
+                for t in cutlass.range_constexpr(UNROLL):
+                    mma_step(atom, acc, ws[t], us[t], xs[t])
+            # acc: (gate row g, tokens 2c, 2c+1), (up row g, tokens 2c, 2c+1), this warp's part
+            rb = ((item - lo) % 2) * red_n
+            for i in cutlass.range_constexpr(4):
+                red[rb + (warp * 32 + lane) * 4 + i] = acc[i]
+            cute.arch.sync_threads()
+            if tidx < RB * SEG:
+                r = tidx // SEG
+                n = tidx % SEG
+                if n < ln:
+                    src = r * 4 + n // 2  # the lane that held (row r, token n)
+                    gsum = Float32(0.0)
+                    usum = Float32(0.0)
+                    for wi in cutlass.range_constexpr(WARPS):
+                        gsum = gsum + red[rb + (wi * 32 + src) * 4 + n % 2]
+                        usum = usum + red[rb + (wi * 32 + src) * 4 + 2 + n % 2]
+                    act = gsum / (Float32(1.0) + cute.math.exp(-gsum)) * usum
+                    mAct[start + n, jb * RB + r] = act.to(BFloat16)
+        if cutlass.const_expr(not early):
+            cute.arch.griddepcontrol_launch_dependents()
+
+    @cute.jit
+    def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
+             mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
+             mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
+             mRs: cute.Tensor, stream):  # fmt: skip
+        kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
+               mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
+                           stream=stream, use_pdl=True, min_blocks_per_mp=2,
+                           preferred_smem_carveout=carveout_for(2 * smem_bytes + 2048))  # fmt: skip
+
+    return host

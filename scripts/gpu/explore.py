@@ -30,6 +30,11 @@ BUDGET = float(os.environ.get("EXPLORE_BUDGET_S", "300"))
 DOC: dict[str, Any] = {"read": {}, "bench": [], "checks": []}
 
 
+def ints(name: str, default: str) -> list[int]:
+    """A comma-separated list of integers from the environment ("" for none)."""
+    return [int(x) for x in os.environ.get(name, default).split(",") if x.strip()]
+
+
 def log(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
@@ -210,15 +215,35 @@ def main() -> int:
     pdl_of = dict(variants)
     for b in (1, 64):
         bench("standard", 8, "end", b)
-    for b in map(int, os.environ.get("EXPLORE_BATCHES", "1,2,4,64").split(",")):
+    for b in ints("EXPLORE_BATCHES", "1,2,4,64"):
         for v, pdl in variants:
             bench("specialized", v, pdl, b)
-    for v in map(int, os.environ.get("EXPLORE_CHECK", "11,12").split(",")):
-        for b in map(int, os.environ.get("EXPLORE_CHECK_BATCHES", "1,2,3,4,5,8,33,64").split(",")):
+    for v in ints("EXPLORE_CHECK", "11,12"):
+        for b in ints("EXPLORE_CHECK_BATCHES", "1,2,3,4,5,8,33,64"):
             check(v, pdl_of.get(v, "end"), b)
-    for b in (8, 16, 32):
+    if os.environ.get("EXPLORE_MMA", "0") == "1":
+        # moe_mma's plan knobs at batch 64 (version 14), each against the default
+        from agentab.kernels import specialized
+        from agentab.kernels.cute import moe_mma
+
+        base = {
+            k: getattr(moe_mma, k) for k in ("UNROLL", "CTAS_PER_SM", "CONTIGUOUS", "WEIGHTS_NO_L1")
+        }
+        for label, over in (("default", {}), ("unroll 14, 1 CTA/SM", {"UNROLL": 14, "CTAS_PER_SM": 1}),
+                            ("unroll 4", {"UNROLL": 4}), ("round robin", {"CONTIGUOUS": False}),
+                            ("weights via L1", {"WEIGHTS_NO_L1": False}), ("default again", {})):  # fmt: skip
+            for key, val in {**base, **over}.items():
+                setattr(moe_mma, key, val)
+            specialized._compiled.clear()
+            us = bench("specialized", 14, "end", 64)
+            DOC["bench"][-1]["mma_variant"] = label
+            log(f"mma variant {label}: {us}")
+        for key, val in base.items():
+            setattr(moe_mma, key, val)
+        specialized._compiled.clear()
+    for b in ints("EXPLORE_MORE_BATCHES", "8,16,32"):
         bench("standard", 8, "end", b)
-        for v in map(int, os.environ.get("EXPLORE_MORE", "8,11,12").split(",")):
+        for v in ints("EXPLORE_MORE", "8,11,12"):
             bench("specialized", v, pdl_of.get(v, "end"), b)
     save()
     print("\nread ceilings (us, TB/s):")
@@ -230,6 +255,7 @@ def main() -> int:
         if "us_per_layer" in r:
             print(
                 f"  {r['path'][:4]} v{r['version']} {r['pdl']:5s} b{r['batch']:3d}: {r['us_per_layer']:8.1f}"
+                f" {r.get('mma_variant', '')}"
             )
     bad = [c for c in DOC["checks"] if not c.get("ok")]
     print(

@@ -824,7 +824,7 @@ def compile_moe(
     shared-first work list both down versions read). With `mma` (prenormalized tokens only),
     moe_up is `moe_mma`'s tensor-core kernel."""
     e1 = spec.n_experts + 1
-    if up_grid is None:
+    if up_grid is None and not mma:
         up_grid = N_SMS if version == 11 else 2 * N_SMS
     if down_version is None:
         down_version = 8 if version in (11, 13) else version

@@ -40,24 +40,33 @@ from agentab.kernels.cute.moe import (
 
 RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
 STEP_COLS = 32  # columns per warp step: 4 lanes x 8
-UNROLL = 7  # steps whose loads are in flight together
+UNROLL = 7  # steps whose loads are in flight together (divides 28)
+# Plan knobs, read at trace time (scripts/gpu/explore.py times alternatives by setting them):
+CTAS_PER_SM = 2
+CONTIGUOUS = True  # CTAs take contiguous runs of items (else round robin)
+WEIGHTS_NO_L1 = True  # weight loads with L1::no_allocate
 
 
-def build_moe_up_mma(spec: MoeSpec, grid: int) -> Any:
+def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
     """Trace the tensor-core moe_up (prenormalized tokens); arguments as `moe.build_moe_up`."""
+    from agentab.kernels.cute.moe import N_SMS
+
+    grid = CTAS_PER_SM * N_SMS if grid is None else grid
+    unroll, contiguous, per_sm = UNROLL, CONTIGUOUS, CTAS_PER_SM
     early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     n_exp, ns = spec.n_experts, spec.n_assign
     if SEG != 8:
         raise ValueError("the MMA's N is 8: segments of 8 tokens")
     kw = hid // WARPS  # columns per warp
-    if hid % (WARPS * STEP_COLS) or (kw // STEP_COLS) % UNROLL or inter % RB:
+    if hid % (WARPS * STEP_COLS) or (kw // STEP_COLS) % unroll or inter % RB:
         raise ValueError(f"hidden {hid} / inter {inter}: no whole steps of the MMA plan")
     n_steps = kw // STEP_COLS
     tiles = inter // RB
     red_n = WARPS * 32 * 4  # one half of the partial-sum buffer
     smem_bytes = 4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments)
     smem_bytes += 4 * 2 * red_n + 1024
+    carveout = carveout_for(per_sm * (smem_bytes + 1024))
 
     @cute.jit
     def mma_step(atom, acc, w, u, x):
@@ -117,16 +126,21 @@ def build_moe_up_mma(spec: MoeSpec, grid: int) -> Any:
             _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len,
                      mIds, mWts, mSelW, mSorted, mSegs, tidx)  # fmt: skip
         atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
-        w_atom = _weight_atom(True)
+        w_atom = _weight_atom(WEIGHTS_NO_L1)
         x_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         n_items = n_seg * tiles
         per = (n_items + grid - 1) // grid
         lo = bidx * per
         hi = lo + per
+        stride = 1
+        if cutlass.const_expr(not contiguous):
+            lo = bidx
+            hi = n_items
+            stride = grid
         if hi > n_items:
             hi = n_items
         col0 = warp * (kw // 8) + c  # in 16-byte chunks of a row
-        for item in range(lo, hi):
+        for item in range(lo, hi, stride):
             s = item // tiles
             jb = item % tiles
             e = seg_e[s]
@@ -143,12 +157,12 @@ def build_moe_up_mma(spec: MoeSpec, grid: int) -> Any:
             acc = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
             for i in cutlass.range_constexpr(4):
                 acc[i] = Float32(0.0)
-            for o in cutlass.range_constexpr(n_steps // UNROLL):
+            for o in cutlass.range_constexpr(n_steps // unroll):
                 ws = []
                 us = []
                 xs = []
-                for t in cutlass.range_constexpr(UNROLL):
-                    ck = col0 + (o * UNROLL + t) * 4
+                for t in cutlass.range_constexpr(unroll):
+                    ck = col0 + (o * unroll + t) * 4
                     wf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
                     uf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
                     xf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
@@ -158,10 +172,10 @@ def build_moe_up_mma(spec: MoeSpec, grid: int) -> Any:
                     ws.append(wf)
                     us.append(uf)
                     xs.append(xf)
-                for t in cutlass.range_constexpr(UNROLL):
+                for t in cutlass.range_constexpr(unroll):
                     mma_step(atom, acc, ws[t], us[t], xs[t])
             # acc: (gate row g, tokens 2c, 2c+1), (up row g, tokens 2c, 2c+1), this warp's part
-            rb = ((item - lo) % 2) * red_n
+            rb = (((item - lo) // stride) % 2) * red_n
             for i in cutlass.range_constexpr(4):
                 red[rb + (warp * 32 + lane) * 4 + i] = acc[i]
             cute.arch.sync_threads()
@@ -187,7 +201,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int) -> Any:
              mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
-                           stream=stream, use_pdl=True, min_blocks_per_mp=2,
-                           preferred_smem_carveout=carveout_for(2 * smem_bytes + 2048))  # fmt: skip
+                           stream=stream, use_pdl=True, min_blocks_per_mp=per_sm,
+                           preferred_smem_carveout=carveout)  # fmt: skip
 
     return host

@@ -8,7 +8,8 @@ block of 8 intermediate rows); A rows 0-7 are those gate rows and rows 8-15 the 
 rows, so one thread ends with gate and up of the same row; B columns are the segment's tokens
 (columns past its length hold a repeated token and are dropped). The 8 warps split the hidden
 dim (896 columns each, 28 steps of 32 columns; each lane streams 16 bytes of its gate row, its
-up row and its token per step, 7 steps in flight), then sum their partials in shared memory.
+up row and its token per step, `UNROLL` steps in flight), then sum their partials in shared
+memory.
 
 Only the k order inside a step is ours to choose: a lane's 8 consecutive columns feed the k
 slots {2c, 2c+1, 2c+8, 2c+9} of two MMAs (c = lane % 4), and its token's chunk feeds the same
@@ -16,8 +17,9 @@ slots of B, so each product pairs the same columns. The tokens arrive RMS-normal
 gamma) in bf16, as the path's router input; the routing prologue and the work list are the SIMT
 kernel's (`moe._routing`, shared expert first), so `moe_down` reads the same lists.
 
-CTAs take contiguous runs of items (the row blocks of one segment follow each other), so a
-warp's token chunks stay in L1 across the 32 row blocks of a segment; the weights bypass L1.
+CTA b takes items b, b + grid, ...: at any moment the grid streams neighbouring row blocks of
+one expert (measured faster than contiguous runs per CTA, which kept a warp's token chunks in
+L1); the weights bypass L1.
 """
 
 # No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.
@@ -40,10 +42,13 @@ from agentab.kernels.cute.moe import (
 
 RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
 STEP_COLS = 32  # columns per warp step: 4 lanes x 8
-UNROLL = 7  # steps whose loads are in flight together (divides 28)
-# Plan knobs, read at trace time (scripts/gpu/explore.py times alternatives by setting them):
-CTAS_PER_SM = 2
-CONTIGUOUS = True  # CTAs take contiguous runs of items (else round robin)
+# Plan knobs, read at trace time (scripts/gpu/explore.py times alternatives by setting them).
+# Session 3, batch 64 (us per layer, each against 1309.8 with unroll 7, 2 CTAs/SM, contiguous
+# runs): round-robin items 1261.4, unroll 14 with 1 CTA/SM 1268.3, unroll 4 1310.0, weights
+# through L1 1304.2. The defaults combine the two gains.
+UNROLL = 14  # steps whose loads are in flight together (divides 28)
+CTAS_PER_SM = 1
+CONTIGUOUS = False  # round robin: all CTAs stream through neighbouring row blocks together
 WEIGHTS_NO_L1 = True  # weight loads with L1::no_allocate
 
 

@@ -135,7 +135,7 @@ def split_plan(batch: int, max_len: int, n_sms: int = 132, version: int | None =
 
     Version 8 kept at least two blocks of tokens per split, which at batch 1-4 and context 4096
     left 43 programs for 132 SMs; versions 9 and 10 allow one block per split (129 programs at
-    batch 1 and 2, 65 splits at batch 3-4) and leave batch >= 5 as it was; versions 11 to 14
+    batch 1 and 2, 65 splits at batch 3-4) and leave batch >= 5 as it was; versions 13 and 14
     (new MoE kernels only) plan as version 8.
     """
     v = kernels_version() if version is None else version

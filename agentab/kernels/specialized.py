@@ -46,8 +46,6 @@ MOE_VERSIONS = {
     8: (8, 8),
     9: (9, 9),
     10: (9, 9),
-    11: (11, 8),
-    12: (11, 9),
     13: (13, 8),
     14: (13, 8),
 }
@@ -104,8 +102,9 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     moe_spec = MoeSpec.from_config(cfg, M_MAX)
     version = kernels_version()
     out["moe_spec"] = moe_spec
-    # (moe_up, moe_down) versions: 10 changed only the dense GEMVs; 11 and 12 only moe_up (the
-    # cp.async ring), with version 8's or version 9's moe_down.
+    # (moe_up, moe_down) versions: 10 changed only the dense GEMVs; 13 and 14 pair moe_up 13 with
+    # moe_down 8 (14: the tensor-core moe_up above batch 4). Versions 11-12 (a cp.async ring in
+    # moe_up, measured slower; NOTES.md) were removed; commit df509fb has them.
     up_v, down_v = MOE_VERSIONS[version]
     prenorm = prenorm_tokens(version, batch)
     mma = prenorm and version == 14  # moe_up on the tensor cores above batch 4

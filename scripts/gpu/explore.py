@@ -211,14 +211,14 @@ def main() -> int:
     # 9:early); EXPLORE_CHECK: versions checked (early trigger when the variant says so);
     # EXPLORE_MORE: versions timed at batch 8, 16, 32 too.
     variants = [(int(v), pdl) for v, pdl in
-                (x.split(":") for x in os.environ.get("EXPLORE_VARIANTS", "8:end,11:end,12:end").split(","))]  # fmt: skip
+                (x.split(":") for x in os.environ.get("EXPLORE_VARIANTS", "8:end,13:end,14:end").split(","))]  # fmt: skip
     pdl_of = dict(variants)
     for b in (1, 64):
         bench("standard", 8, "end", b)
     for b in ints("EXPLORE_BATCHES", "1,2,4,64"):
         for v, pdl in variants:
             bench("specialized", v, pdl, b)
-    for v in ints("EXPLORE_CHECK", "11,12"):
+    for v in ints("EXPLORE_CHECK", "14"):
         for b in ints("EXPLORE_CHECK_BATCHES", "1,2,3,4,5,8,33,64"):
             check(v, pdl_of.get(v, "end"), b)
     if os.environ.get("EXPLORE_MMA", "0") == "1":
@@ -245,7 +245,7 @@ def main() -> int:
         specialized._compiled.clear()
     for b in ints("EXPLORE_MORE_BATCHES", "8,16,32"):
         bench("standard", 8, "end", b)
-        for v in ints("EXPLORE_MORE", "8,11,12"):
+        for v in ints("EXPLORE_MORE", "14"):
             bench("specialized", v, pdl_of.get(v, "end"), b)
     save()
     print("\nread ceilings (us, TB/s):")

@@ -114,20 +114,6 @@ def test_stream_plans_for_the_k2_shard() -> None:
     assert plans["router"] is None and plans["absorb"] is None and plans["uv"] is None
 
 
-def test_moe_up_version_11_streams_through_a_ring(k2) -> None:
-    from agentab.kernels.cute.moe import MoeSpec, compile_moe
-
-    up, _down = compile_moe(MoeSpec.from_config(k2), version=11)
-    ptx = up.__ptx__
-    # the shared expert's first item (7 chunks x gate/up per lane) before the PDL wait
-    assert _before_wait(ptx, "cp.async.cg.shared.global") == 14
-    # the ring: prefill (RING - 2 items) and the steady-state issue, all cp.async, and the
-    # weights read back from shared memory, not from global memory
-    assert ptx.count("cp.async.cg.shared.global") >= 14 * 3
-    assert re.search(r"cp\.async\.wait_group\s+2;", ptx)
-    assert not _ops(ptx) & {"ld.local", "st.local"}
-
-
 def test_moe_up_version_13_prenorm_skips_the_norm(k2) -> None:
     from agentab.kernels.cute.moe import MoeSpec, compile_moe
 

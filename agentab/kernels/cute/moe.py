@@ -31,7 +31,6 @@ from agentab.kernels.config import LayerConfig
 from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake, pdl_mode
 
 SEG = 8  # tokens per segment
-RING = 3  # moe_up version 11: items in flight per thread (shared-memory stages)
 WARPS = 8
 THREADS = 32 * WARPS
 N_SMS = 132
@@ -247,14 +246,6 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
     first and stream them while the router drains and while they build the work list; 1/rms is
     loaded right after the wait instead of after the routing.
 
-    Version 11 (session 3; ncu showed versions 8/9 at 37% of DRAM bandwidth at batch 1, their
-    CTAs alternating between waiting for one item's weights and computing it): one CTA per SM,
-    and every thread streams its chunks of the items through a private ring of `RING` stages in
-    shared memory with cp.async, the next items' copies in flight while it computes the current
-    one (a thread reads back only its own slots, so the ring needs no barrier). The first item
-    (the shared expert's, as in version 9) is requested before the PDL wait. The weights of an
-    item are read once from shared memory into registers, then used for all its tokens.
-
     Version 13: version 8's kernel with the shared-first work list (which balances moe_down:
     the shared expert's eight full segments go first, one per warp, instead of last). With
     `prenorm` the tokens arrive RMS-normalized (times gamma, in bf16, as the standard path feeds
@@ -270,8 +261,8 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
     rslots = WARPS // kq  # intermediate rows per item
     if hid % 256 or inter % rslots or spec.n_experts % 32:
         raise ValueError("hidden % 256, inter % row slots and n_experts % 32 must be 0")
-    if version not in (8, 9, 11, 13):
-        raise ValueError(f"moe_up version {version}: 8, 9, 11 or 13")
+    if version not in (8, 9, 13):
+        raise ValueError(f"moe_up version {version}: 8, 9 or 13")
     if prenorm and version != 13:
         raise ValueError("prenorm tokens: moe_up version 13")
     tiles = inter // rslots
@@ -279,9 +270,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
     ns = spec.n_assign
     n_red = rslots * SEG * kq * 2
     v9 = version == 9
-    v11 = version == 11
     shared_first = version >= 9
-    stage_elems = 2 * chq * THREADS * 8  # one item's weights, every thread's slots
     smem_bytes = (
         4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + 2 * n_red)
         + 4 * spec.m_max
@@ -294,11 +283,6 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
         # Two CTAs of 89 KB per SM: the 196 KB configuration, which leaves 60 KB of L1 for the
         # activations (228 KB would leave 28 KB).
         carveout = carveout_for(2 * (smem_bytes + 1024))
-    if v11:
-        smem_bytes += RING * stage_elems * 2 + 128
-        carveout = carveout_for(smem_bytes + 1024)
-        if smem_bytes + 1024 > 227 * 1024:
-            raise ValueError(f"moe_up v11: {smem_bytes} bytes of shared memory per CTA")
 
     @cute.jit
     def load_rows(mW13: cute.Tensor, e, ii, c0, lane, gw: list, uw: list):
@@ -313,49 +297,12 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
         return [cute.make_rmem_tensor(cute.make_layout(8), BFloat16) for _ in range(chq)]
 
     @cute.jit
-    def issue(mW13: cute.Tensor, ring: cute.Tensor, stage, e, ii, c0, lane, tidx):
-        """Version 11: cp.async this thread's chunks of gate row ii and up row inter + ii of
-        expert e into its slots of ring stage `stage`."""
-        casync = cute.make_copy_atom(
-            cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.LoadCacheMode.GLOBAL),
-            BFloat16,
-            num_bits_per_copy=128,
-        )
-        base = stage * (2 * chq * THREADS)
-        for c in cutlass.range_constexpr(chq):
-            kc = (c0 + c) * 32 + lane
-            g_dst = cute.local_tile(ring, (8,), (base + (2 * c) * THREADS + tidx,))
-            u_dst = cute.local_tile(ring, (8,), (base + (2 * c + 1) * THREADS + tidx,))
-            cute.copy(casync, cute.local_tile(mW13[e, ii, None], (8,), (kc,)), g_dst)
-            cute.copy(casync, cute.local_tile(mW13[e, inter + ii, None], (8,), (kc,)), u_dst)
-
-    def ring_views(ring: cute.Tensor, stage, tidx) -> tuple:
-        base = stage * (2 * chq * THREADS)
-        gw = [cute.local_tile(ring, (8,), (base + (2 * c) * THREADS + tidx,)) for c in range(chq)]
-        uw = [cute.local_tile(ring, (8,), (base + (2 * c + 1) * THREADS + tidx,))
-              for c in range(chq)]  # fmt: skip
-        return gw, uw
-
-    @cute.jit
     def do_item(item, rb, start, ln, gw: list, uw: list, m, mX: cute.Tensor, mAct: cute.Tensor,
                 sorted_a: cute.Tensor, red: cute.Tensor, rs_s: cute.Tensor, gam_s: cute.Tensor,
                 tidx, slot, q, c0, lane):  # fmt: skip
         """One (segment, rslots rows) item (segment rows start.. start + ln) whose weights are in
         gw/uw (loads in flight)."""
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
-        if cutlass.const_expr(v11):
-            # from this thread's ring slots into registers once, for every token of the item
-            gwr = []
-            uwr = []
-            for c in cutlass.range_constexpr(chq):
-                gf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-                uf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-                gf.store(gw[c].load())
-                uf.store(uw[c].load())
-                gwr.append(gf)
-                uwr.append(uf)
-            gw = gwr
-            uw = uwr
         for j in cutlass.range_constexpr(SEG):
             if j < ln:
                 a = sorted_a[start + j]
@@ -467,13 +414,6 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                     cute.copy(casync, cute.local_tile(mW13[n_exp, inter + ii0, None], (8,), (kc,)),
                               uw0[c])  # fmt: skip
                 cute.arch.cp_async_commit_group()
-        if cutlass.const_expr(v11):
-            ring = alloc.allocate_tensor(
-                BFloat16, cute.make_layout(RING * stage_elems), byte_alignment=128
-            )
-            if pre:  # the shared expert's item: constants, requested before the wait
-                issue(mW13, ring, 0, n_exp, bidx * rslots + slot, c0, lane, tidx)
-            cute.arch.cp_async_commit_group()
         # The norm weight is a constant: stage it in shared memory before the PDL wait.
         if cutlass.const_expr(not prenorm):
             for i in range(tidx, hid // 8, THREADS):
@@ -499,37 +439,6 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
             slot = warp // kq
             q = warp % kq
             c0 = q * chq
-        if cutlass.const_expr(v11):
-            # My items are bidx + kk * grid; item kk sits in ring stage kk % RING. Every
-            # iteration commits one group (empty when nothing is left), so wait_group(RING - 1)
-            # always means "item kk has landed".
-            n_items = n_seg * tiles
-            mine = Int32(0)
-            if bidx < n_items:
-                mine = (n_items - bidx + grid - 1) // grid
-            if bidx >= tiles and mine > 0:  # a routed first item: known only now
-                issue(mW13, ring, 0, seg_e[bidx // tiles], (bidx % tiles) * rslots + slot, c0,
-                      lane, tidx)  # fmt: skip
-            cute.arch.cp_async_commit_group()
-            for d in cutlass.range_constexpr(1, RING - 1):
-                if d < mine:
-                    it = bidx + d * grid
-                    issue(mW13, ring, d, seg_e[it // tiles], (it % tiles) * rslots + slot, c0,
-                          lane, tidx)  # fmt: skip
-                cute.arch.cp_async_commit_group()
-            for kk in range(mine):
-                nk = kk + (RING - 1)
-                if nk < mine:
-                    it = bidx + nk * grid
-                    issue(mW13, ring, nk % RING, seg_e[it // tiles], (it % tiles) * rslots + slot,
-                          c0, lane, tidx)  # fmt: skip
-                cute.arch.cp_async_commit_group()
-                cute.arch.cp_async_wait_group(RING - 1)
-                item = bidx + kk * grid
-                s = item // tiles
-                gw, uw = ring_views(ring, kk % RING, tidx)
-                do_item(item, (kk % 2) * n_red, seg_start[s], seg_len[s], gw, uw, m, mX, mAct,
-                        sorted_a, red, rs_s, gam_s, tidx, slot, q, c0, lane)  # fmt: skip
         first = bidx
         if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
             if pre:
@@ -537,8 +446,6 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                 do_item(bidx, 0, seg_start[0], seg_len[0], gw0, uw0, m, mX, mAct, sorted_a, red,
                         rs_s, gam_s, tidx, slot, q, c0, lane)  # fmt: skip
                 first = bidx + grid
-        if cutlass.const_expr(v11):
-            first = n_seg * tiles  # (done above: the loop below runs no item)
         for item in range(first, n_seg * tiles, grid):
             # Partial sums alternate between two halves of `red`, so one barrier per item is
             # enough: item i+2 reuses a half only after every thread passed item i+1's barrier.
@@ -568,7 +475,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
              mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
-                           stream=stream, use_pdl=True, min_blocks_per_mp=1 if v11 else 2,
+                           stream=stream, use_pdl=True, min_blocks_per_mp=2,
                            preferred_smem_carveout=carveout)  # fmt: skip
 
     return host
@@ -820,16 +727,16 @@ def compile_moe(
 ) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order.
 
-    moe_down runs `down_version` (default: `version`, 8 for moe_up version 11, whose
+    moe_down runs `down_version` (default: `version`, 8 for moe_up version 13, whose
     shared-first work list both down versions read). With `mma` (prenormalized tokens only),
     moe_up is `moe_mma`'s tensor-core kernel."""
     e1 = spec.n_experts + 1
     if up_grid is None and not mma:
-        up_grid = N_SMS if version == 11 else 2 * N_SMS
+        up_grid = 2 * N_SMS
     if down_version is None:
-        down_version = 8 if version in (11, 13) else version
+        down_version = 8 if version == 13 else version
     if down_version == 9 and version == 8:
-        raise ValueError("moe_down version 9 needs the shared-first work list (moe_up 9 or 11)")
+        raise ValueError("moe_down version 9 needs the shared-first work list (moe_up 9 or 13)")
     if mma and not prenorm:
         raise ValueError("the tensor-core moe_up reads prenormalized tokens")
     if mma:

@@ -50,6 +50,8 @@ def read_ceilings() -> None:
     import triton
     import triton.language as tl
 
+    from agentab.kernels.harness import capture, time_replays
+
     @triton.jit
     def read_kernel(x_ptr, out_ptr, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
@@ -79,25 +81,8 @@ def read_ceilings() -> None:
         best = None
         for per_sm in (2, 8):
             fns = [launcher(b, out, per_sm) for b in bufs]
-            for f in fns:
-                f()
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for f in fns:
-                    f()
-            ts = []
-            for _ in range(3):
-                g.replay()
-            for _ in range(20):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                g.replay()
-                e.record()
-                e.synchronize()
-                ts.append(s.elapsed_time(e) * 1000 / copies)
-            ts.sort()
-            us = ts[len(ts) // 2]
+            g, _ = capture(lambda fns=fns: [f() for f in fns])
+            us = time_replays(g, iters=20, warmup=3)["median"] / copies
             DOC["read"][f"{name} x{per_sm}/SM"] = round(us, 2)
             if best is None or us < best[0]:
                 best = (us, per_sm)
@@ -117,24 +102,8 @@ def read_ceilings() -> None:
         [torch.randn(p // 2, device="cuda").to(torch.bfloat16) for p in parts] for _ in range(4)
     ]
     fns = [launcher(b, out, 4) for lay in layers for b in lay]
-    for f in fns:
-        f()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) * 1000 / 4)
-    ts.sort()
-    us = ts[len(ts) // 2]
+    g, _ = capture(lambda: [f() for f in fns])
+    us = time_replays(g, iters=20, warmup=3)["median"] / 4
     DOC["read"]["chain of 9 (182.6MB)"] = {
         "us": round(us, 2),
         "tb_s": round(sum(parts) / us / 1e6, 3),

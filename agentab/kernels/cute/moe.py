@@ -100,6 +100,25 @@ def _warp_argmax(val: Float32, idx: Int32, aux: Float32) -> tuple:
     return val, idx, aux
 
 
+def routing_smem(alloc: Any, spec: MoeSpec) -> tuple:
+    """The routing prologue's shared-memory arrays, in the order `_routing` takes them:
+    (sel_e, sel_w, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len)."""
+    ns, n_exp, nseg = spec.n_assign, spec.n_experts, spec.max_segments
+
+    def arr(dtype: Any, n: int) -> Any:
+        return alloc.allocate_tensor(dtype, cute.make_layout(n), byte_alignment=16)
+
+    return (arr(Int32, ns), arr(Float32, ns), arr(Int32, n_exp + 2), arr(Int32, n_exp + 2),
+            arr(Int32, n_exp + 2), arr(Int32, spec.rows_act), arr(Int32, nseg), arr(Int32, nseg),
+            arr(Int32, nseg))  # fmt: skip
+
+
+def routing_smem_bytes(spec: MoeSpec) -> int:
+    """Bytes of `routing_smem` (16-byte alignment padding aside)."""
+    return 4 * (2 * spec.n_assign + 3 * (spec.n_experts + 2) + spec.rows_act
+                + 3 * spec.max_segments)  # fmt: skip
+
+
 @cute.jit
 def _routing(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, sel_e, sel_w, cnt, off,
              segoff, sorted_a, seg_e, seg_start, seg_len, tidx, warp, lane):  # fmt: skip
@@ -267,16 +286,10 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
         raise ValueError("prenorm tokens: moe_up version 13")
     tiles = inter // rslots
     n_exp = spec.n_experts
-    ns = spec.n_assign
     n_red = rslots * SEG * kq * 2
     v9 = version == 9
     shared_first = version >= 9
-    smem_bytes = (
-        4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments + 2 * n_red)
-        + 4 * spec.m_max
-        + 2 * hid
-        + 1024
-    )
+    smem_bytes = routing_smem_bytes(spec) + 4 * 2 * n_red + 4 * spec.m_max + 2 * hid + 1024
     carveout = 50
     if v9:
         smem_bytes += 2 * chq * THREADS * 16 + 128  # the first item's prefetched weights
@@ -365,18 +378,8 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
         lane = tidx % 32
         warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
-        sel_e = alloc.allocate_tensor(Int32, cute.make_layout(ns), byte_alignment=16)
-        sel_w = alloc.allocate_tensor(Float32, cute.make_layout(ns), byte_alignment=16)
-        cnt = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
-        off = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
-        segoff = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
-        sorted_a = alloc.allocate_tensor(Int32, cute.make_layout(spec.rows_act), byte_alignment=16)
-        seg_e = alloc.allocate_tensor(Int32, cute.make_layout(spec.max_segments), byte_alignment=16)
-        seg_start = alloc.allocate_tensor(
-            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
-        )
-        seg_len = alloc.allocate_tensor(
-            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
+        sel_e, sel_w, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len = routing_smem(
+            alloc, spec
         )
         red = alloc.allocate_tensor(Float32, cute.make_layout(2 * n_red), byte_alignment=16)
         rs_s = alloc.allocate_tensor(Float32, cute.make_layout(spec.m_max), byte_alignment=16)

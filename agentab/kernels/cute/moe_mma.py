@@ -38,6 +38,8 @@ from agentab.kernels.cute.moe import (
     _publish,
     _routing,
     _weight_atom,
+    routing_smem,
+    routing_smem_bytes,
 )
 
 RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
@@ -60,7 +62,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
     unroll, contiguous, per_sm = UNROLL, CONTIGUOUS, CTAS_PER_SM
     early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
-    n_exp, ns = spec.n_experts, spec.n_assign
+    n_exp = spec.n_experts
     if SEG != 8:
         raise ValueError("the MMA's N is 8: segments of 8 tokens")
     kw = hid // WARPS  # columns per warp
@@ -69,8 +71,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
     n_steps = kw // STEP_COLS
     tiles = inter // RB
     red_n = WARPS * 32 * 4  # one half of the partial-sum buffer
-    smem_bytes = 4 * (2 * ns + 3 * (n_exp + 2) + spec.rows_act + 3 * spec.max_segments)
-    smem_bytes += 4 * 2 * red_n + 1024
+    smem_bytes = routing_smem_bytes(spec) + 4 * 2 * red_n + 1024
     carveout = carveout_for(per_sm * (smem_bytes + 1024))
 
     @cute.jit
@@ -107,18 +108,8 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
         g = lane // 4
         c = lane % 4
         alloc = cutlass.utils.SmemAllocator()
-        sel_e = alloc.allocate_tensor(Int32, cute.make_layout(ns), byte_alignment=16)
-        sel_w = alloc.allocate_tensor(Float32, cute.make_layout(ns), byte_alignment=16)
-        cnt = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
-        off = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
-        segoff = alloc.allocate_tensor(Int32, cute.make_layout(n_exp + 2), byte_alignment=16)
-        sorted_a = alloc.allocate_tensor(Int32, cute.make_layout(spec.rows_act), byte_alignment=16)
-        seg_e = alloc.allocate_tensor(Int32, cute.make_layout(spec.max_segments), byte_alignment=16)
-        seg_start = alloc.allocate_tensor(
-            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
-        )
-        seg_len = alloc.allocate_tensor(
-            Int32, cute.make_layout(spec.max_segments), byte_alignment=16
+        sel_e, sel_w, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len = routing_smem(
+            alloc, spec
         )
         red = alloc.allocate_tensor(Float32, cute.make_layout(2 * red_n), byte_alignment=16)
         cute.arch.griddepcontrol_wait()

@@ -24,7 +24,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
-from agentab.kernels.cute.common import compile_tvm_ffi, fake, pdl_mode
+from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 N_SMS = 132
 
@@ -108,7 +109,6 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
     MLA step preparation (`mla_prep.prep_body`): the absorbed-query GEMV and the cache write /
     RoPE then share one launch, since both only need q_b's output.
     """
-    early = pdl_mode() == "early"  # where the PDL dependent may launch
     spec.validate()
     lpr = spec.lanes_per_row
     rs = 32 // lpr
@@ -148,9 +148,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
                 frag = cute.make_fragment_like(src)
                 cute.copy(atom, src, frag)
                 wfr.append(frag)
-        cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_wait()
 
         acc = cute.make_rmem_tensor(cute.make_layout(unroll * m_tok), Float32)
         ss = cute.make_rmem_tensor(cute.make_layout(m_tok), Float32)
@@ -235,8 +233,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
                 Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16
             )
             body(mW, mX, mG, mR, mY, mRs, red, red_ss, tidx, bidx)
-            if cutlass.const_expr(not early):
-                cute.arch.griddepcontrol_launch_dependents()
+            pdl_done()
 
         @cute.jit
         def host(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
@@ -269,13 +266,10 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
         if bidx < gemv_ctas:
             body(mW, mX, mG, mR, mY, mRs, red, red_ss, tidx, bidx)
         else:
-            cute.arch.griddepcontrol_wait()
-            if cutlass.const_expr(early):
-                cute.arch.griddepcontrol_launch_dependents()
+            pdl_wait()
             prep_body(prep, 32 * warps, bidx - gemv_ctas, tidx, mQkv, mX, mPos, mNorm, mCS,
                       mCache, mQpe, red_p)  # fmt: skip
-        if cutlass.const_expr(not early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_done()
 
     @cute.jit
     def host_prep(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,

@@ -24,8 +24,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
-from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake, pdl_mode
+from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
 from agentab.kernels.cute.gemv import GemvSpec
+from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 N_SMS = 132
 MAX_STAGES = 40
@@ -77,7 +78,6 @@ def stream_plan(spec: GemvSpec) -> tuple[int, int, int] | None:
 
 def build_gemv_stream(spec: GemvSpec) -> Any:
     """Trace the kernel for `spec` (see `stream_plan`); same arguments as `gemv.build_gemv`."""
-    early = pdl_mode() == "early"  # where the PDL dependent may launch
     spec.validate()
     got = stream_plan(spec)
     if got is None:
@@ -119,9 +119,7 @@ def build_gemv_stream(spec: GemvSpec) -> Any:
             src = cute.local_tile(mW[row0 + r, None], (8,), (c * 32 + lane,))
             cute.copy(casync, src, slots[i])
             cute.arch.cp_async_commit_group()
-        cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_wait()
 
         acc = cute.make_rmem_tensor(cute.make_layout(rw * m_tok), Float32)
         ss = cute.make_rmem_tensor(cute.make_layout(m_tok), Float32)
@@ -178,8 +176,7 @@ def build_gemv_stream(spec: GemvSpec) -> Any:
                     if cutlass.const_expr(spec.resid):
                         v = v + mR[t, row].to(Float32)
                     mY[t, spec.out_offset + row] = v.to(out_t)
-        if cutlass.const_expr(not early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_done()
 
     @cute.jit
     def host(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,

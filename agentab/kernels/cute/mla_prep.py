@@ -14,7 +14,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.cute.common import compile_tvm_ffi, fake, pdl_mode
+from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 THREADS = 128
 
@@ -92,7 +93,6 @@ def check_prep(spec: PrepSpec, nthreads: int) -> None:
 
 
 def build_prep(spec: PrepSpec) -> Any:
-    early = pdl_mode() == "early"  # where the PDL dependent may launch
     check_prep(spec, THREADS)
 
     @cute.kernel
@@ -102,12 +102,9 @@ def build_prep(spec: PrepSpec) -> Any:
         b, _, _ = cute.arch.block_idx()
         alloc = cutlass.utils.SmemAllocator()
         red = alloc.allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
-        cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_wait()
         prep_body(spec, THREADS, b, tidx, mQkv, mQ, mPos, mNorm, mCS, mCache, mQpe, red)
-        if cutlass.const_expr(not early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_done()
 
     @cute.jit
     def host(mQkv: cute.Tensor, mQ: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,

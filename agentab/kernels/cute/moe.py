@@ -28,7 +28,8 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake, pdl_mode
+from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
+from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 SEG = 8  # tokens per segment
 WARPS = 8
@@ -120,13 +121,16 @@ def routing_smem_bytes(spec: MoeSpec) -> int:
 
 
 @cute.jit
-def _routing(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, sel_e, sel_w, cnt, off,
-             segoff, sorted_a, seg_e, seg_start, seg_len, tidx, warp, lane):  # fmt: skip
-    """Build the work list in shared memory (called by every CTA of moe_up).
+def _route_and_publish(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, smem: tuple,
+                       outs: tuple, tidx, warp, lane, bidx):  # fmt: skip
+    """Build the work list in the `routing_smem` arrays (every CTA of both moe_up kernels does),
+    CTA 0 publishes it with `_publish` into `outs` = (ids, weights, sel_w, sorted, segs);
+    returns the segment count.
 
     With `shared_first` the shared expert's segments come first (segment 0.. ceil(m/8) - 1), so
     the kernels know before the PDL wait which weights their first work item reads.
     """
+    sel_e, sel_w, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len = smem
     e_per_lane = spec.n_experts // 32
     k, n_exp = spec.top_k, spec.n_experts
     sh = 0 if shared_first else n_exp  # slot of the shared expert in cnt/off/segoff
@@ -235,6 +239,11 @@ def _routing(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, sel_e, sel_w,
                     ln = rem
                 seg_len[sb + q] = ln
     cute.arch.sync_threads()
+    n_seg = segoff[n_exp + 1]
+    if bidx == 0:
+        _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len, *outs,
+                 tidx)  # fmt: skip
+    return n_seg
 
 
 @cute.jit
@@ -272,7 +281,6 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
     4, where ncu showed moe_up issue-bound (55% SM throughput) and the normalized tokens already
     exist for the router.
     """
-    early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     ch = hid // 256  # 16-byte chunks per lane
     kq = 4 if ch % 4 == 0 else 1  # warps splitting the hidden dim of one row pair
@@ -378,9 +386,9 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
         lane = tidx % 32
         warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
-        sel_e, sel_w, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len = routing_smem(
-            alloc, spec
-        )
+        rsm = routing_smem(alloc, spec)
+        seg_e, seg_start, seg_len = rsm[6], rsm[7], rsm[8]
+        sorted_a = rsm[5]
         red = alloc.allocate_tensor(Float32, cute.make_layout(2 * n_red), byte_alignment=16)
         rs_s = alloc.allocate_tensor(Float32, cute.make_layout(spec.m_max), byte_alignment=16)
         gam_s = alloc.allocate_tensor(BFloat16, cute.make_layout(hid), byte_alignment=16)
@@ -423,18 +431,13 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                 gsrc = cute.local_tile(mGamma, (8,), (i,))
                 gdst = cute.local_tile(gam_s, (8,), (i,))
                 cute.autovec_copy(gsrc, gdst)
-        cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_wait()
         if cutlass.const_expr(shared_first and not prenorm):  # noqa: SIM102
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
-        _routing(spec, shared_first, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
-                 seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
-        n_seg = segoff[n_exp + 1]
-        if bidx == 0:
-            _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len,
-                     mIds, mWts, mSelW, mSorted, mSegs, tidx)  # fmt: skip
+        outs = (mIds, mWts, mSelW, mSorted, mSegs)
+        n_seg = _route_and_publish(spec, shared_first, m, mLogits, mBias, rsm, outs, tidx, warp,
+                                   lane, bidx)  # fmt: skip
         if cutlass.const_expr(not shared_first):
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
@@ -468,8 +471,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                 ln = seg_len[s]
             do_item(item, rb, start, ln, gw, uw, m, mX, mAct, sorted_a, red, rs_s, gam_s, tidx,
                     slot, q, c0, lane)  # fmt: skip
-        if cutlass.const_expr(not early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_done()
 
     @cute.jit
     def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
@@ -497,7 +499,6 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
     (version 8 read the segment count first, then the lists one after another: four dependent
     L2 round trips before the first weight load, one more for the residual at the end).
     """
-    early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     if inter != 256:
         raise ValueError("moe_down maps one 16-byte chunk per lane: inter must be 256")
@@ -624,9 +625,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
                     src = cute.local_tile(mW2[spec.n_experts, d0 + r, None], (8,), (lane,))
                     cute.copy(casync, src, wv0[r])
                 cute.arch.cp_async_commit_group()
-            cute.arch.griddepcontrol_wait()
-            if cutlass.const_expr(early):
-                cute.arch.griddepcontrol_launch_dependents()
+            pdl_wait()
             stage(lambda i: mSegs[i // 3, i % 3], segs, n_segs_flat, tidx)
             stage(lambda i: mSorted[i], srt, spec.rows_act, tidx)
             stage(lambda i: mSelW[i], sw, ns, tidx)
@@ -638,9 +637,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
                 cute.arch.cp_async_wait_group(0)
                 do_seg(segs[1], segs[2], wv0, m, mAct, srt, sw, acc, lane)
         else:
-            cute.arch.griddepcontrol_wait()
-            if cutlass.const_expr(early):
-                cute.arch.griddepcontrol_launch_dependents()
+            pdl_wait()
             n_seg = mSegs[spec.max_segments, 0]
             m = mSegs[spec.max_segments, 1]
             # The work list is small: stage it in shared memory once, so the segment loop waits
@@ -672,8 +669,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
             for wi in cutlass.range_constexpr(WARPS):
                 v = v + acc[wi * mm * rpc + i]
             mOut[t, d0 + r] = v.to(BFloat16)
-        if cutlass.const_expr(not early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_done()
 
     @cute.jit
     def host(m_arg: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,

@@ -29,18 +29,18 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
-from agentab.kernels.cute.common import carveout_for, pdl_mode
+from agentab.kernels.cute.common import carveout_for
 from agentab.kernels.cute.moe import (
     SEG,
     THREADS,
     WARPS,
     MoeSpec,
-    _publish,
-    _routing,
+    _route_and_publish,
     _weight_atom,
     routing_smem,
     routing_smem_bytes,
 )
+from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
 STEP_COLS = 32  # columns per warp step: 4 lanes x 8
@@ -60,9 +60,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
 
     grid = CTAS_PER_SM * N_SMS if grid is None else grid
     unroll, contiguous, per_sm = UNROLL, CONTIGUOUS, CTAS_PER_SM
-    early = pdl_mode() == "early"  # where the PDL dependent may launch
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
-    n_exp = spec.n_experts
     if SEG != 8:
         raise ValueError("the MMA's N is 8: segments of 8 tokens")
     kw = hid // WARPS  # columns per warp
@@ -108,19 +106,13 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
         g = lane // 4
         c = lane % 4
         alloc = cutlass.utils.SmemAllocator()
-        sel_e, sel_w, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len = routing_smem(
-            alloc, spec
-        )
+        rsm = routing_smem(alloc, spec)
+        sorted_a, seg_e, seg_start, seg_len = rsm[5], rsm[6], rsm[7], rsm[8]
         red = alloc.allocate_tensor(Float32, cute.make_layout(2 * red_n), byte_alignment=16)
-        cute.arch.griddepcontrol_wait()
-        if cutlass.const_expr(early):
-            cute.arch.griddepcontrol_launch_dependents()
-        _routing(spec, True, m, mLogits, mBias, sel_e, sel_w, cnt, off, segoff, sorted_a,
-                 seg_e, seg_start, seg_len, tidx, warp, lane)  # fmt: skip
-        n_seg = segoff[n_exp + 1]
-        if bidx == 0:
-            _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len,
-                     mIds, mWts, mSelW, mSorted, mSegs, tidx)  # fmt: skip
+        pdl_wait()
+        outs = (mIds, mWts, mSelW, mSorted, mSegs)
+        n_seg = _route_and_publish(spec, True, m, mLogits, mBias, rsm, outs, tidx, warp, lane,
+                                   bidx)  # fmt: skip
         atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
         w_atom = _weight_atom(WEIGHTS_NO_L1)
         x_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
@@ -187,8 +179,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
                         usum = usum + red[rb + (wi * 32 + src) * 4 + 2 + n % 2]
                     act = gsum / (Float32(1.0) + cute.math.exp(-gsum)) * usum
                     mAct[start + n, jb * RB + r] = act.to(BFloat16)
-        if cutlass.const_expr(not early):
-            cute.arch.griddepcontrol_launch_dependents()
+        pdl_done()
 
     @cute.jit
     def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,

@@ -108,6 +108,7 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     up_v, down_v = MOE_VERSIONS[version]
     prenorm = prenorm_tokens(version, batch)
     mma = prenorm and version == 14  # moe_up on the tensor cores above batch 4
+    out["prenorm"] = prenorm
     out["moe"] = _cached(
         ("moe", moe_spec, up_v, down_v, prenorm, mma),
         lambda: compile_moe(moe_spec, version=up_v, down_version=down_v, prenorm=prenorm, mma=mma),
@@ -173,7 +174,7 @@ class SpecializedPath:
         # (M_MAX rows: moe_up takes the normalized tokens at its compiled shape when prenorm)
         self.hn_full = torch.zeros(M_MAX, h, device=dev, dtype=bf16)
         self.hn = self.hn_full[:batch]
-        self.prenorm = prenorm_tokens(kernels_version(), batch)
+        self.prenorm = self.k["prenorm"]
         if batch > SMALL:
             self.standard = StandardPath(cfg, weights, max_position)
 

@@ -107,14 +107,8 @@ class Runner:
         return bool(r["ok"])
 
     def us(self, path: str, version: int, batch: int) -> float | None:
-        for r in self.bench_rows:
-            if (r["path"], r["version"], r["batch"]) == (
-                path,
-                version,
-                batch,
-            ) and "us_per_layer" in r:
-                return float(r["us_per_layer"])
-        return None
+        r = self.bench_result(path, version, batch)
+        return None if r is None else float(r["us_per_layer"])
 
     def bench_result(self, path: str, version: int, batch: int) -> dict[str, Any] | None:
         for r in self.bench_rows:

@@ -52,11 +52,6 @@ def bench_path(
     t0 = time.time()
     paths = [make_path(name, cfg, w, context, batch) for w in layers]
     build_s = time.time() - t0
-    # As in a model's step, layer l may request layer l + 1's first weights (the last layer of
-    # the graph has no successor here, so its tail requests nothing: a conservative figure).
-    for p, nxt in zip(paths, layers[1:], strict=False):
-        if hasattr(p, "prefetch_next"):
-            p.prefetch_next(nxt)
 
     def step() -> list[Any]:
         h, outs = x, []

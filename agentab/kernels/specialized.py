@@ -25,7 +25,6 @@ Each GEMV shape is compiled once per batch size (1..4); the MoE kernels once per
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -49,17 +48,14 @@ MOE_VERSIONS = {
     10: (9, 9),
     13: (13, 8),
     14: (13, 8),
-    15: (13, 8),
 }
-L2_VERSION = 15  # version 14 plus the bulk L2 prefetch (cute/l2.py)
 _compiled: dict[Any, Any] = {}
 
 
 def _cached(key: Any, make: Any) -> Any:
     from agentab.kernels.cute.common import pdl_mode
-    from agentab.kernels.cute.l2 import l2_mode
 
-    key = (key, pdl_mode(), l2_mode())  # both placements are traced into every kernel
+    key = (key, pdl_mode())  # the PDL trigger placement is traced into every kernel
     if key not in _compiled:
         _compiled[key] = make()
     return _compiled[key]
@@ -68,7 +64,7 @@ def _cached(key: Any, make: Any) -> Any:
 def prenorm_tokens(version: int, batch: int) -> bool:
     """Whether moe_up reads RMS-normalized tokens (version 13 above batch 4, where the attention
     half already computes them for the router) instead of normalizing them per item."""
-    return version in (13, 14, 15) and batch > SMALL
+    return version in (13, 14) and batch > SMALL
 
 
 def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
@@ -111,20 +107,15 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     # moe_up, measured slower; NOTES.md) were removed; commit df509fb has them.
     up_v, down_v = MOE_VERSIONS[version]
     prenorm = prenorm_tokens(version, batch)
-    mma = prenorm and version in (14, 15)  # moe_up on the tensor cores above batch 4
-    l2 = version == L2_VERSION
+    mma = prenorm and version == 14  # moe_up on the tensor cores above batch 4
     out["prenorm"] = prenorm
-    out["l2"] = l2
     out["moe"] = _cached(
-        ("moe", moe_spec, up_v, down_v, prenorm, mma, l2),
-        lambda: compile_moe(
-            moe_spec, version=up_v, down_version=down_v, prenorm=prenorm, mma=mma, l2=l2
-        ),
+        ("moe", moe_spec, up_v, down_v, prenorm, mma),
+        lambda: compile_moe(moe_spec, version=up_v, down_version=down_v, prenorm=prenorm, mma=mma),
     )
     if batch <= SMALL:
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)
         for name, spec in gemv_specs(cfg, batch).items():
-            spec = replace(spec, l2=l2)
             if name == "absorb" and FUSE_PREP:
                 fn = _cached(("gemv+prep", spec, pspec), lambda s=spec: compile_gemv(s, pspec))
             elif version == 10 and name in STREAMED and stream_plan(spec) is not None:
@@ -186,23 +177,6 @@ class SpecializedPath:
         self.prenorm = self.k["prenorm"]
         if batch > SMALL:
             self.standard = StandardPath(cfg, weights, max_position)
-        self.l2 = self.k["l2"]
-        self.next_w: LayerWeights | None = None
-
-    def prefetch_next(self, weights: LayerWeights) -> None:
-        """The layer that runs after this one: with the L2 prefetch (version 15) this layer's
-        last kernel requests that layer's first weights, as a model's layer l can for l + 1."""
-        self.next_w = weights
-
-    def _ahead(self, *tensors: torch.Tensor | None) -> tuple[int, int, int, int]:
-        """The look-ahead argument of a kernel: (address, bytes) of up to two tensors whose
-        bytes the next kernels read; zeros without the L2 prefetch."""
-        args = [0, 0, 0, 0]
-        if self.l2:
-            for i, t in enumerate(t for t in tensors if t is not None):
-                args[2 * i] = t.data_ptr()
-                args[2 * i + 1] = (t.numel() * t.element_size()) // 16 * 16
-        return args[0], args[1], args[2], args[3]
 
     def outputs(self) -> StepOut:
         """The step's outputs (views of the preallocated buffers)."""
@@ -218,41 +192,31 @@ class SpecializedPath:
         cfg, w, k, b = self.cfg, self.w, self.k, self.b
         dv, dr = self.dummy_vec, self.dummy_bf16
 
-        def gemv(name: str, wt: torch.Tensor, x_: torch.Tensor, g: Any, r: Any, y: Any,
-                 ahead: tuple[int, int, int, int]) -> None:  # fmt: skip
+        def gemv(name: str, wt: torch.Tensor, x_: torch.Tensor, g: Any, r: Any, y: Any) -> None:
             _spec, fn = k[name]
-            fn(wt, x_, g, r, y, self.dummy_rs, *ahead)
+            fn(wt, x_, g, r, y, self.dummy_rs)
 
-        # The look-ahead plan (version 15): each kernel's tail requests what the next kernels
-        # read, about one large kernel ahead (L2 holds ~50 MB): q_b's and absorb's weights
-        # under qkv_a, the cache and uv under q_b, o_proj under absorb, the router and the
-        # shared expert's gate/up under uv, its down rows under o_proj; moe_up requests the
-        # routed experts' down rows, moe_down the next layer's q_a/kv_a.
+        gemv("qkv_a", w.w_qkv_a, x, w.attn_norm, dr, self.qkv)
+        gemv("q_b", w.w_q_b, self.qkv, w.q_a_norm, dr, self.q)
         w_uk = w.w_uk_t.view(-1, cfg.qk_nope)
-        shared = w.w13_all.shape[0] - 1
-        gemv("qkv_a", w.w_qkv_a, x, w.attn_norm, dr, self.qkv, self._ahead(w.w_q_b, w_uk))
-        gemv("q_b", w.w_q_b, self.qkv, w.q_a_norm, dr, self.q, self._ahead(state.cache, w.w_uv))
         if FUSE_PREP:
             _spec, absorb = k["absorb"]
-            absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, *self._ahead(w.w_o),
-                   self.qkv, state.positions, w.kv_a_norm, self.cos_sin, state.cache,
-                   self.q_pe)  # fmt: skip
+            absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, self.qkv, state.positions,
+                   w.kv_a_norm, self.cos_sin, state.cache, self.q_pe)  # fmt: skip
         else:
             k["prep"](
                 self.qkv, self.q, state.positions, w.kv_a_norm, self.cos_sin, state.cache,
                 self.q_pe,
             )  # fmt: skip
-            gemv("absorb", w_uk, self.q, dv, dr, self.q_lat, self._ahead(w.w_o))
+            gemv("absorb", w_uk, self.q, dv, dr, self.q_lat)
         o_lat = mla_decode(
             cfg, self.q_lat.view(b, cfg.n_heads, cfg.kv_lora), self.q_pe, state.cache,
             state.positions,
         )  # fmt: skip
-        gemv("uv", w.w_uv.view(-1, cfg.kv_lora), o_lat.view(b, -1), dv, dr, self.o,
-             self._ahead(w.w_gate, w.w13_all[shared]))  # fmt: skip
-        gemv("o_proj", w.w_o, self.o, dv, x, self.h1[:b], self._ahead(w.w2_all[shared]))
+        gemv("uv", w.w_uv.view(-1, cfg.kv_lora), o_lat.view(b, -1), dv, dr, self.o)
+        gemv("o_proj", w.w_o, self.o, dv, x, self.h1[:b])
         _spec, router = k["router"]
-        router(w.w_gate, self.h1[:b], w.ffn_norm, dr, self.logits[:b], self.rs[:b],
-               *self._ahead())  # fmt: skip
+        router(w.w_gate, self.h1[:b], w.ffn_norm, dr, self.logits[:b], self.rs[:b])
 
     def _attention_large(self, x: torch.Tensor, state: DecodeState) -> None:
         cfg, w, b = self.cfg, self.w, self.b
@@ -274,8 +238,6 @@ class SpecializedPath:
             up, down = self.k["moe"]
             tokens = self.hn_full if self.prenorm else self.h1
             up(b, self.logits, w.gate_bias, tokens, w.ffn_norm, w.w13_all, mb.act, self.ids,
-               self.wts, mb.sorted_a, mb.segs, mb.sel_w, self.rs, w.w2_all)  # fmt: skip
-            nxt = self.next_w
-            down(b, w.w2_all, mb.act, mb.sorted_a, mb.segs, mb.sel_w, self.h1, self.out,
-                 *self._ahead(nxt.w_qkv_a if nxt is not None else None))  # fmt: skip
+               self.wts, mb.sorted_a, mb.segs, mb.sel_w, self.rs)  # fmt: skip
+            down(b, w.w2_all, mb.act, mb.sorted_a, mb.segs, mb.sel_w, self.h1, self.out)
         return self.outputs()

@@ -137,11 +137,8 @@ def main() -> int:
     log("weights ready")
 
     def variant(version: int, pdl: str) -> None:
-        """pdl: the PDL trigger ("end"/"early"), optionally "+" the L2 prefetch placement."""
-        trigger, _, l2 = pdl.partition("+")
         os.environ["AGENTAB_KERNELS_VERSION"] = str(version)
-        os.environ["AGENTAB_KERNELS_PDL"] = trigger
-        os.environ["AGENTAB_KERNELS_L2"] = l2 or "end"
+        os.environ["AGENTAB_KERNELS_PDL"] = pdl
 
     def bench(path: str, version: int, pdl: str, batch: int) -> float | None:
         if time.time() - T0 > BUDGET:
@@ -161,7 +158,7 @@ def main() -> int:
                "breakdown": r["eager_kernel_breakdown"]}  # fmt: skip
         DOC["bench"].append(row)
         save()
-        log(f"bench {path:11s} v{version} {pdl:11s} b{batch:3d}: {r['us_per_layer']:8.1f} us/layer "
+        log(f"bench {path:11s} v{version} {pdl:5s} b{batch:3d}: {r['us_per_layer']:8.1f} us/layer "
             f"(p10 {r['p10_us_per_layer']:.1f} p90 {r['p90_us_per_layer']:.1f}) {r['kernels']} kernels")  # fmt: skip
         return r["us_per_layer"]
 
@@ -179,14 +176,12 @@ def main() -> int:
         log(f"check v{version} {pdl} b{batch}: {'ok' if r.get('ok') else 'FAIL'} "
             f"out {r.get('out_err', float('nan')):.2e} mism {r.get('expert_mismatches')} written {r.get('all_written')}")  # fmt: skip
 
-    # EXPLORE_VARIANTS: "version:pdl[+l2]" pairs timed at batch 1, 2, 4, 64 (call 2: 8:end,
-    # 8:early, 9:early; session 4: 15:end+own etc., the L2 prefetch placement); EXPLORE_CHECK: versions checked (early trigger when the variant says so);
+    # EXPLORE_VARIANTS: "version:pdl" pairs timed at batch 1, 2, 4, 64 (call 2: 8:end, 8:early,
+    # 9:early); EXPLORE_CHECK: versions checked (early trigger when the variant says so);
     # EXPLORE_MORE: versions timed at batch 8, 16, 32 too.
     variants = [(int(v), pdl) for v, pdl in
                 (x.split(":") for x in os.environ.get("EXPLORE_VARIANTS", "8:end,13:end,14:end").split(","))]  # fmt: skip
-    pdl_of: dict[int, str] = {}
-    for v, pdl in variants:
-        pdl_of.setdefault(v, pdl)
+    pdl_of = dict(variants)
     for b in (1, 64):
         bench("standard", 8, "end", b)
     for b in ints("EXPLORE_BATCHES", "1,2,4,64"):
@@ -230,7 +225,7 @@ def main() -> int:
     for r in DOC["bench"]:
         if "us_per_layer" in r:
             print(
-                f"  {r['path'][:4]} v{r['version']} {r['pdl']:11s} b{r['batch']:3d}: {r['us_per_layer']:8.1f}"
+                f"  {r['path'][:4]} v{r['version']} {r['pdl']:5s} b{r['batch']:3d}: {r['us_per_layer']:8.1f}"
                 f" {r.get('mma_variant', '')}"
             )
     bad = [c for c in DOC["checks"] if not c.get("ok")]

@@ -75,7 +75,7 @@ def main() -> None:
         y = torch.full(
             (m, n), float("nan"), device=dev, dtype=torch.float32 if n == 384 else torch.bfloat16
         )
-        f(ws[0], x, gam, r, y, rsd, 0, 0, 0, 0)
+        f(ws[0], x, gam, r, y, rsd)
         torch.cuda.synchronize()
         xf = x.float()
         if norm:
@@ -85,7 +85,7 @@ def main() -> None:
 
         def run_all():
             for w in ws:
-                f(w, x, gam, r, y, rsd, 0, 0, 0, 0)
+                f(w, x, gam, r, y, rsd)
 
         us = timed(run_all) / len(ws)
 

@@ -22,10 +22,9 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int64
+from cutlass import BFloat16, Float32
 
 from agentab.kernels.cute.common import compile_tvm_ffi, fake
-from agentab.kernels.cute.l2 import ahead_fakes, l2_mode, prefetch_ahead, prefetch_l2
 from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 N_SMS = 132
@@ -49,7 +48,6 @@ class GemvSpec:
     out_f32: bool = False
     write_rs: bool = False  # with norm: also write 1/rms per token (fp32) for a later kernel
     eps: float = 1e-6
-    l2: bool = False  # version 15: bulk L2 prefetch of the CTA's rows and the look-ahead ranges
 
     @property
     def lanes_per_row(self) -> int:
@@ -141,11 +139,6 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
         row0 = bidx * rows_cta + wrow * (rs * unroll) + sub
         c0 = kpart * ch
 
-        if cutlass.const_expr(spec.l2):  # noqa: SIM102 (compile-time, then runtime)
-            # The CTA's rows are one contiguous block: the copy engine fetches it all now.
-            if tidx == 0:
-                prefetch_l2(mW.iterator.toint() + Int64(bidx) * (rows_cta * spec.k * 2),
-                            rows_cta * spec.k * 2)  # fmt: skip
         # Weight chunks are independent of the previous kernel: issue the first ones before the
         # PDL wait so they stream while it drains.
         wfr = []
@@ -225,22 +218,11 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
             mY[t, spec.out_offset + row] = v.to(out_t)
 
     gemv_ctas = n_rows // rows_cta
-    mode = l2_mode() if spec.l2 else "own"
-
-    @cute.jit
-    def ahead_at(a0: Int64, n0: Int64, a1: Int64, n1: Int64, tidx, bidx, parts: int,
-                 where: str):  # fmt: skip
-        """The look-ahead prefetch, traced only where `$AGENTAB_KERNELS_L2` puts it."""
-        if cutlass.const_expr(mode == where):  # noqa: SIM102 (compile-time, then runtime)
-            if tidx == 0:
-                prefetch_ahead(a0, n0, a1, n1, bidx, parts)
-
     if prep is None:
 
         @cute.kernel
         def kernel(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
-                   mY: cute.Tensor, mRs: cute.Tensor, a0: Int64, n0: Int64, a1: Int64,
-                   n1: Int64):  # fmt: skip
+                   mY: cute.Tensor, mRs: cute.Tensor):  # fmt: skip
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             alloc = cutlass.utils.SmemAllocator()
@@ -250,16 +232,13 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
             red_ss = alloc.allocate_tensor(
                 Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16
             )
-            ahead_at(a0, n0, a1, n1, tidx, bidx, gemv_ctas, "start")
             body(mW, mX, mG, mR, mY, mRs, red, red_ss, tidx, bidx)
-            ahead_at(a0, n0, a1, n1, tidx, bidx, gemv_ctas, "end")
             pdl_done()
 
         @cute.jit
         def host(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
-                 mY: cute.Tensor, mRs: cute.Tensor, a0: Int64, n0: Int64, a1: Int64, n1: Int64,
-                 stream):  # fmt: skip
-            kernel(mW, mX, mG, mR, mY, mRs, a0, n0, a1, n1).launch(
+                 mY: cute.Tensor, mRs: cute.Tensor, stream):  # fmt: skip
+            kernel(mW, mX, mG, mR, mY, mRs).launch(
                 grid=[gemv_ctas, 1, 1],
                 block=[32 * warps, 1, 1],
                 smem=smem_bytes,
@@ -275,12 +254,11 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
 
     @cute.kernel
     def kernel_prep(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
-                    mY: cute.Tensor, mRs: cute.Tensor, a0: Int64, n0: Int64, a1: Int64,
-                    n1: Int64, mQkv: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,
-                    mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor):  # fmt: skip
+                    mY: cute.Tensor, mRs: cute.Tensor, mQkv: cute.Tensor, mPos: cute.Tensor,
+                    mNorm: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor,
+                    mQpe: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        ahead_at(a0, n0, a1, n1, tidx, bidx, gemv_ctas + prep.batch, "start")
         alloc = cutlass.utils.SmemAllocator()
         red = alloc.allocate_tensor(Float32, cute.make_layout(n_out * ksplit), byte_alignment=16)
         red_ss = alloc.allocate_tensor(Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16)
@@ -291,17 +269,14 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
             pdl_wait()
             prep_body(prep, 32 * warps, bidx - gemv_ctas, tidx, mQkv, mX, mPos, mNorm, mCS,
                       mCache, mQpe, red_p)  # fmt: skip
-        ahead_at(a0, n0, a1, n1, tidx, bidx, gemv_ctas + prep.batch, "end")
         pdl_done()
 
     @cute.jit
     def host_prep(mW: cute.Tensor, mX: cute.Tensor, mG: cute.Tensor, mR: cute.Tensor,
-                  mY: cute.Tensor, mRs: cute.Tensor, a0: Int64, n0: Int64, a1: Int64, n1: Int64,
-                  mQkv: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor, mCS: cute.Tensor,
-                  mCache: cute.Tensor, mQpe: cute.Tensor, stream):  # fmt: skip
-        kernel_prep(
-            mW, mX, mG, mR, mY, mRs, a0, n0, a1, n1, mQkv, mPos, mNorm, mCS, mCache, mQpe
-        ).launch(
+                  mY: cute.Tensor, mRs: cute.Tensor, mQkv: cute.Tensor, mPos: cute.Tensor,
+                  mNorm: cute.Tensor, mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor,
+                  stream):  # fmt: skip
+        kernel_prep(mW, mX, mG, mR, mY, mRs, mQkv, mPos, mNorm, mCS, mCache, mQpe).launch(
             grid=[gemv_ctas + prep.batch, 1, 1],
             block=[32 * warps, 1, 1],
             smem=smem_bytes + 4 * warps + 64,
@@ -313,8 +288,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
 
 
 def compile_gemv(spec: GemvSpec, prep: Any = None) -> Any:
-    """Compile once for `spec`; call as f(W, X, gamma, resid, Y, rs, a0, n0, a1, n1) with torch
-    tensors and the look-ahead ranges (addresses and byte counts; zeros: none).
+    """Compile once for `spec`; call as f(W, X, gamma, resid, Y, rs) with torch tensors.
 
     Unused gamma / resid / rs take any small tensor of the declared shape (see `dummy_shapes`).
     """
@@ -327,7 +301,6 @@ def compile_gemv(spec: GemvSpec, prep: Any = None) -> Any:
         fake(BFloat16, r_shape),
         fake(Float32 if spec.out_f32 else BFloat16, (spec.m, spec.out_cols)),
         fake(Float32, (spec.m,)),
-        *ahead_fakes(),
     ]
     if prep is not None:
         from agentab.kernels.cute.mla_prep import prep_fakes

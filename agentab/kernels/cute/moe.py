@@ -25,11 +25,10 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, Int64
+from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.config import LayerConfig
 from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
-from agentab.kernels.cute.l2 import ahead_fakes, l2_mode, prefetch_ahead, prefetch_l2
 from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 SEG = 8  # tokens per segment
@@ -267,9 +266,7 @@ def _publish(spec: MoeSpec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_st
         mSegs[spec.max_segments, 1] = m
 
 
-def build_moe_up(
-    spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = False, l2: bool = False
-) -> Any:
+def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = False) -> Any:
     """Trace moe_up. Version 8: the work list in expert order, the shared expert last.
 
     Version 9: the shared expert's segments first, so item b < tiles (segment 0, the shared
@@ -283,11 +280,6 @@ def build_moe_up(
     its experts): no gamma staging, no per-item x * gamma * 1/rms. The path uses it above batch
     4, where ncu showed moe_up issue-bound (55% SM throughput) and the normalized tokens already
     exist for the router.
-
-    With `l2` (kernel version 15, version 13 only): the copy engine prefetches the CTA's work
-    into L2: the shared expert's item before the PDL wait, the routed items right after the
-    routing (the item loop then waits on L2, not HBM); after its items the CTA requests its
-    share of the step's down projections for moe_down (in "end" mode, in its tail).
     """
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     ch = hid // 256  # 16-byte chunks per lane
@@ -300,13 +292,6 @@ def build_moe_up(
         raise ValueError(f"moe_up version {version}: 8, 9 or 13")
     if prenorm and version != 13:
         raise ValueError("prenorm tokens: moe_up version 13")
-    if l2 and version != 13:
-        raise ValueError("the L2 prefetch: moe_up version 13")
-    mode = l2_mode() if l2 else "own"
-    row_bytes = hid * 2
-    item_bytes = rslots * row_bytes
-    expert_bytes = 2 * inter * row_bytes  # one expert's gate and up rows
-    down_bytes = hid * inter * 2  # one expert's down projection
     tiles = inter // rslots
     n_exp = spec.n_experts
     n_red = rslots * SEG * kq * 2
@@ -319,13 +304,6 @@ def build_moe_up(
         # Two CTAs of 89 KB per SM: the 196 KB configuration, which leaves 60 KB of L1 for the
         # activations (228 KB would leave 28 KB).
         carveout = carveout_for(2 * (smem_bytes + 1024))
-
-    @cute.jit
-    def prefetch_item(w13: Int64, e, blk):
-        """Request item row block `blk` of expert e (its gate rows and its up rows) into L2."""
-        base = w13 + Int64(e) * expert_bytes + Int64(blk) * item_bytes
-        prefetch_l2(base, item_bytes)
-        prefetch_l2(base + inter * row_bytes, item_bytes)
 
     @cute.jit
     def load_rows(mW13: cute.Tensor, e, ii, c0, lane, gw: list, uw: list):
@@ -402,16 +380,11 @@ def build_moe_up(
     def kernel(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
                mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
                mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
-               mRs: cute.Tensor, mW2: cute.Tensor):  # fmt: skip
+               mRs: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
-        w13 = mW13.iterator.toint()
-        if cutlass.const_expr(l2):  # noqa: SIM102 (compile-time, then runtime)
-            # Shared-first: item bidx < tiles is the shared expert's (expert slot n_exp).
-            if tidx == 0 and bidx < tiles:
-                prefetch_item(w13, n_exp, bidx)
         alloc = cutlass.utils.SmemAllocator()
         rsm = routing_smem(alloc, spec)
         seg_e, seg_start, seg_len = rsm[6], rsm[7], rsm[8]
@@ -473,13 +446,6 @@ def build_moe_up(
             q = warp % kq
             c0 = q * chq
         first = bidx
-        if cutlass.const_expr(l2):
-            # The CTA's routed items: all requested now, consumed in this order below.
-            for item in range(bidx + tidx * grid, n_seg * tiles, grid * THREADS):
-                if item >= tiles:
-                    prefetch_item(w13, seg_e[item // tiles], item % tiles)
-            if cutlass.const_expr(mode == "start"):
-                prefetch_down(mW2.iterator.toint(), n_seg, seg_e, tidx, bidx)
         if cutlass.const_expr(v9):  # noqa: SIM102 (compile-time, then runtime)
             if pre:
                 cute.arch.cp_async_wait_group(0)
@@ -505,39 +471,22 @@ def build_moe_up(
                 ln = seg_len[s]
             do_item(item, rb, start, ln, gw, uw, m, mX, mAct, sorted_a, red, rs_s, gam_s, tidx,
                     slot, q, c0, lane)  # fmt: skip
-        if cutlass.const_expr(l2 and mode == "end"):
-            prefetch_down(mW2.iterator.toint(), n_seg, seg_e, tidx, bidx)
         pdl_done()
-
-    @cute.jit
-    def prefetch_down(w2: Int64, n_seg, seg_e: cute.Tensor, tidx, bidx):
-        """This CTA's 1/grid of the down projection of every expert the step touches (the
-        first segment of each expert; an expert's segments are adjacent)."""
-        share = ((down_bytes // grid + 15) // 16) * 16
-        lo = Int64(bidx) * share
-        if lo < down_bytes:
-            size = Int64(share)
-            if down_bytes - lo < share:
-                size = down_bytes - lo
-            for s in range(tidx, n_seg, THREADS):
-                e = seg_e[s]
-                if s == 0 or seg_e[s - 1] != e:
-                    prefetch_l2(w2 + Int64(e) * down_bytes + lo, Int32(size))
 
     @cute.jit
     def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
              mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
              mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
-             mRs: cute.Tensor, mW2: cute.Tensor, stream):  # fmt: skip
+             mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
-               mRs, mW2).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
+               mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
                            stream=stream, use_pdl=True, min_blocks_per_mp=2,
                            preferred_smem_carveout=carveout)  # fmt: skip
 
     return host
 
 
-def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9, l2: bool = False) -> Any:
+def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
     """Each CTA owns `rows_per_cta` output rows; its warps take the segments in turn.
 
     A warp issues the 16-byte loads of all its rows of the expert's down projection and of the
@@ -549,10 +498,6 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9, l2: bool 
     weights and the residual are staged after the wait in one round of independent loads
     (version 8 read the segment count first, then the lists one after another: four dependent
     L2 round trips before the first weight load, one more for the residual at the end).
-
-    With `l2` (kernel version 15, version 8 only): once the work list is staged, the CTA's rows
-    of every segment's expert are requested into L2 at once (moe_up's tail has usually fetched
-    them already); the look-ahead ranges (the next layer's first weights) go in its tail.
     """
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     if inter != 256:
@@ -562,9 +507,6 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9, l2: bool 
     if version not in (8, 9):
         raise ValueError(f"moe_down version {version}: 8 or 9")
     v9 = version >= 9
-    if l2 and v9:
-        raise ValueError("the L2 prefetch: moe_down version 8")
-    mode = l2_mode() if l2 else "own"
     rpc, mm = rows_per_cta, spec.m_max
     grid = hid // rpc
     nseg_max, ns = spec.max_segments, spec.n_assign
@@ -650,8 +592,8 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9, l2: bool 
 
     @cute.kernel
     def kernel(m_arg: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
-               mSegs: cute.Tensor, mSelW: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
-               a0: Int64, n0: Int64, a1: Int64, n1: Int64):  # fmt: skip
+               mSegs: cute.Tensor, mSelW: cute.Tensor, mRes: cute.Tensor,
+               mOut: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
@@ -708,15 +650,6 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9, l2: bool 
                 srt[i] = mSorted[i]
             for i in range(tidx, m * k, THREADS):
                 sw[i] = mSelW[i]
-            if cutlass.const_expr(l2):
-                w2 = mW2.iterator.toint()
-                for s in range(tidx, n_seg, THREADS):
-                    e = mSegs[s, 0]
-                    if s == 0 or mSegs[s - 1, 0] != e:
-                        prefetch_l2(w2 + (Int64(e) * hid + d0) * (inter * 2), rpc * inter * 2)
-                if cutlass.const_expr(mode == "start"):  # noqa: SIM102
-                    if tidx == 0:
-                        prefetch_ahead(a0, n0, a1, n1, bidx, grid)
             cute.arch.sync_threads()
         for s in range(warp, n_seg, WARPS):
             if cutlass.const_expr(v9):
@@ -736,24 +669,21 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9, l2: bool 
             for wi in cutlass.range_constexpr(WARPS):
                 v = v + acc[wi * mm * rpc + i]
             mOut[t, d0 + r] = v.to(BFloat16)
-        if cutlass.const_expr(l2 and mode == "end"):  # noqa: SIM102
-            if tidx == 0:
-                prefetch_ahead(a0, n0, a1, n1, bidx, grid)
         pdl_done()
 
     @cute.jit
     def host(m_arg: Int32, mW2: cute.Tensor, mAct: cute.Tensor, mSorted: cute.Tensor,
              mSegs: cute.Tensor, mSelW: cute.Tensor, mRes: cute.Tensor, mOut: cute.Tensor,
-             a0: Int64, n0: Int64, a1: Int64, n1: Int64, stream):  # fmt: skip
+             stream):  # fmt: skip
         if cutlass.const_expr(v9):
             # Two CTAs per SM, as version 8 got from its 128 registers.
-            kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut, a0, n0, a1, n1).launch(
+            kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(
                 grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes, stream=stream,
                 use_pdl=True, min_blocks_per_mp=2,
                 preferred_smem_carveout=carveout_for(2 * (smem_bytes + 1024)),
             )  # fmt: skip
         else:
-            kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut, a0, n0, a1, n1).launch(
+            kernel(m_arg, mW2, mAct, mSorted, mSegs, mSelW, mRes, mOut).launch(
                 grid=[grid, 1, 1],
                 block=[THREADS, 1, 1],
                 smem=smem_bytes,
@@ -793,15 +723,12 @@ def compile_moe(
     down_version: int | None = None,
     prenorm: bool = False,
     mma: bool = False,
-    l2: bool = False,
 ) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order.
 
     moe_down runs `down_version` (default: `version`, 8 for moe_up version 13, whose
     shared-first work list both down versions read). With `mma` (prenormalized tokens only),
-    moe_up is `moe_mma`'s tensor-core kernel. With `l2` both prefetch into L2 (version 15).
-    moe_up takes the down weights as its last tensor (for that prefetch), moe_down the
-    look-ahead ranges (address, bytes) x 2 as its last four scalars."""
+    moe_up is `moe_mma`'s tensor-core kernel."""
     e1 = spec.n_experts + 1
     if up_grid is None and not mma:
         up_grid = 2 * N_SMS
@@ -814,9 +741,9 @@ def compile_moe(
     if mma:
         from agentab.kernels.cute.moe_mma import build_moe_up_mma
 
-        up_host = build_moe_up_mma(spec, up_grid)  # (no L2 prefetch in this one yet)
+        up_host = build_moe_up_mma(spec, up_grid)
     else:
-        up_host = build_moe_up(spec, up_grid, version, prenorm, l2)
+        up_host = build_moe_up(spec, up_grid, version, prenorm)
     up = compile_tvm_ffi(
         up_host,
         Int32(1),
@@ -832,10 +759,9 @@ def compile_moe(
         fake(Int32, (spec.max_segments + 1, 3)),
         fake(Float32, (spec.n_assign,)),
         fake(Float32, (spec.m_max,)),
-        fake(BFloat16, (e1, spec.hidden, spec.inter)),
     )
     down = compile_tvm_ffi(
-        build_moe_down(spec, rows_per_cta, down_version, l2),
+        build_moe_down(spec, rows_per_cta, down_version),
         Int32(1),
         fake(BFloat16, (e1, spec.hidden, spec.inter)),
         fake(BFloat16, (spec.rows_act, spec.inter)),
@@ -844,6 +770,5 @@ def compile_moe(
         fake(Float32, (spec.n_assign,)),
         fake(BFloat16, (spec.m_max, spec.hidden)),
         fake(BFloat16, (spec.m_max, spec.hidden)),
-        *ahead_fakes(),
     )
     return up, down

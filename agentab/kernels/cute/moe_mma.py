@@ -185,8 +185,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
     def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
              mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
              mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
-             mRs: cute.Tensor, mW2: cute.Tensor, stream):  # fmt: skip
-        # (mW2: the down weights, taken for a uniform call with moe_up's L2-prefetching build)
+             mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
                            stream=stream, use_pdl=True, min_blocks_per_mp=per_sm,

@@ -49,6 +49,8 @@ MOE_VERSIONS = {
     13: (13, 8),
     14: (13, 8),
 }
+# moe_down's output rows per CTA (a plan knob, read at compile time; explore.py times others)
+DOWN_ROWS = 16
 _compiled: dict[Any, Any] = {}
 
 
@@ -110,8 +112,15 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     mma = prenorm and version == 14  # moe_up on the tensor cores above batch 4
     out["prenorm"] = prenorm
     out["moe"] = _cached(
-        ("moe", moe_spec, up_v, down_v, prenorm, mma),
-        lambda: compile_moe(moe_spec, version=up_v, down_version=down_v, prenorm=prenorm, mma=mma),
+        ("moe", moe_spec, up_v, down_v, prenorm, mma, DOWN_ROWS),
+        lambda: compile_moe(
+            moe_spec,
+            rows_per_cta=DOWN_ROWS,
+            version=up_v,
+            down_version=down_v,
+            prenorm=prenorm,
+            mma=mma,
+        ),
     )
     if batch <= SMALL:
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)

@@ -114,6 +114,69 @@ def read_ceilings() -> None:
     save()
 
 
+def trace_moe(cfg: Any, weights: list, dev: Any, variant: Any) -> None:
+    """Session 4: %globaltimer stamps of moe_up / moe_down CTAs 0-127 (cute.moe.TRACE) in the
+    batch-1 layer graph: when each CTA starts, leaves its PDL wait, has routed / staged its
+    list, and ends, in us after moe_up's first CTA started."""
+    import torch
+
+    from agentab.kernels import specialized
+    from agentab.kernels.cute import moe as cmoe
+    from agentab.kernels.harness import capture, time_replays
+    from agentab.kernels.paths import make_path
+    from agentab.kernels.weights import init_state
+
+    cmoe.TRACE = True
+    specialized._compiled.clear()
+    variant(14, "end")
+    out: dict[str, Any] = {}
+    try:
+        for b in ints("EXPLORE_TRACE_BATCHES", "1"):
+            states = [init_state(cfg, b, CONTEXT, 10 * i + b, dev) for i in range(len(weights))]
+            paths = [make_path("specialized", cfg, w, CONTEXT, b) for w in weights]
+            x = torch.randn(b, cfg.hidden, device=dev).to(torch.bfloat16)
+
+            def step(paths=paths, states=states, x=x) -> None:
+                h = x
+                for p, st in zip(paths, states, strict=True):
+                    h = p.step(h, st).out
+
+            g, _ = capture(step)
+            t = time_replays(g, iters=30, warmup=5)
+            g.replay()
+            torch.cuda.synchronize()
+            for li in (1, 2):
+                mb = paths[li].moe_buf
+                up = mb.sorted_a[64:576].view(128, 4).long().cpu() & 0xFFFFFFFF
+                down = mb.segs.view(-1)[300:812].view(128, 4).long().cpu() & 0xFFFFFFFF
+                base = int(up[:, 0].min())
+
+                def rel(v: Any, base: int = base) -> Any:
+                    d = (v - base) % (1 << 32)
+                    return torch.where(d > (1 << 31), d - (1 << 32), d).double() / 1000.0
+
+                row: dict[str, Any] = {"us_per_layer_traced": t["median"] / len(paths)}
+                for name, arr in (("moe_up", up), ("moe_down", down)):
+                    for j, point in enumerate(("start", "after wait", "routed/staged", "end")):
+                        v = rel(arr[:, j])
+                        row[f"{name} {point}"] = [round(float(v.min()), 2),
+                                                  round(float(v.median()), 2),
+                                                  round(float(v.max()), 2)]  # fmt: skip
+                out[f"b{b} layer{li}"] = row
+                log(
+                    f"trace b{b} layer {li} (us after moe_up's first start; min/median/max over CTAs 0-127):"
+                )
+                for k, v in row.items():
+                    log(f"    {k:26s} {v}")
+    except Exception:
+        traceback.print_exc()
+    finally:
+        cmoe.TRACE = False
+        specialized._compiled.clear()
+    DOC["trace"] = out
+    save()
+
+
 def main() -> int:
     import torch
 
@@ -212,6 +275,34 @@ def main() -> int:
         for key, val in base.items():
             setattr(moe_mma, key, val)
         specialized._compiled.clear()
+    if os.environ.get("EXPLORE_TRACE", "0") == "1":
+        trace_moe(cfg, weights, dev, variant)
+    # EXPLORE_KNOBS: "label:module.ATTR=value,...;label2:..." plan knobs (module under
+    # agentab.kernels, e.g. cute.moe.UP_WORK=0 or specialized.DOWN_ROWS=8), each timed with EXPLORE_KNOB_VERSION at EXPLORE_KNOB_BATCHES.
+    knob_sets = [x for x in os.environ.get("EXPLORE_KNOBS", "").split(";") if x.strip()]
+    if knob_sets:
+        import importlib
+
+        from agentab.kernels import specialized
+
+        kv = int(os.environ.get("EXPLORE_KNOB_VERSION", "14"))
+        for knob_set in knob_sets:
+            label, _, assigns = knob_set.partition(":")
+            saved = []
+            for a in (x for x in assigns.split(",") if x.strip()):
+                target, _, val = a.partition("=")
+                mod_name, _, attr = target.strip().rpartition(".")
+                mod = importlib.import_module(f"agentab.kernels.{mod_name}")
+                saved.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, type(getattr(mod, attr))(int(val)))
+            specialized._compiled.clear()
+            for b in ints("EXPLORE_KNOB_BATCHES", "1"):
+                bench("specialized", kv, pdl_of.get(kv, "end"), b)
+                DOC["bench"][-1]["knobs"] = label
+                log(f"knobs {label} b{b}")
+            for mod, attr, val in saved:
+                setattr(mod, attr, val)
+            specialized._compiled.clear()
     for b in ints("EXPLORE_MORE_BATCHES", "8,16,32"):
         bench("standard", 8, "end", b)
         for v in ints("EXPLORE_MORE", "14"):
@@ -226,7 +317,7 @@ def main() -> int:
         if "us_per_layer" in r:
             print(
                 f"  {r['path'][:4]} v{r['version']} {r['pdl']:5s} b{r['batch']:3d}: {r['us_per_layer']:8.1f}"
-                f" {r.get('mma_variant', '')}"
+                f" {r.get('mma_variant', '')}{r.get('knobs', '')}"
             )
     bad = [c for c in DOC["checks"] if not c.get("ok")]
     print(

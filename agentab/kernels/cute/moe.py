@@ -35,6 +35,25 @@ SEG = 8  # tokens per segment
 WARPS = 8
 THREADS = 32 * WARPS
 N_SMS = 132
+# Diagnostics, read at trace time (scripts/gpu/explore.py sets them; results are then wrong):
+# False skips moe_up's item loop / moe_down's segment loop, so a layer timed with it shows what
+# the prologues (PDL wait, routing, list staging) and the launches cost on their own.
+UP_WORK = True
+DOWN_WORK = True
+# True: thread 0 of CTAs 0-127 records %globaltimer_lo (ns) at its start, after the PDL wait,
+# after the routing / list staging and at its end, into unused entries of the work-list buffers
+# (moe_up: sorted[64 + 4 b + j]; moe_down version 8: segs flattened, [300 + 4 b + j]); valid
+# while m * (top_k + 1) <= 64 (batch <= 7). Read back by scripts/gpu/explore.py (EXPLORE_TRACE).
+TRACE = False
+TRACE_CTAS = 128
+
+
+@cute.jit
+def _stamp(trace: bool, dst: cute.Tensor, idx, bidx, tidx):
+    """dst[idx] = %globaltimer_lo by thread 0 of CTAs < TRACE_CTAS, when tracing."""
+    if cutlass.const_expr(trace):  # noqa: SIM102 (compile-time, then runtime)
+        if tidx == 0 and bidx < TRACE_CTAS:
+            dst[idx] = cute.arch.globaltimer_lo()
 
 
 @dataclass(frozen=True)
@@ -294,6 +313,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
         raise ValueError("prenorm tokens: moe_up version 13")
     tiles = inter // rslots
     n_exp = spec.n_experts
+    trace = TRACE
     n_red = rslots * SEG * kq * 2
     v9 = version == 9
     shared_first = version >= 9
@@ -383,6 +403,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                mRs: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
+        _stamp(trace, mSorted, 64 + 4 * bidx, bidx, tidx)
         lane = tidx % 32
         warp = tidx // 32
         alloc = cutlass.utils.SmemAllocator()
@@ -432,12 +453,14 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                 gdst = cute.local_tile(gam_s, (8,), (i,))
                 cute.autovec_copy(gsrc, gdst)
         pdl_wait()
+        _stamp(trace, mSorted, 64 + 4 * bidx + 1, bidx, tidx)
         if cutlass.const_expr(shared_first and not prenorm):  # noqa: SIM102
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
         outs = (mIds, mWts, mSelW, mSorted, mSegs)
         n_seg = _route_and_publish(spec, shared_first, m, mLogits, mBias, rsm, outs, tidx, warp,
                                    lane, bidx)  # fmt: skip
+        _stamp(trace, mSorted, 64 + 4 * bidx + 2, bidx, tidx)
         if cutlass.const_expr(not shared_first):
             if tidx < m:
                 rs_s[tidx] = mRs[tidx]
@@ -452,7 +475,10 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                 do_item(bidx, 0, seg_start[0], seg_len[0], gw0, uw0, m, mX, mAct, sorted_a, red,
                         rs_s, gam_s, tidx, slot, q, c0, lane)  # fmt: skip
                 first = bidx + grid
-        for item in range(first, n_seg * tiles, grid):
+        n_items = n_seg * tiles
+        if cutlass.const_expr(not UP_WORK):
+            n_items = n_seg * 0
+        for item in range(first, n_items, grid):
             # Partial sums alternate between two halves of `red`, so one barrier per item is
             # enough: item i+2 reuses a half only after every thread passed item i+1's barrier.
             rb = (((item - bidx) // grid) % 2) * n_red
@@ -471,6 +497,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                 ln = seg_len[s]
             do_item(item, rb, start, ln, gw, uw, m, mX, mAct, sorted_a, red, rs_s, gam_s, tidx,
                     slot, q, c0, lane)  # fmt: skip
+        _stamp(trace, mSorted, 64 + 4 * bidx + 3, bidx, tidx)
         pdl_done()
 
     @cute.jit
@@ -507,6 +534,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
     if version not in (8, 9):
         raise ValueError(f"moe_down version {version}: 8 or 9")
     v9 = version >= 9
+    trace = TRACE and not v9
     rpc, mm = rows_per_cta, spec.m_max
     grid = hid // rpc
     nseg_max, ns = spec.max_segments, spec.n_assign
@@ -608,6 +636,8 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
         for i in range(tidx, WARPS * mm * rpc, THREADS):
             acc[i] = Float32(0.0)
         d0 = bidx * rpc
+        tr = cute.make_tensor(mSegs.iterator, cute.make_layout(3 * (nseg_max + 1)))
+        _stamp(trace, tr, 300 + 4 * bidx, bidx, tidx)
         if cutlass.const_expr(v9):
             res_s = alloc.allocate_tensor(BFloat16, cute.make_layout(mm * rpc), byte_alignment=16)
             pw = alloc.allocate_tensor(BFloat16, cute.make_layout(rpc * 32 * 8), byte_alignment=128)
@@ -638,6 +668,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
                 do_seg(segs[1], segs[2], wv0, m, mAct, srt, sw, acc, lane)
         else:
             pdl_wait()
+            _stamp(trace, tr, 300 + 4 * bidx + 1, bidx, tidx)
             n_seg = mSegs[spec.max_segments, 0]
             m = mSegs[spec.max_segments, 1]
             # The work list is small: stage it in shared memory once, so the segment loop waits
@@ -651,7 +682,11 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
             for i in range(tidx, m * k, THREADS):
                 sw[i] = mSelW[i]
             cute.arch.sync_threads()
-        for s in range(warp, n_seg, WARPS):
+            _stamp(trace, tr, 300 + 4 * bidx + 2, bidx, tidx)
+        n_work = n_seg
+        if cutlass.const_expr(not DOWN_WORK):
+            n_work = n_seg * 0
+        for s in range(warp, n_work, WARPS):
             if cutlass.const_expr(v9):
                 if s >= 1:  # warp 0 did segment 0 above
                     seg(s, d0, m, mW2, mAct, segs, srt, sw, acc, lane)
@@ -669,6 +704,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
             for wi in cutlass.range_constexpr(WARPS):
                 v = v + acc[wi * mm * rpc + i]
             mOut[t, d0 + r] = v.to(BFloat16)
+        _stamp(trace, tr, 300 + 4 * bidx + 3, bidx, tidx)
         pdl_done()
 
     @cute.jit

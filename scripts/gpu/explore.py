@@ -128,7 +128,7 @@ def trace_moe(cfg: Any, weights: list, dev: Any, variant: Any) -> None:
 
     cmoe.TRACE = True
     specialized._compiled.clear()
-    variant(14, "end")
+    variant(int(os.environ.get("EXPLORE_TRACE_VERSION", "14")), "end")
     out: dict[str, Any] = {}
     try:
         for b in ints("EXPLORE_TRACE_BATCHES", "1"):

@@ -141,19 +141,21 @@ def routing_smem_bytes(spec: MoeSpec) -> int:
 
 @cute.jit
 def _route_and_publish(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, smem: tuple,
-                       outs: tuple, tidx, warp, lane, bidx):  # fmt: skip
+                       outs: tuple, tidx, warp, lane, bidx,
+                       small_list: bool = False):  # fmt: skip
     """Build the work list in the `routing_smem` arrays (every CTA of both moe_up kernels does),
     CTA 0 publishes it with `_publish` into `outs` = (ids, weights, sel_w, sorted, segs);
     returns the segment count.
 
     With `shared_first` the shared expert's segments come first (segment 0.. ceil(m/8) - 1), so
-    the kernels know before the PDL wait which weights their first work item reads.
+    the kernels know before the PDL wait which weights their first work item reads. With
+    `small_list` (kernel version 16, shared-first only) batches of m * top_k <= 32 build the
+    list in one warp (`_list_small`) instead of `_list_general`'s passes over the experts.
     """
-    sel_e, sel_w, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len = smem
+    sel_e, sel_w, segoff = smem[0], smem[1], smem[4]
+    off, sorted_a, seg_e, seg_start, seg_len = smem[3], smem[5], smem[6], smem[7], smem[8]
     e_per_lane = spec.n_experts // 32
     k, n_exp = spec.top_k, spec.n_experts
-    sh = 0 if shared_first else n_exp  # slot of the shared expert in cnt/off/segoff
-    eoff = 1 if shared_first else 0  # slot of routed expert e is e + eoff
     # 1. top-k per token: one warp per token.
     for t in range(warp, m, WARPS):
         biased = cute.make_rmem_tensor(cute.make_layout(e_per_lane), Float32)
@@ -187,9 +189,33 @@ def _route_and_publish(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, sme
             for kk in cutlass.range_constexpr(k):
                 sel_w[t * k + kk] = sel_w[t * k + kk] * scale
     cute.arch.sync_threads()
+    n_assign = m * k
+    if cutlass.const_expr(small_list and shared_first):
+        if n_assign <= 32 and m <= SEG:
+            _list_small(spec, m, smem, warp, lane)
+        else:
+            _list_general(spec, shared_first, m, smem, tidx, warp, lane)
+    else:
+        _list_general(spec, shared_first, m, smem, tidx, warp, lane)
+    n_seg = segoff[n_exp + 1]
+    if bidx == 0:
+        _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len, *outs,
+                 tidx)  # fmt: skip
+    return n_seg
+
+
+@cute.jit
+def _list_general(spec: MoeSpec, shared_first: bool, m, smem: tuple, tidx, warp, lane):
+    """Steps 2-4 of the routing for any m: counts per expert, prefix sums, scatter; several
+    dependent passes over shared memory (7.3 us of moe_up's batch-1 time with step 1, session
+    4's trace), which `_list_small` replaces at m * top_k <= 32."""
+    sel_e, _, cnt, off, segoff, sorted_a, seg_e, seg_start, seg_len = smem
+    k, n_exp = spec.top_k, spec.n_experts
+    sh = 0 if shared_first else n_exp
+    eoff = 1 if shared_first else 0
+    n_assign = m * k
     # 2. tokens per expert (deterministic: a thread scans the assignments in order). Slot v of
     # cnt/off/segoff is the shared expert at v == sh, routed expert v - eoff otherwise.
-    n_assign = m * k
     for v in range(tidx, n_exp + 1, THREADS):
         c = Int32(0)
         if v == sh:
@@ -258,11 +284,60 @@ def _route_and_publish(spec: MoeSpec, shared_first: bool, m, mLogits, mBias, sme
                     ln = rem
                 seg_len[sb + q] = ln
     cute.arch.sync_threads()
-    n_seg = segoff[n_exp + 1]
-    if bidx == 0:
-        _publish(spec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_start, seg_len, *outs,
-                 tidx)  # fmt: skip
-    return n_seg
+
+
+@cute.jit
+def _list_small(spec: MoeSpec, m, smem: tuple, warp, lane):
+    """The shared-first work list when every assignment fits one warp (m * top_k <= 32, m <= 8):
+    lane a holds assignment a; its place in (expert, assignment) order and its segment come from
+    32 shuffles each, with no pass over the experts. The same arrays and order as
+    `_list_general`: the shared expert's segment 0 (its m tokens), then one segment per routed
+    expert in ascending id, its tokens in assignment order (an expert has at most m <= 8)."""
+    sel_e, _, _, off, segoff, sorted_a, seg_e, seg_start, seg_len = smem
+    k, n_exp = spec.top_k, spec.n_experts
+    n_assign = m * k
+    if warp == 0:
+        e = Int32(n_exp + 1)  # lanes past the assignments sort last and write nothing
+        if lane < n_assign:
+            e = sel_e[lane]
+        before = Int32(0)  # assignments ahead of this one in (expert, assignment) order
+        same_before = Int32(0)
+        same = Int32(0)
+        for j in cutlass.range_constexpr(32):
+            ej = cute.arch.shuffle_sync(e, j)
+            if ej < e:
+                before = before + 1
+            if ej == e:
+                same = same + 1
+                if lane > j:
+                    before = before + 1
+                    same_before = same_before + 1
+        head = Int32(0)
+        if lane < n_assign and same_before == 0:
+            head = Int32(1)
+        seg = Int32(1)  # segment 0 is the shared expert's
+        heads = Int32(0)
+        for j in cutlass.range_constexpr(32):
+            hj = cute.arch.shuffle_sync(head, j)
+            ej = cute.arch.shuffle_sync(e, j)
+            heads = heads + hj
+            if hj == 1 and ej < e:
+                seg = seg + 1
+        if lane < n_assign:
+            sorted_a[m + before] = lane
+        if head == 1:
+            seg_e[seg] = e
+            seg_start[seg] = m + before
+            seg_len[seg] = same
+        if lane < m:
+            sorted_a[lane] = n_assign + lane
+        if lane == 0:
+            seg_e[0] = Int32(n_exp)
+            seg_start[0] = Int32(0)
+            seg_len[0] = m
+            off[n_exp + 1] = n_assign + m
+            segoff[n_exp + 1] = heads + 1
+    cute.arch.sync_threads()
 
 
 @cute.jit
@@ -285,7 +360,9 @@ def _publish(spec: MoeSpec, m, n_seg, sel_e, sel_w, off, sorted_a, seg_e, seg_st
         mSegs[spec.max_segments, 1] = m
 
 
-def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = False) -> Any:
+def build_moe_up(
+    spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = False, small_list: bool = False
+) -> Any:
     """Trace moe_up. Version 8: the work list in expert order, the shared expert last.
 
     Version 9: the shared expert's segments first, so item b < tiles (segment 0, the shared
@@ -459,7 +536,7 @@ def build_moe_up(spec: MoeSpec, grid: int, version: int = 9, prenorm: bool = Fal
                 rs_s[tidx] = mRs[tidx]
         outs = (mIds, mWts, mSelW, mSorted, mSegs)
         n_seg = _route_and_publish(spec, shared_first, m, mLogits, mBias, rsm, outs, tidx, warp,
-                                   lane, bidx)  # fmt: skip
+                                   lane, bidx, small_list)  # fmt: skip
         _stamp(trace, mSorted, 64 + 4 * bidx + 2, bidx, tidx)
         if cutlass.const_expr(not shared_first):
             if tidx < m:
@@ -759,12 +836,13 @@ def compile_moe(
     down_version: int | None = None,
     prenorm: bool = False,
     mma: bool = False,
+    small_list: bool = False,
 ) -> tuple:
     """(moe_up, moe_down) compiled; see `SpecializedPath` for the argument order.
 
     moe_down runs `down_version` (default: `version`, 8 for moe_up version 13, whose
     shared-first work list both down versions read). With `mma` (prenormalized tokens only),
-    moe_up is `moe_mma`'s tensor-core kernel."""
+    moe_up is `moe_mma`'s tensor-core kernel. `small_list`: see `_route_and_publish`."""
     e1 = spec.n_experts + 1
     if up_grid is None and not mma:
         up_grid = 2 * N_SMS
@@ -777,9 +855,9 @@ def compile_moe(
     if mma:
         from agentab.kernels.cute.moe_mma import build_moe_up_mma
 
-        up_host = build_moe_up_mma(spec, up_grid)
+        up_host = build_moe_up_mma(spec, up_grid, small_list)
     else:
-        up_host = build_moe_up(spec, up_grid, version, prenorm)
+        up_host = build_moe_up(spec, up_grid, version, prenorm, small_list)
     up = compile_tvm_ffi(
         up_host,
         Int32(1),

@@ -54,7 +54,7 @@ CONTIGUOUS = False  # round robin: all CTAs stream through neighbouring row bloc
 WEIGHTS_NO_L1 = True  # weight loads with L1::no_allocate
 
 
-def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
+def build_moe_up_mma(spec: MoeSpec, grid: int | None = None, small_list: bool = False) -> Any:
     """Trace the tensor-core moe_up (prenormalized tokens); arguments as `moe.build_moe_up`."""
     from agentab.kernels.cute.moe import N_SMS
 
@@ -112,7 +112,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None) -> Any:
         pdl_wait()
         outs = (mIds, mWts, mSelW, mSorted, mSegs)
         n_seg = _route_and_publish(spec, True, m, mLogits, mBias, rsm, outs, tidx, warp, lane,
-                                   bidx)  # fmt: skip
+                                   bidx, small_list)  # fmt: skip
         atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
         w_atom = _weight_atom(WEIGHTS_NO_L1)
         x_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)

@@ -52,6 +52,7 @@ MOE_VERSIONS = {
 }
 # moe_down's output rows per CTA (a plan knob, read at compile time; explore.py times others)
 DOWN_ROWS = 16
+UP_GRID = 0  # moe_up's CTAs (SIMT kernel; 0: two per SM)
 _compiled: dict[Any, Any] = {}
 
 
@@ -114,9 +115,10 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     small_list = version >= 16  # the one-warp work list at m * top_k <= 32
     out["prenorm"] = prenorm
     out["moe"] = _cached(
-        ("moe", moe_spec, up_v, down_v, prenorm, mma, small_list, DOWN_ROWS),
+        ("moe", moe_spec, up_v, down_v, prenorm, mma, small_list, DOWN_ROWS, UP_GRID),
         lambda: compile_moe(
             moe_spec,
+            up_grid=UP_GRID or None,
             rows_per_cta=DOWN_ROWS,
             version=up_v,
             down_version=down_v,

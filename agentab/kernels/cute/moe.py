@@ -46,6 +46,9 @@ DOWN_WORK = True
 # while m * (top_k + 1) <= 64 (batch <= 7). Read back by scripts/gpu/explore.py (EXPLORE_TRACE).
 TRACE = False
 TRACE_CTAS = 128
+# moe_down version 8's min_blocks_per_mp launch hint (0: none, the compiler's 128 registers
+# leave 2 CTAs per SM, so 448 CTAs run in 1.7 waves); a plan knob explore.py times.
+DOWN_MIN_BLOCKS = 0
 
 
 @cute.jit
@@ -612,6 +615,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
         raise ValueError(f"moe_down version {version}: 8 or 9")
     v9 = version >= 9
     trace = TRACE and not v9
+    min_blocks = DOWN_MIN_BLOCKS  # (version 8: a register cap for more resident CTAs; 0: none)
     rpc, mm = rows_per_cta, spec.m_max
     grid = hid // rpc
     nseg_max, ns = spec.max_segments, spec.n_assign
@@ -802,6 +806,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
                 smem=smem_bytes,
                 stream=stream,
                 use_pdl=True,
+                min_blocks_per_mp=min_blocks,
             )
 
     return host

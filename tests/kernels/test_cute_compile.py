@@ -138,3 +138,16 @@ def test_moe_up_on_the_tensor_cores(k2) -> None:
     assert ptx.count("ld.global.L1::no_allocate.v4") == 56
     assert ptx.count("ld.global.v4.b32") == 28
     assert not _ops(ptx) & {"ld.local", "st.local"}
+
+
+def test_version_16_builds_the_small_work_list_in_one_warp(k2) -> None:
+    from agentab.kernels.cute.moe import MoeSpec, compile_moe
+
+    spec = MoeSpec.from_config(k2)
+    general, _ = compile_moe(spec, version=13)
+    small, _ = compile_moe(spec, version=13, small_list=True)
+    # _list_small: two rounds of 32 index shuffles (expert ids, then head flags and ids) beside
+    # the general path, which the kernel keeps for m * top_k > 32
+    extra = small.__ptx__.count("shfl.sync.idx") - general.__ptx__.count("shfl.sync.idx")
+    assert extra == 96
+    assert not _ops(small.__ptx__) & {"ld.local", "st.local"}

@@ -127,7 +127,25 @@ def _build_triton() -> tuple:
     return split_kernel, combine_kernel
 
 
-BLOCK_N = 32
+# Plan knobs, read at each call (0: by kernel version; scripts/gpu/explore.py times others):
+# cache rows per tile of the split kernel, the fewest tiles per split, its warps and stages.
+BLOCK_N = 0
+MIN_TILES_PER_SPLIT = 0
+SPLIT_WARPS = 0
+SPLIT_STAGES = 0
+
+
+def split_config(version: int | None = None) -> tuple[int, int, int, int]:
+    """(rows per tile, fewest tiles per split, warps, pipeline stages) of the split kernel.
+
+    Versions 8-16: 32-row tiles, 8 warps, at least two tiles per split (one for 9 and 10).
+    Version 17: 64-row tiles, one per split at least, 4 warps (session 4, batch 1 / 64: split
+    10.5 / 180.6 us -> 6.3 / 111.1 us; the attention is shared, so both paths gain).
+    """
+    v = kernels_version() if version is None else version
+    plan = (64, 1, 4, 2) if v >= 17 else (32, 1 if v in (9, 10) else 2, 8, 2)
+    knobs = (BLOCK_N, MIN_TILES_PER_SPLIT, SPLIT_WARPS, SPLIT_STAGES)
+    return tuple(k or p for k, p in zip(knobs, plan, strict=True))  # type: ignore[return-value]
 
 
 def split_plan(batch: int, max_len: int, n_sms: int = 132, version: int | None = None) -> tuple:
@@ -135,15 +153,14 @@ def split_plan(batch: int, max_len: int, n_sms: int = 132, version: int | None =
 
     Version 8 kept at least two blocks of tokens per split, which at batch 1-4 and context 4096
     left 43 programs for 132 SMs; versions 9 and 10 allow one block per split (129 programs at
-    batch 1 and 2, 65 splits at batch 3-4) and leave batch >= 5 as it was; versions 13 and 14
-    (new MoE kernels only) plan as version 8.
+    batch 1 and 2, 65 splits at batch 3-4) and leave batch >= 5 as it was; versions 13, 14 and 16
+    (new MoE kernels only) plan as version 8; version 17 with 64-token blocks (`split_config`).
     """
-    v = kernels_version() if version is None else version
-    blocks = max(1, math.ceil(max_len / BLOCK_N))
+    block_n, min_tiles, _warps, _stages = split_config(version)
+    blocks = max(1, math.ceil(max_len / block_n))
     want = max(1, math.ceil(2 * n_sms / batch))
-    # Version 8: at least two blocks of tokens per split; version 9: at least one.
-    n_splits = min(blocks, want) if v in (9, 10) else min(max(1, blocks // 2), want)
-    split_len = math.ceil(blocks / n_splits) * BLOCK_N
+    n_splits = min(max(1, blocks // min_tiles), want)
+    split_len = math.ceil(blocks / n_splits) * block_n
     n_splits = math.ceil(max_len / split_len)
     return n_splits, split_len
 
@@ -173,6 +190,7 @@ def mla_decode_triton(
         _triton_kernels = _build_triton()
     split_kernel, combine_kernel = _triton_kernels
     b, nh, kvl = q_lat.shape
+    block_n, _min_tiles, warps, stages = split_config()
     n_splits, split_len = split_plan(b, cache.shape[1])
     part_o = torch.empty(b, n_splits, nh, kvl, device=q_lat.device, dtype=torch.float32)
     part_ml = torch.empty(b, n_splits, nh, 2, device=q_lat.device, dtype=torch.float32)
@@ -182,7 +200,8 @@ def mla_decode_triton(
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         cache.stride(0), cache.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
-        nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=BLOCK_N, num_warps=8, num_stages=2,
+        nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=block_n, num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     out = torch.empty(b, nh, kvl, device=q_lat.device, dtype=torch.bfloat16)
     ct = combine_tile(b, nh, kvl)

@@ -49,6 +49,7 @@ MOE_VERSIONS = {
     13: (13, 8),
     14: (13, 8),
     16: (13, 8),
+    17: (13, 8),
 }
 # moe_down's output rows per CTA (a plan knob, read at compile time; explore.py times others)
 DOWN_ROWS = 16
@@ -68,7 +69,7 @@ def _cached(key: Any, make: Any) -> Any:
 def prenorm_tokens(version: int, batch: int) -> bool:
     """Whether moe_up reads RMS-normalized tokens (version 13 above batch 4, where the attention
     half already computes them for the router) instead of normalizing them per item."""
-    return version in (13, 14, 16) and batch > SMALL
+    return version in (13, 14, 16, 17) and batch > SMALL
 
 
 def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
@@ -111,7 +112,7 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     # moe_up, measured slower; NOTES.md) were removed; commit df509fb has them.
     up_v, down_v = MOE_VERSIONS[version]
     prenorm = prenorm_tokens(version, batch)
-    mma = prenorm and version in (14, 16)  # moe_up on the tensor cores above batch 4
+    mma = prenorm and version in (14, 16, 17)  # moe_up on the tensor cores above batch 4
     small_list = version >= 16  # the one-warp work list at m * top_k <= 32
     out["prenorm"] = prenorm
     out["moe"] = _cached(

@@ -42,3 +42,11 @@ def test_versions_13_to_16_plan_the_attention_as_version_8() -> None:
     for v in (13, 14, 16):
         assert attention.split_plan(1, 4097, version=v) == (43, 96)
         assert attention.combine_tile(1, 16, 512, version=v) == 128
+
+
+def test_version_17_plans_64_token_tiles() -> None:
+    # 4097 cache rows = 65 tiles of 64: one per split at batch 1, five splits of 13 at batch 64
+    assert attention.split_config(17) == (64, 1, 4, 2)
+    assert attention.split_plan(1, 4097, version=17) == (65, 64)
+    assert attention.split_plan(64, 4097, version=17) == (5, 832)
+    assert attention.split_config(16) == (32, 2, 8, 2)

@@ -25,6 +25,7 @@ Each GEMV shape is compiled once per batch size (1..4); the MoE kernels once per
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,14 +43,30 @@ M_MAX = 64
 FUSE_PREP = os.environ.get("AGENTAB_KERNELS_FUSE_PREP", "1") != "0"
 # Kernel version 10 streams these projections with `cute/gemv_stream.py` (cp.async rings).
 STREAMED = ("qkv_a", "q_b", "o_proj")
-MOE_VERSIONS = {
-    8: (8, 8),
-    9: (9, 9),
-    10: (9, 9),
-    13: (13, 8),
-    14: (13, 8),
-    16: (13, 8),
-    17: (13, 8),
+
+
+@dataclass(frozen=True)
+class MoePlan:
+    """Which MoE kernels a kernel version builds (NOTES.md says what each measured)."""
+
+    up: int  # moe_up version
+    down: int  # moe_down version
+    prenorm: bool = False  # above batch 4, moe_up reads the router's RMS-normalized tokens
+    mma: bool = False  # above batch 4, moe_up runs on the tensor cores (needs prenorm)
+    small_list: bool = False  # the one-warp work list at m * top_k <= 32
+
+
+# 10 changed only the dense GEMVs and 17 only the attention plan; 13 pairs moe_up 13 with
+# moe_down 8. Versions 11-12 (a cp.async ring in moe_up) and 15 (bulk L2 prefetch), measured
+# slower, were removed: commits df509fb and e42f017 have them.
+MOE_PLANS = {
+    8: MoePlan(8, 8),
+    9: MoePlan(9, 9),
+    10: MoePlan(9, 9),
+    13: MoePlan(13, 8, prenorm=True),
+    14: MoePlan(13, 8, prenorm=True, mma=True),
+    16: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
+    17: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
 }
 # moe_down's output rows per CTA (a plan knob, read at compile time; explore.py times others)
 DOWN_ROWS = 16
@@ -67,9 +84,9 @@ def _cached(key: Any, make: Any) -> Any:
 
 
 def prenorm_tokens(version: int, batch: int) -> bool:
-    """Whether moe_up reads RMS-normalized tokens (version 13 above batch 4, where the attention
-    half already computes them for the router) instead of normalizing them per item."""
-    return version in (13, 14, 16, 17) and batch > SMALL
+    """Whether moe_up reads RMS-normalized tokens (from version 13 above batch 4, where the
+    attention half already computes them for the router) instead of normalizing them per item."""
+    return MOE_PLANS[version].prenorm and batch > SMALL
 
 
 def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
@@ -107,13 +124,10 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
     moe_spec = MoeSpec.from_config(cfg, M_MAX)
     version = kernels_version()
     out["moe_spec"] = moe_spec
-    # (moe_up, moe_down) versions: 10 changed only the dense GEMVs; 13 and 14 pair moe_up 13 with
-    # moe_down 8 (14: the tensor-core moe_up above batch 4). Versions 11-12 (a cp.async ring in
-    # moe_up, measured slower; NOTES.md) were removed; commit df509fb has them.
-    up_v, down_v = MOE_VERSIONS[version]
+    plan = MOE_PLANS[version]
+    up_v, down_v, small_list = plan.up, plan.down, plan.small_list
     prenorm = prenorm_tokens(version, batch)
-    mma = prenorm and version in (14, 16, 17)  # moe_up on the tensor cores above batch 4
-    small_list = version >= 16  # the one-warp work list at m * top_k <= 32
+    mma = prenorm and plan.mma
     out["prenorm"] = prenorm
     out["moe"] = _cached(
         ("moe", moe_spec, up_v, down_v, prenorm, mma, small_list, DOWN_ROWS, UP_GRID),

@@ -50,3 +50,13 @@ def test_version_17_plans_64_token_tiles() -> None:
     assert attention.split_plan(1, 4097, version=17) == (65, 64)
     assert attention.split_plan(64, 4097, version=17) == (5, 832)
     assert attention.split_config(16) == (32, 2, 8, 2)
+
+
+def test_every_kernel_version_has_a_moe_plan() -> None:
+    from agentab.kernels.config import KERNEL_VERSIONS
+    from agentab.kernels.specialized import MOE_PLANS, prenorm_tokens
+
+    assert set(MOE_PLANS) == set(KERNEL_VERSIONS)
+    for plan in MOE_PLANS.values():
+        assert plan.prenorm or not plan.mma  # the tensor-core moe_up reads normalized tokens
+    assert not prenorm_tokens(17, 4) and prenorm_tokens(17, 5) and not prenorm_tokens(9, 64)

@@ -133,6 +133,7 @@ BLOCK_N = 0
 MIN_TILES_PER_SPLIT = 0
 SPLIT_WARPS = 0
 SPLIT_STAGES = 0
+NARROW_COMBINE = 0  # 1: the combine narrows its channel tiles as version 9 does
 
 
 def split_config(version: int | None = None) -> tuple[int, int, int, int]:
@@ -171,7 +172,7 @@ def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132,
     are two programs per SM, so batch 1 reads its partials with 256 programs instead of 64."""
     v = kernels_version() if version is None else version
     ct = min(128, kvl)
-    if v in (9, 10):
+    if v in (9, 10) or NARROW_COMBINE:
         while ct > 32 and batch * n_heads * (kvl // ct) < 2 * n_sms:
             ct //= 2
     return ct

@@ -56,7 +56,7 @@ class MoePlan:
     small_list: bool = False  # the one-warp work list at m * top_k <= 32
 
 
-# 10 changed only the dense GEMVs and 17 only the attention plan; 13 pairs moe_up 13 with
+# 10 changed only the dense GEMVs and 17-18 only the attention plan; 13 pairs moe_up 13 with
 # moe_down 8. Versions 11-12 (a cp.async ring in moe_up) and 15 (bulk L2 prefetch), measured
 # slower, were removed: commits df509fb and e42f017 have them.
 MOE_PLANS = {
@@ -67,6 +67,7 @@ MOE_PLANS = {
     14: MoePlan(13, 8, prenorm=True, mma=True),
     16: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
     17: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
+    18: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
 }
 # moe_down's output rows per CTA (a plan knob, read at compile time; explore.py times others)
 DOWN_ROWS = 16

@@ -50,6 +50,11 @@ def test_version_17_plans_64_token_tiles() -> None:
     assert attention.split_plan(1, 4097, version=17) == (65, 64)
     assert attention.split_plan(64, 4097, version=17) == (5, 832)
     assert attention.split_config(16) == (32, 2, 8, 2)
+    assert attention.split_config(18) == attention.split_config(17)
+    # version 18 narrows the combine's channel tiles at batch 1-4 (256 programs at batch 1)
+    assert attention.combine_tile(1, 16, 512, version=17) == 128
+    assert attention.combine_tile(1, 16, 512, version=18) == 32
+    assert attention.combine_tile(5, 16, 512, version=18) == 128
 
 
 def test_every_kernel_version_has_a_moe_plan() -> None:

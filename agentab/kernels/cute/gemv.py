@@ -67,6 +67,19 @@ class GemvSpec:
             raise ValueError(f"m={self.m}: the SIMT GEMV serves 1..8 tokens")
 
 
+@cute.jit
+def zeroed_accumulators(rows: cutlass.Constexpr, m_tok: cutlass.Constexpr) -> tuple:
+    """The GEMV's fp32 registers, zeroed: `acc` (rows x tokens dot products) and `ss` (the
+    per-token sum of squares a fused RMSNorm needs). Called inside a traced kernel."""
+    acc = cute.make_rmem_tensor(cute.make_layout(rows * m_tok), Float32)
+    ss = cute.make_rmem_tensor(cute.make_layout(m_tok), Float32)
+    for i in cutlass.range_constexpr(rows * m_tok):
+        acc[i] = Float32(0.0)
+    for i in cutlass.range_constexpr(m_tok):
+        ss[i] = Float32(0.0)
+    return acc, ss
+
+
 def plan(spec: GemvSpec) -> tuple[int, int, int]:
     """(row warps, k-split warps, rows unrolled per row slot) for one CTA.
 
@@ -150,12 +163,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
                 wfr.append(frag)
         pdl_wait()
 
-        acc = cute.make_rmem_tensor(cute.make_layout(unroll * m_tok), Float32)
-        ss = cute.make_rmem_tensor(cute.make_layout(m_tok), Float32)
-        for i in cutlass.range_constexpr(unroll * m_tok):
-            acc[i] = Float32(0.0)
-        for i in cutlass.range_constexpr(m_tok):
-            ss[i] = Float32(0.0)
+        acc, ss = zeroed_accumulators(unroll, m_tok)
         group = row0 // rows_group
         xbase = (spec.x_offset + group * spec.x_group_stride) // 8
         for c in cutlass.range_constexpr(ch):

@@ -25,7 +25,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
 from agentab.kernels.cute.common import carveout_for, compile_tvm_ffi, fake
-from agentab.kernels.cute.gemv import GemvSpec
+from agentab.kernels.cute.gemv import GemvSpec, zeroed_accumulators
 from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 N_SMS = 132
@@ -121,12 +121,7 @@ def build_gemv_stream(spec: GemvSpec) -> Any:
             cute.arch.cp_async_commit_group()
         pdl_wait()
 
-        acc = cute.make_rmem_tensor(cute.make_layout(rw * m_tok), Float32)
-        ss = cute.make_rmem_tensor(cute.make_layout(m_tok), Float32)
-        for i in cutlass.range_constexpr(rw * m_tok):
-            acc[i] = Float32(0.0)
-        for i in cutlass.range_constexpr(m_tok):
-            ss[i] = Float32(0.0)
+        acc, ss = zeroed_accumulators(rw, m_tok)
         xbase = spec.x_offset // 8
         xs = []
         for i in cutlass.range_constexpr(nch):

@@ -580,6 +580,13 @@ def build_moe_up(
         _stamp(trace, mSorted, 64 + 4 * bidx + 3, bidx, tidx)
         pdl_done()
 
+    return up_host(kernel, grid, smem_bytes, 2, carveout)
+
+
+def up_host(kernel: Any, grid: int, smem_bytes: int, per_sm: int, carveout: int) -> Any:
+    """The host launcher of a moe_up kernel (the SIMT one here, the tensor-core one in
+    `moe_mma`): both take the same arguments, so `compile_moe` compiles either the same way."""
+
     @cute.jit
     def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
              mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
@@ -587,7 +594,7 @@ def build_moe_up(
              mRs: cute.Tensor, stream):  # fmt: skip
         kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
                mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
-                           stream=stream, use_pdl=True, min_blocks_per_mp=2,
+                           stream=stream, use_pdl=True, min_blocks_per_mp=per_sm,
                            preferred_smem_carveout=carveout)  # fmt: skip
 
     return host

@@ -32,13 +32,13 @@ from cutlass import BFloat16, Float32, Int32
 from agentab.kernels.cute.common import carveout_for
 from agentab.kernels.cute.moe import (
     SEG,
-    THREADS,
     WARPS,
     MoeSpec,
     _route_and_publish,
     _weight_atom,
     routing_smem,
     routing_smem_bytes,
+    up_host,
 )
 from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
@@ -181,14 +181,4 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None, small_list: bool = 
                     mAct[start + n, jb * RB + r] = act.to(BFloat16)
         pdl_done()
 
-    @cute.jit
-    def host(m: Int32, mLogits: cute.Tensor, mBias: cute.Tensor, mX: cute.Tensor,
-             mGamma: cute.Tensor, mW13: cute.Tensor, mAct: cute.Tensor, mIds: cute.Tensor,
-             mWts: cute.Tensor, mSorted: cute.Tensor, mSegs: cute.Tensor, mSelW: cute.Tensor,
-             mRs: cute.Tensor, stream):  # fmt: skip
-        kernel(m, mLogits, mBias, mX, mGamma, mW13, mAct, mIds, mWts, mSorted, mSegs, mSelW,
-               mRs).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1], smem=smem_bytes,
-                           stream=stream, use_pdl=True, min_blocks_per_mp=per_sm,
-                           preferred_smem_carveout=carveout)  # fmt: skip
-
-    return host
+    return up_host(kernel, grid, smem_bytes, per_sm, carveout)

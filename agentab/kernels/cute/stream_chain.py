@@ -1,0 +1,263 @@
+"""A persistent chain of GEMVs whose weight stream never waits for the data (experimental).
+
+Why: at batch 1 a decode layer is a chain of skinny GEMVs, each needing the previous one's
+output, and every kernel boundary (or grid barrier) leaves HBM idle for ~2.7 us while the next
+phase starts its loads (NOTES.md, sessions 3-4: nine kernels read the layer's 182.6 MB at 62%
+of the roofline, one barrier-free kernel at 82%). But the weights do not depend on the data, only
+the arithmetic does. So one CTA per SM splits into a producer warp, which streams the CTA's
+slices of every phase's weights, in phase order, into a ring of shared-memory stages with bulk
+copies (`cp.async.bulk`, completion on an mbarrier), and consumer warps, which wait at a grid
+barrier for a phase's input, then reduce the stages against it. While the consumers wait, the
+ring keeps up to `stages` x 16 KB per SM in flight, so the HBM does not see the dependency.
+
+The phases here are plain GEMVs y_p = W_p x_p (fp32 out; x_p = the first k_p values of an
+earlier phase's output, or of the layer input): the skeleton of a persistent decode layer, and
+the measurement of what it can reach (scripts/gpu/stream_chain.py). The layer's other work
+(norms, attention, routing) would become consumer code between the same barriers.
+
+Grid barriers: after writing its rows of y_p, a CTA adds 1 to counter[slot, p] (release);
+consumers of phase q wait, one thread polling, until counter[slot, src_q] == grid (acquire).
+Launches alternate `slot` 0/1 and each launch zeroes the other slot's counters (the previous
+launch, which used them, has completed: no PDL), so a CUDA graph of an even number of launches
+replays without a reset kernel. The grid must be co-resident: one CTA per SM (the ring fills the
+shared memory), at most as many CTAs as SMs.
+"""
+
+# No `from __future__ import annotations`: CuTe DSL reads the kernels' annotations at trace time.
+from dataclasses import dataclass
+from typing import Any
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32
+from cutlass.experimental.primitives import nvvm_wrapper as nvvm
+
+from agentab.kernels.cute.common import compile_tvm_ffi, fake
+
+CONSUMER_WARPS = 8
+CONSUMERS = 32 * CONSUMER_WARPS
+SMEM_LIMIT = 227 * 1024  # Hopper's largest dynamic shared memory per CTA
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One GEMV of the chain: n rows of k bf16 weights; `src` = the phase whose output is the
+    input (-1: the layer input); `gate` = a phase that must complete before the producer may
+    stream these weights (-1: none), as routed experts' weights are known only after routing."""
+
+    n: int
+    k: int
+    src: int = -1
+    gate: int = -1
+
+
+@dataclass(frozen=True)
+class Unit:
+    """How a phase is cut into bulk copies: `rows` whole weight rows per copy, `units` copies."""
+
+    rows: int
+    units: int
+
+    def bytes(self, k: int) -> int:
+        return self.rows * k * 2
+
+
+def plan_units(ph: Phase, chunk_bytes: int) -> Unit:
+    """The largest whole-row copy that fits a stage (rows dividing n, so every copy is full)."""
+    if ph.k % 256:
+        raise ValueError(f"k={ph.k}: needs a multiple of 256 (32 lanes x 8 values)")
+    if ph.k * 2 > chunk_bytes:
+        raise ValueError(f"k={ph.k}: one row ({ph.k * 2} B) exceeds a {chunk_bytes} B stage")
+    rows = max(r for r in range(1, chunk_bytes // (ph.k * 2) + 1) if ph.n % r == 0)
+    return Unit(rows, ph.n // rows)
+
+
+def y_offsets(phases: tuple[Phase, ...]) -> list[int]:
+    """Where each phase's output starts in the fp32 workspace."""
+    offs, at = [], 0
+    for ph in phases:
+        offs.append(at)
+        at += ph.n
+    return offs + [at]
+
+
+def w_offsets(phases: tuple[Phase, ...]) -> list[int]:
+    """Where each phase's weights start in the packed bf16 weight buffer (elements)."""
+    offs, at = [], 0
+    for ph in phases:
+        offs.append(at)
+        at += ph.n * ph.k
+    return offs + [at]
+
+
+def validate(phases: tuple[Phase, ...]) -> None:
+    for i, ph in enumerate(phases):
+        if not -1 <= ph.src < i or not -1 <= ph.gate < i:
+            raise ValueError(f"phase {i}: src {ph.src} / gate {ph.gate}: not an earlier phase")
+        if ph.src >= 0 and phases[ph.src].n < ph.k:
+            raise ValueError(f"phase {i}: k={ph.k} exceeds phase {ph.src}'s {phases[ph.src].n}")
+
+
+@cute.jit
+def _wait_count(mCnt: cute.Tensor, idx, target):
+    """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
+    writes released before the arrivals are visible to this CTA after its next barrier."""
+    ptr = (mCnt.iterator + idx).llvm_ptr
+    done = cute.arch.atomic_add(ptr, Int32(0), sem="acquire", scope="gpu")
+    while done < target:
+        done = cute.arch.atomic_add(ptr, Int32(0), sem="acquire", scope="gpu")
+    cute.arch.fence_acq_rel_gpu()
+
+
+@cute.jit
+def _accumulate(ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec, acc_base, row,
+                xvec, lane):  # fmt: skip
+    """acc[acc_base + row] += ring vector `wvec` (8 bf16) . xs vector `xvec` (8 fp32), summed
+    over the warp (all 32 lanes hold vectors of the same row)."""
+    w = cute.local_tile(ring, (8,), (wvec,)).load().to(Float32)
+    x = cute.local_tile(xs, (8,), (xvec,)).load()
+    part = (w * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+    part = cute.arch.warp_reduction_sum(part, threads_in_group=32)
+    if lane == 0:
+        cute.arch.atomic_add((acc.iterator + acc_base + row).llvm_ptr, part, scope="cta")
+
+
+def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
+          chunk_bytes: int = 16384, wait: bool = True) -> Any:  # fmt: skip
+    """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
+
+    `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
+    the read ceiling of the same kernel, for measurement only.
+    """
+    validate(phases)
+    units = [plan_units(ph, chunk_bytes) for ph in phases]
+    n_ph = len(phases)
+    yoff, woff = y_offsets(phases), w_offsets(phases)
+    k_max = max(max(ph.k for ph in phases), x_len)
+    acc_len = max(-(-u.units // grid) * u.rows for u in units)
+    chunk_el = chunk_bytes // 2
+    smem = stages * chunk_bytes + 4 * k_max + 4 * acc_len + 16 * stages + 256
+    if smem > SMEM_LIMIT:
+        raise ValueError(f"{smem} B of shared memory per CTA: more than {SMEM_LIMIT}")
+
+    @cute.kernel
+    def kernel(mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor,
+               slot: Int32):  # fmt: skip
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        warp = tidx // 32
+        lane = tidx % 32
+        alloc = cutlass.utils.SmemAllocator()
+        ring = alloc.allocate_tensor(BFloat16, cute.make_layout(stages * chunk_el),
+                                     byte_alignment=128)  # fmt: skip
+        xs = alloc.allocate_tensor(Float32, cute.make_layout(k_max), byte_alignment=16)
+        acc = alloc.allocate_tensor(Float32, cute.make_layout(acc_len), byte_alignment=16)
+        full = alloc.allocate_array(cutlass.Int64, num_elems=stages)
+        empty = alloc.allocate_array(cutlass.Int64, num_elems=stages)
+        if tidx == 0:
+            for s in cutlass.range_constexpr(stages):
+                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_init(empty + s, CONSUMER_WARPS)
+            if bidx == 0:  # the other slot's counters, for the next launch
+                for p in cutlass.range_constexpr(n_ph):
+                    mCnt[1 - slot, p] = Int32(0)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        if warp == CONSUMER_WARPS:
+            # Producer: one lane streams this CTA's slices of every phase, never waiting for data.
+            if lane == 0:
+                it = Int32(0)
+                for p in cutlass.range_constexpr(n_ph):
+                    if cutlass.const_expr(wait and phases[p].gate >= 0):
+                        _wait_count(mCnt, slot * n_ph + phases[p].gate, grid)
+                    ub = units[p].bytes(phases[p].k)
+                    mine = (units[p].units - bidx + grid - 1) // grid
+                    for j in range(mine):
+                        s = it % stages
+                        cute.arch.mbarrier_wait(empty + s, ((it // stages) & 1) ^ 1)
+                        cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
+                        u = bidx + j * grid
+                        src = mW.iterator + (woff[p] + u * (ub // 2))
+                        nvvm.cp_async_bulk_shared_cluster_global(
+                            ring.iterator + s * chunk_el, src, full + s, ub
+                        )
+                        it = it + 1
+        else:
+            it = Int32(0)
+            for p in cutlass.range_constexpr(n_ph):
+                ph = phases[p]
+                rows = units[p].rows
+                vpr = ph.k // 8  # 16-byte vectors per row
+                vecs = rows * vpr
+                iters = (vecs + CONSUMERS - 1) // CONSUMERS
+                mine = (units[p].units - bidx + grid - 1) // grid
+                # Wait for the input (one thread polls; the rest wait at the named barrier).
+                if cutlass.const_expr(wait and ph.src >= 0):
+                    if tidx == 0:
+                        _wait_count(mCnt, slot * n_ph + ph.src, grid)
+                    cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                for c in range(tidx, ph.k, CONSUMERS):
+                    if cutlass.const_expr(ph.src < 0):
+                        xs[c] = mX[c].to(Float32)
+                    else:
+                        xs[c] = mY[yoff[ph.src] + c]
+                for c in range(tidx, acc_len, CONSUMERS):
+                    acc[c] = Float32(0.0)
+                cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+
+                for j in range(mine):
+                    s = it % stages
+                    cute.arch.mbarrier_wait(full + s, (it // stages) & 1)
+                    for i in cutlass.range_constexpr(iters):
+                        v = tidx + i * CONSUMERS
+                        if cutlass.const_expr((i + 1) * CONSUMERS <= vecs):
+                            _accumulate(ring, xs, acc, s * (chunk_el // 8) + v, j * rows,
+                                        v // vpr, (v % vpr), lane)  # fmt: skip
+                        else:
+                            if v < vecs:  # warp-uniform: vecs is a multiple of 32
+                                _accumulate(ring, xs, acc, s * (chunk_el // 8) + v, j * rows,
+                                            v // vpr, (v % vpr), lane)  # fmt: skip
+                    cute.arch.sync_warp()
+                    if lane == 0:
+                        cute.arch.mbarrier_arrive(empty + s)
+                    it = it + 1
+
+                cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                for c in range(tidx, mine * rows, CONSUMERS):
+                    j = c // rows
+                    r = c % rows
+                    mY[yoff[p] + (bidx + j * grid) * rows + r] = acc[c]
+                cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                if tidx == 0:
+                    cute.arch.fence_acq_rel_gpu()
+                    cute.arch.atomic_add(
+                        (mCnt.iterator + slot * n_ph + p).llvm_ptr, Int32(1),
+                        sem="release", scope="gpu",
+                    )  # fmt: skip
+
+    @cute.jit
+    def host(mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor, slot: Int32,
+             stream):  # fmt: skip
+        kernel(mW, mX, mY, mCnt, slot).launch(
+            grid=[grid, 1, 1],
+            block=[CONSUMERS + 32, 1, 1],
+            smem=smem,
+            stream=stream,
+        )
+
+    return host
+
+
+def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -> Any:
+    """Compile once; call as f(W_packed_bf16, x_bf16, Y_f32, counters_i32[2, P], slot)."""
+    n_w = w_offsets(phases)[-1]
+    n_y = y_offsets(phases)[-1]
+    args = [
+        fake(BFloat16, (n_w,)),
+        fake(BFloat16, (x_len,)),
+        fake(Float32, (n_y,)),
+        fake(Int32, (2, len(phases))),
+        Int32(0),
+    ]
+    return compile_tvm_ffi(build(phases, grid, x_len, **kw), *args)

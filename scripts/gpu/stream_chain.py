@@ -1,0 +1,136 @@
+# ruff: noqa: E501  (log lines)
+"""Measure the persistent GEMV chain (agentab/kernels/cute/stream_chain.py) on the layer's bytes.
+
+The question (NOTES.md, session 5): with the weight stream decoupled from the data (a producer
+warp per SM filling a shared-memory ring with bulk copies, consumers behind grid barriers), how
+close does a chain of dependent GEMVs with the batch-1 layer's 182.6 MB get to the 4.3 TB/s
+roofline? The batch-1 goal is 75% (56.6 us); nine kernels of plain reads took 64-68 us, one
+barrier-free read 51.8 us (session 4).
+
+Phases: the layer's tensors as GEMVs of the same bytes (absorb and the latent cache reshaped to
+k >= 256), the MoE split into shared and routed halves, the routed weights gated on the router
+(the producer may not stream them before routing, as in a real layer). Each phase's output is
+checked against torch (fp32) on the kernel's own inputs; then 4 layers per CUDA graph (730 MB,
+far above L2) are timed, median of 50 replays.
+
+Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
+Writes $OUT/stream_chain.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from agentab.kernels.cute.stream_chain import Phase, compile_chain, w_offsets, y_offsets
+from agentab.kernels.harness import capture, time_replays
+
+OUT = Path(os.environ.get("OUT", "out"))
+PHASES = (
+    Phase(2112, 7168, -1),  # 0 qkv_a (input norm would go here)
+    Phase(3072, 1536, 0),  # 1 q_b
+    Phase(4096, 256, 1),  # 2 absorb (2.1 MB)
+    Phase(4608, 512, 2),  # 3 latent cache at context 4096 (4.7 MB)
+    Phase(2048, 512, 3),  # 4 uv (2.1 MB)
+    Phase(7168, 2048, 4),  # 5 o_proj
+    Phase(384, 7168, 5),  # 6 router
+    Phase(512, 7168, 5),  # 7 shared expert gate/up
+    Phase(4096, 7168, 5, gate=6),  # 8 routed experts gate/up (8 x 512 rows), after routing
+    Phase(7168, 256, 7),  # 9 shared expert down
+    Phase(57344, 256, 8),  # 10 routed experts down (8 x 7168 rows)
+)
+LAYERS = 4
+X_LEN = 7168
+
+
+def make_layer(dev: torch.device) -> dict:
+    w = torch.empty(w_offsets(PHASES)[-1], device=dev, dtype=torch.bfloat16)
+    wo = w_offsets(PHASES)
+    for i, ph in enumerate(PHASES):
+        w[wo[i] : wo[i + 1]] = (torch.randn(ph.n * ph.k, device=dev) / ph.k**0.5).to(torch.bfloat16)
+    return {
+        "w": w,
+        "x": torch.randn(X_LEN, device=dev).to(torch.bfloat16),
+        "y": torch.zeros(y_offsets(PHASES)[-1], device=dev, dtype=torch.float32),
+    }
+
+
+def check(layer: dict) -> list[float]:
+    """Per phase: max |y - W x| / max |W x| on the kernel's own inputs."""
+    wo, yo = w_offsets(PHASES), y_offsets(PHASES)
+    errs = []
+    for i, ph in enumerate(PHASES):
+        x = layer["x"].float() if ph.src < 0 else layer["y"][yo[ph.src] : yo[ph.src] + ph.k]
+        x = x[: ph.k]
+        ref = layer["w"][wo[i] : wo[i + 1]].view(ph.n, ph.k).float() @ x
+        got = layer["y"][yo[i] : yo[i + 1]]
+        errs.append(((got - ref).abs().max() / ref.abs().max()).item())
+    return errs
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    total = w_offsets(PHASES)[-1] * 2
+    doc: dict = {"device": torch.cuda.get_device_name(dev), "sms": sms, "bytes": total,
+                 "phases": [vars(p) for p in PHASES], "rows": []}  # fmt: skip
+    torch.manual_seed(0)
+    layers = [make_layer(dev) for _ in range(LAYERS)]
+    cnt = torch.zeros(2, len(PHASES), device=dev, dtype=torch.int32)
+    variants = [
+        ("ring 12 x 16 KB, grid barriers", dict(stages=12, chunk_bytes=16384)),
+        ("ring 12 x 16 KB, no barriers (ceiling)", dict(stages=12, chunk_bytes=16384, wait=False)),
+        ("ring 6 x 16 KB, grid barriers", dict(stages=6, chunk_bytes=16384)),
+        ("ring 3 x 16 KB, grid barriers", dict(stages=3, chunk_bytes=16384)),
+    ]
+    only = os.environ.get("CHAIN_VARIANTS")
+    ok = True
+    for vi, (label, kw) in enumerate(variants):
+        if only and str(vi) not in only.split(","):
+            continue
+        t0 = time.time()
+        f = compile_chain(PHASES, sms, X_LEN, **kw)
+        t_compile = time.time() - t0
+        row: dict = {"variant": label, "compile_s": round(t_compile, 1)}
+        if kw.get("wait", True):
+            cnt.zero_()
+            for lay in layers[:2]:
+                lay["y"].zero_()
+            f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0)
+            f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1)
+            torch.cuda.synchronize()
+            errs = check(layers[0]) + check(layers[1])
+            row["max_rel_err"] = max(errs)
+            row["errs_layer0"] = [round(e, 6) for e in errs[: len(PHASES)]]
+            ok = ok and max(errs) <= 1e-3
+            print(f"{label}: check max rel err {max(errs):.2e} ({'ok' if max(errs) <= 1e-3 else 'FAIL'})", flush=True)
+        cnt.zero_()
+
+        def step(f=f):
+            for i, lay in enumerate(layers):
+                f(lay["w"], lay["x"], lay["y"], cnt, i % 2)
+
+        g, _ = capture(step)
+        t = time_replays(g, iters=50, warmup=5)
+        us = t["median"] / LAYERS
+        row.update({"us_per_layer": round(us, 2), "tb_s": round(total / us / 1e6, 3),
+                    "roofline": round(total / us / 1e6 / 4.3, 3), "s": round(time.time() - t0, 1)})  # fmt: skip
+        if kw.get("wait", True):
+            errs = check(layers[0])
+            row["max_rel_err_after_replays"] = max(errs)
+            ok = ok and max(errs) <= 1e-3
+        doc["rows"].append(row)
+        print(f"{label:45s} {us:7.2f} us/layer  {row['tb_s']:5.2f} TB/s  ({row['roofline']:.2f} of roofline)", flush=True)
+        (OUT / "stream_chain.json").write_text(json.dumps(doc, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -110,7 +110,10 @@ def main() -> int:
             row["max_rel_err"] = max(errs)
             row["errs_layer0"] = [round(e, 6) for e in errs[: len(PHASES)]]
             ok = ok and max(errs) <= 1e-3
-            print(f"{label}: check max rel err {max(errs):.2e} ({'ok' if max(errs) <= 1e-3 else 'FAIL'})", flush=True)
+            print(
+                f"{label}: check max rel err {max(errs):.2e} ({'ok' if max(errs) <= 1e-3 else 'FAIL'})",
+                flush=True,
+            )
         cnt.zero_()
 
         def step(f=f):
@@ -127,7 +130,10 @@ def main() -> int:
             row["max_rel_err_after_replays"] = max(errs)
             ok = ok and max(errs) <= 1e-3
         doc["rows"].append(row)
-        print(f"{label:45s} {us:7.2f} us/layer  {row['tb_s']:5.2f} TB/s  ({row['roofline']:.2f} of roofline)", flush=True)
+        print(
+            f"{label:45s} {us:7.2f} us/layer  {row['tb_s']:5.2f} TB/s  ({row['roofline']:.2f} of roofline)",
+            flush=True,
+        )
         (OUT / "stream_chain.json").write_text(json.dumps(doc, indent=1))
     return 0 if ok else 1
 

@@ -78,7 +78,7 @@ def y_offsets(phases: tuple[Phase, ...]) -> list[int]:
     for ph in phases:
         offs.append(at)
         at += ph.n
-    return offs + [at]
+    return [*offs, at]
 
 
 def w_offsets(phases: tuple[Phase, ...]) -> list[int]:
@@ -87,7 +87,7 @@ def w_offsets(phases: tuple[Phase, ...]) -> list[int]:
     for ph in phases:
         offs.append(at)
         at += ph.n * ph.k
-    return offs + [at]
+    return [*offs, at]
 
 
 def validate(phases: tuple[Phase, ...]) -> None:

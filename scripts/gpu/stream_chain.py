@@ -19,6 +19,7 @@ Writes $OUT/stream_chain.json.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -27,7 +28,13 @@ from pathlib import Path
 
 import torch
 
-from agentab.kernels.cute.stream_chain import Phase, compile_chain, w_offsets, y_offsets
+from agentab.kernels.cute.stream_chain import (
+    TRACE_LEN,
+    Phase,
+    compile_chain,
+    w_offsets,
+    y_offsets,
+)
 from agentab.kernels.harness import capture, time_replays
 
 OUT = Path(os.environ.get("OUT", "out"))
@@ -85,11 +92,16 @@ def main() -> int:
     layers = [make_layer(dev) for _ in range(LAYERS)]
     cnt = torch.zeros(2, len(PHASES), device=dev, dtype=torch.int32)
     variants = [
-        ("ring 12 x 16 KB, grid barriers", dict(stages=12, chunk_bytes=16384)),
-        ("ring 12 x 16 KB, no barriers (ceiling)", dict(stages=12, chunk_bytes=16384, wait=False)),
-        ("ring 6 x 16 KB, grid barriers", dict(stages=6, chunk_bytes=16384)),
-        ("ring 3 x 16 KB, grid barriers", dict(stages=3, chunk_bytes=16384)),
+        ("ring 12 x 16 KB, grid barriers", dict(stages=12)),
+        ("ring 12, barriers, spinning mbarrier waits", dict(stages=12, wait_kind="test")),
+        ("ring 12, barriers, try_wait without hint", dict(stages=12, wait_kind="try_nohint")),
+        ("ring 12, no barriers, spinning", dict(stages=12, wait=False, wait_kind="test")),
+        (
+            "ring 12, no barriers, no arithmetic, spinning",
+            dict(stages=12, wait=False, consume=False, wait_kind="test"),
+        ),
     ]
+    trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     only = os.environ.get("CHAIN_VARIANTS")
     ok = True
     for vi, (label, kw) in enumerate(variants):
@@ -99,12 +111,12 @@ def main() -> int:
         f = compile_chain(PHASES, sms, X_LEN, **kw)
         t_compile = time.time() - t0
         row: dict = {"variant": label, "compile_s": round(t_compile, 1)}
-        if kw.get("wait", True):
+        if kw.get("wait", True) and kw.get("consume", True):
             cnt.zero_()
             for lay in layers[:2]:
                 lay["y"].zero_()
-            f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0)
-            f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1)
+            f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0, trace)
+            f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1, trace)
             torch.cuda.synchronize()
             errs = check(layers[0]) + check(layers[1])
             row["max_rel_err"] = max(errs)
@@ -118,14 +130,14 @@ def main() -> int:
 
         def step(f=f):
             for i, lay in enumerate(layers):
-                f(lay["w"], lay["x"], lay["y"], cnt, i % 2)
+                f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace)
 
         g, _ = capture(step)
         t = time_replays(g, iters=50, warmup=5)
         us = t["median"] / LAYERS
         row.update({"us_per_layer": round(us, 2), "tb_s": round(total / us / 1e6, 3),
                     "roofline": round(total / us / 1e6 / 4.3, 3), "s": round(time.time() - t0, 1)})  # fmt: skip
-        if kw.get("wait", True):
+        if kw.get("wait", True) and kw.get("consume", True):
             errs = check(layers[0])
             row["max_rel_err_after_replays"] = max(errs)
             ok = ok and max(errs) <= 1e-3
@@ -135,7 +147,40 @@ def main() -> int:
             flush=True,
         )
         (OUT / "stream_chain.json").write_text(json.dumps(doc, indent=1))
+    for kind in ("try", "test"):
+        traced(layers, cnt, trace, sms, kind, doc)
+    (OUT / "stream_chain.json").write_text(json.dumps(doc, indent=1))
     return 0 if ok else 1
+
+
+def traced(
+    layers: list, cnt: torch.Tensor, trace: torch.Tensor, sms: int, kind: str, doc: dict
+) -> None:
+    """CTA 0's pipeline: when each copy was issued, its stage filled and released (ns)."""
+    f = compile_chain(PHASES, sms, X_LEN, stages=12, wait_kind=kind, trace=True)
+    cnt.zero_()
+    for i in range(4):  # warm: the last launch (slot 1, layer 3) is the one read back
+        trace.zero_()
+        f(layers[i]["w"], layers[i]["x"], layers[i]["y"], cnt, i % 2, trace)
+    torch.cuda.synchronize()
+    t = trace.cpu().to(torch.int64)
+    t0 = int(t[0])
+    issued = t[0:1024]
+    n = int((issued != 0).sum())
+    rel = lambda v: [int(x) - t0 for x in v]  # noqa: E731
+    iss, fil, rel_ = rel(t[0:n]), rel(t[1024 : 1024 + n]), rel(t[2048 : 2048 + n])
+    lat = sorted(f - i for f, i in zip(fil, iss, strict=True))
+    gaps = sorted(b - a for a, b in itertools.pairwise(fil))
+    hold = sorted(r - f for f, r in zip(fil, rel_, strict=True))
+    info = {"wait_kind": kind, "positions": n, "end_ns": max(rel_),
+            "issue_to_filled_ns_p10_p50_p90": [lat[n // 10], lat[n // 2], lat[9 * n // 10]],
+            "filled_gap_ns_p50_p90": [gaps[len(gaps) // 2], gaps[9 * len(gaps) // 10]],
+            "filled_to_released_ns_p50_p90": [hold[n // 2], hold[9 * n // 10]],
+            "phase_start_ns": rel(t[3072 : 3072 + len(PHASES)]),
+            "phase_end_ns": rel(t[3136 : 3136 + len(PHASES)]),
+            "issue_ns_first_40": iss[:40], "filled_ns_first_40": fil[:40]}  # fmt: skip
+    doc.setdefault("traces", []).append(info)
+    print(json.dumps({k: v for k, v in info.items() if not k.endswith("first_40")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,31 @@ def validate(phases: tuple[Phase, ...]) -> None:
             raise ValueError(f"phase {i}: k={ph.k} exceeds phase {ph.src}'s {phases[ph.src].n}")
 
 
+TRACE_LEN = 4096  # int32 stamps: issue / filled / released per ring position (< 1024), phases
+
+
+@cute.jit
+def _mwait(bar, parity, kind: cutlass.Constexpr):
+    """Wait for the mbarrier phase of `parity`: "try" lets the hardware suspend the thread
+    (mbarrier.try_wait's time hint, what cute.arch.mbarrier_wait emits), "test" spins."""
+    if cutlass.const_expr(kind == "test"):
+        ok = cute.arch.mbarrier_test_wait(bar, parity)
+        while not ok:
+            ok = cute.arch.mbarrier_test_wait(bar, parity)
+    elif cutlass.const_expr(kind == "try_nohint"):
+        ok = cute.arch.mbarrier_try_wait(bar, parity)
+        while not ok:
+            ok = cute.arch.mbarrier_try_wait(bar, parity)
+    else:
+        cute.arch.mbarrier_wait(bar, parity)
+
+
+@cute.jit
+def _stamp(on: cutlass.Constexpr, mT: cute.Tensor, idx):
+    if cutlass.const_expr(on):
+        mT[idx] = cute.arch.globaltimer_lo()
+
+
 @cute.jit
 def _wait_count(mCnt: cute.Tensor, idx, target):
     """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
@@ -110,24 +135,29 @@ def _wait_count(mCnt: cute.Tensor, idx, target):
 
 
 @cute.jit
-def _accumulate(ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec, acc_base, row,
-                xvec, lane):  # fmt: skip
-    """acc[acc_base + row] += ring vector `wvec` (8 bf16) . xs vector `xvec` (8 fp32), summed
-    over the warp (all 32 lanes hold vectors of the same row)."""
-    w = cute.local_tile(ring, (8,), (wvec,)).load().to(Float32)
-    x = cute.local_tile(xs, (8,), (xvec,)).load()
-    part = (w * x).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-    part = cute.arch.warp_reduction_sum(part, threads_in_group=32)
-    if lane == 0:
-        cute.arch.atomic_add((acc.iterator + acc_base + row).llvm_ptr, part, scope="cta")
+def _row_dot(ring: cute.Tensor, xs: cute.Tensor, wvec0, vpr: cutlass.Constexpr, lane):
+    """This lane's part of one row's dot product: ring vectors wvec0 + lane + 32 c (8 bf16
+    each) against xs vectors lane + 32 c (8 fp32), c < vpr / 32, in an 8-wide accumulator."""
+    frag = cute.make_rmem_tensor(cute.make_layout(8), Float32)
+    frag.fill(0.0)
+    a8 = frag.load()
+    for c in cutlass.range_constexpr(vpr // 32):
+        w = cute.local_tile(ring, (8,), (wvec0 + c * 32 + lane,)).load().to(Float32)
+        a8 = a8 + w * cute.local_tile(xs, (8,), (c * 32 + lane,)).load()
+    return a8.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
 
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
-          chunk_bytes: int = 16384, wait: bool = True) -> Any:  # fmt: skip
+          chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
+          trace: bool = False) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
-    the read ceiling of the same kernel, for measurement only.
+    the read ceiling of the same kernel, for measurement only. `consume=False` skips the
+    arithmetic (consumers only wait for and release the stages): the stream's own rate.
+    `wait_kind` picks the mbarrier wait (`_mwait`); `trace` has CTA 0 write %globaltimer stamps
+    into the trace argument (producer issue, stage filled, stage released per ring position;
+    each phase's start and end).
     """
     validate(phases)
     units = [plan_units(ph, chunk_bytes) for ph in phases]
@@ -142,7 +172,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
     @cute.kernel
     def kernel(mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor,
-               slot: Int32):  # fmt: skip
+               slot: Int32, mT: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         warp = tidx // 32
@@ -157,7 +187,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         if tidx == 0:
             for s in cutlass.range_constexpr(stages):
                 cute.arch.mbarrier_init(full + s, 1)
-                cute.arch.mbarrier_init(empty + s, CONSUMER_WARPS)
+                cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
             if bidx == 0:  # the other slot's counters, for the next launch
                 for p in cutlass.range_constexpr(n_ph):
                     mCnt[1 - slot, p] = Int32(0)
@@ -175,7 +205,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     mine = (units[p].units - bidx + grid - 1) // grid
                     for j in range(mine):
                         s = it % stages
-                        cute.arch.mbarrier_wait(empty + s, ((it // stages) & 1) ^ 1)
+                        _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind)
+                        if bidx == 0 and it < 1024:
+                            _stamp(trace, mT, it)
                         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
                         u = bidx + j * grid
                         src = mW.iterator + (woff[p] + u * (ub // 2))
@@ -189,13 +221,13 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 ph = phases[p]
                 rows = units[p].rows
                 vpr = ph.k // 8  # 16-byte vectors per row
-                vecs = rows * vpr
-                iters = (vecs + CONSUMERS - 1) // CONSUMERS
                 mine = (units[p].units - bidx + grid - 1) // grid
                 # Wait for the input (one thread polls; the rest wait at the named barrier).
-                if cutlass.const_expr(wait and ph.src >= 0):
+                if cutlass.const_expr(wait and ph.src >= 0):  # noqa: SIM102 (compile time)
                     if tidx == 0:
                         _wait_count(mCnt, slot * n_ph + ph.src, grid)
+                if bidx == 0 and tidx == 0:
+                    _stamp(trace, mT, 3072 + p)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 for c in range(tidx, ph.k, CONSUMERS):
                     if cutlass.const_expr(ph.src < 0):
@@ -206,22 +238,26 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     acc[c] = Float32(0.0)
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
 
-                for j in range(mine):
-                    s = it % stages
-                    cute.arch.mbarrier_wait(full + s, (it // stages) & 1)
-                    for i in cutlass.range_constexpr(iters):
-                        v = tidx + i * CONSUMERS
-                        if cutlass.const_expr((i + 1) * CONSUMERS <= vecs):
-                            _accumulate(ring, xs, acc, s * (chunk_el // 8) + v, j * rows,
-                                        v // vpr, (v % vpr), lane)  # fmt: skip
-                        else:
-                            if v < vecs:  # warp-uniform: vecs is a multiple of 32
-                                _accumulate(ring, xs, acc, s * (chunk_el // 8) + v, j * rows,
-                                            v // vpr, (v % vpr), lane)  # fmt: skip
+                # Units go round robin to the consumer warps; a warp owns whole units, keeps
+                # its partial sums in registers and reduces once per row.
+                first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
+                for j in range(first, mine, CONSUMER_WARPS):
+                    s = (it + j) % stages
+                    _mwait(full + s, ((it + j) // stages) & 1, wait_kind)
+                    if bidx == 0 and lane == 0 and it + j < 1024:
+                        _stamp(trace, mT, 1024 + it + j)
+                    if cutlass.const_expr(consume):
+                        for r in cutlass.range_constexpr(rows):
+                            part = _row_dot(ring, xs, s * (chunk_el // 8) + r * vpr, vpr, lane)
+                            part = cute.arch.warp_reduction_sum(part, threads_in_group=32)
+                            if lane == 0:
+                                acc[j * rows + r] = part
                     cute.arch.sync_warp()
                     if lane == 0:
+                        if bidx == 0 and it + j < 1024:
+                            _stamp(trace, mT, 2048 + it + j)
                         cute.arch.mbarrier_arrive(empty + s)
-                    it = it + 1
+                it = it + mine
 
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 for c in range(tidx, mine * rows, CONSUMERS):
@@ -235,11 +271,13 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         (mCnt.iterator + slot * n_ph + p).llvm_ptr, Int32(1),
                         sem="release", scope="gpu",
                     )  # fmt: skip
+                    if bidx == 0:
+                        _stamp(trace, mT, 3136 + p)
 
     @cute.jit
     def host(mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor, slot: Int32,
-             stream):  # fmt: skip
-        kernel(mW, mX, mY, mCnt, slot).launch(
+             mT: cute.Tensor, stream):  # fmt: skip
+        kernel(mW, mX, mY, mCnt, slot, mT).launch(
             grid=[grid, 1, 1],
             block=[CONSUMERS + 32, 1, 1],
             smem=smem,
@@ -250,7 +288,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
 
 def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -> Any:
-    """Compile once; call as f(W_packed_bf16, x_bf16, Y_f32, counters_i32[2, P], slot)."""
+    """Compile once; call as f(W_packed_bf16, x_bf16, Y_f32, counters_i32[2, P], slot,
+    trace_i32[TRACE_LEN])."""
     n_w = w_offsets(phases)[-1]
     n_y = y_offsets(phases)[-1]
     args = [
@@ -259,5 +298,6 @@ def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -
         fake(Float32, (n_y,)),
         fake(Int32, (2, len(phases))),
         Int32(0),
+        fake(Int32, (TRACE_LEN,)),
     ]
     return compile_tvm_ffi(build(phases, grid, x_len, **kw), *args)

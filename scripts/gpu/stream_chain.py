@@ -14,7 +14,7 @@ checked against torch (fp32) on the kernel's own inputs; then 4 layers per CUDA 
 far above L2) are timed, median of 50 replays.
 
 Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
-Writes $OUT/stream_chain.json.
+Each variant runs in its own process (75 s limit); writes $OUT/stream_chain_<variant>.json.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 
 from agentab.kernels.cute.stream_chain import (
     TRACE_LEN,
+    WATCH,
     Phase,
     compile_chain,
     w_offsets,
@@ -80,76 +82,99 @@ def check(layer: dict) -> list[float]:
     return errs
 
 
+VARIANTS = [
+    ("ring 12, barriers, spinning mbarrier waits", dict(stages=12, wait_kind="test")),
+    ("ring 12, barriers, try_wait without hint", dict(stages=12, wait_kind="try_nohint")),
+    ("ring 12, no barriers, no arithmetic, spinning", dict(stages=12, wait=False, consume=False, wait_kind="test")),
+    ("ring 12, no barriers, spinning", dict(stages=12, wait=False, wait_kind="test")),
+    ("trace", dict(wait_kind="test")),
+    ("ring 12, barriers, try_wait with the suspend hint", dict(stages=12)),
+]  # fmt: skip
+
+
 def main() -> int:
+    """Each variant in its own process with a time limit: a stuck grid costs one variant."""
     OUT.mkdir(parents=True, exist_ok=True)
+    only = os.environ.get("CHAIN_VARIANTS")
+    status = 0
+    for vi, (label, _) in enumerate(VARIANTS):
+        if only and str(vi) not in only.split(","):
+            continue
+        env = dict(os.environ, CHAIN_ONE=str(vi))
+        try:
+            r = subprocess.run(
+                [sys.executable, __file__], env=env, timeout=75, capture_output=True, text=True
+            )
+            print(r.stdout.strip() or f"{label}: no output", flush=True)
+            if r.returncode:
+                print(f"{label}: exit {r.returncode}: {r.stderr.strip()[-600:]}", flush=True)
+                status = 1
+        except subprocess.TimeoutExpired:
+            print(f"{label}: TIMEOUT (75 s)", flush=True)
+            status = 1
+    return status
+
+
+def one(vi: int) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     total = w_offsets(PHASES)[-1] * 2
+    label, kw = VARIANTS[vi]
     doc: dict = {"device": torch.cuda.get_device_name(dev), "sms": sms, "bytes": total,
-                 "phases": [vars(p) for p in PHASES], "rows": []}  # fmt: skip
+                 "variant": label, "options": kw}  # fmt: skip
     torch.manual_seed(0)
     layers = [make_layer(dev) for _ in range(LAYERS)]
     cnt = torch.zeros(2, len(PHASES), device=dev, dtype=torch.int32)
-    variants = [
-        ("ring 12 x 16 KB, grid barriers", dict(stages=12)),
-        ("ring 12, barriers, spinning mbarrier waits", dict(stages=12, wait_kind="test")),
-        ("ring 12, barriers, try_wait without hint", dict(stages=12, wait_kind="try_nohint")),
-        ("ring 12, no barriers, spinning", dict(stages=12, wait=False, wait_kind="test")),
-        (
-            "ring 12, no barriers, no arithmetic, spinning",
-            dict(stages=12, wait=False, consume=False, wait_kind="test"),
-        ),
-    ]
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
-    only = os.environ.get("CHAIN_VARIANTS")
+    path = OUT / f"stream_chain_{vi}.json"
+    if label == "trace":
+        traced(layers, cnt, trace, sms, kw["wait_kind"], doc)
+        path.write_text(json.dumps(doc, indent=1))
+        return 0
     ok = True
-    for vi, (label, kw) in enumerate(variants):
-        if only and str(vi) not in only.split(","):
-            continue
-        t0 = time.time()
-        f = compile_chain(PHASES, sms, X_LEN, **kw)
-        t_compile = time.time() - t0
-        row: dict = {"variant": label, "compile_s": round(t_compile, 1)}
-        if kw.get("wait", True) and kw.get("consume", True):
-            cnt.zero_()
-            for lay in layers[:2]:
-                lay["y"].zero_()
-            f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0, trace)
-            f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1, trace)
-            torch.cuda.synchronize()
-            errs = check(layers[0]) + check(layers[1])
-            row["max_rel_err"] = max(errs)
-            row["errs_layer0"] = [round(e, 6) for e in errs[: len(PHASES)]]
-            ok = ok and max(errs) <= 1e-3
-            print(
-                f"{label}: check max rel err {max(errs):.2e} ({'ok' if max(errs) <= 1e-3 else 'FAIL'})",
-                flush=True,
-            )
-        cnt.zero_()
-
-        def step(f=f):
-            for i, lay in enumerate(layers):
-                f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace)
-
-        g, _ = capture(step)
-        t = time_replays(g, iters=50, warmup=5)
-        us = t["median"] / LAYERS
-        row.update({"us_per_layer": round(us, 2), "tb_s": round(total / us / 1e6, 3),
-                    "roofline": round(total / us / 1e6 / 4.3, 3), "s": round(time.time() - t0, 1)})  # fmt: skip
-        if kw.get("wait", True) and kw.get("consume", True):
-            errs = check(layers[0])
-            row["max_rel_err_after_replays"] = max(errs)
-            ok = ok and max(errs) <= 1e-3
-        doc["rows"].append(row)
+    t0 = time.time()
+    f = compile_chain(PHASES, sms, X_LEN, **kw)
+    doc["compile_s"] = round(time.time() - t0, 1)
+    checked = kw.get("wait", True) and kw.get("consume", True)
+    cnt.zero_()
+    for lay in layers[:2]:
+        lay["y"].zero_()
+    f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0, trace)
+    f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1, trace)
+    torch.cuda.synchronize()
+    flags = trace[WATCH : WATCH + 16].tolist()
+    if any(flags):
         print(
-            f"{label:45s} {us:7.2f} us/layer  {row['tb_s']:5.2f} TB/s  ({row['roofline']:.2f} of roofline)",
-            flush=True,
+            f"{label}: WATCHDOG fired {flags} (codes: 0 empty, 1 full, 2 gate, 3+p phase p input; value 1 + CTA)"
         )
-        (OUT / "stream_chain.json").write_text(json.dumps(doc, indent=1))
-    for kind in ("try", "test"):
-        traced(layers, cnt, trace, sms, kind, doc)
-    (OUT / "stream_chain.json").write_text(json.dumps(doc, indent=1))
+        doc["watchdog"] = flags
+        path.write_text(json.dumps(doc, indent=1))
+        return 1
+    if checked:
+        errs = check(layers[0]) + check(layers[1])
+        doc["max_rel_err"] = max(errs)
+        ok = max(errs) <= 1e-3
+        print(f"{label}: check max rel err {max(errs):.2e} ({'ok' if ok else 'FAIL'})")
+    cnt.zero_()
+
+    def step(f=f):
+        for i, lay in enumerate(layers):
+            f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace)
+
+    g, _ = capture(step)
+    t = time_replays(g, iters=50, warmup=5)
+    us = t["median"] / LAYERS
+    doc.update({"us_per_layer": round(us, 2), "tb_s": round(total / us / 1e6, 3),
+                "roofline": round(total / us / 1e6 / 4.3, 3), "s": round(time.time() - t0, 1)})  # fmt: skip
+    if checked:
+        errs = check(layers[0])
+        doc["max_rel_err_after_replays"] = max(errs)
+        ok = ok and max(errs) <= 1e-3
+    print(
+        f"{label:50s} {us:7.2f} us/layer  {doc['tb_s']:5.2f} TB/s  ({doc['roofline']:.2f} of roofline)"
+    )
+    path.write_text(json.dumps(doc, indent=1))
     return 0 if ok else 1
 
 
@@ -179,9 +204,9 @@ def traced(
             "phase_start_ns": rel(t[3072 : 3072 + len(PHASES)]),
             "phase_end_ns": rel(t[3136 : 3136 + len(PHASES)]),
             "issue_ns_first_40": iss[:40], "filled_ns_first_40": fil[:40]}  # fmt: skip
-    doc.setdefault("traces", []).append(info)
+    doc["trace"] = info
     print(json.dumps({k: v for k, v in info.items() if not k.endswith("first_40")}), flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(one(int(os.environ["CHAIN_ONE"])) if "CHAIN_ONE" in os.environ else main())

@@ -101,20 +101,33 @@ def validate(phases: tuple[Phase, ...]) -> None:
 TRACE_LEN = 4096  # int32 stamps: issue / filled / released per ring position (< 1024), phases
 
 
+WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
+WATCH = 4080
+
+
 @cute.jit
-def _mwait(bar, parity, kind: cutlass.Constexpr):
+def _mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
     """Wait for the mbarrier phase of `parity`: "try" lets the hardware suspend the thread
-    (mbarrier.try_wait's time hint, what cute.arch.mbarrier_wait emits), "test" spins."""
-    if cutlass.const_expr(kind == "test"):
-        ok = cute.arch.mbarrier_test_wait(bar, parity)
-        while not ok:
-            ok = cute.arch.mbarrier_test_wait(bar, parity)
-    elif cutlass.const_expr(kind == "try_nohint"):
-        ok = cute.arch.mbarrier_try_wait(bar, parity)
-        while not ok:
-            ok = cute.arch.mbarrier_try_wait(bar, parity)
-    else:
+    (mbarrier.try_wait's time hint, what cute.arch.mbarrier_wait emits); "test" spins and
+    "try_nohint" polls try_wait without a hint, both giving up after WATCHDOG polls with a
+    report in the trace buffer (a stuck pipeline then ends with a flag, not a hung GPU)."""
+    if cutlass.const_expr(kind == "try"):
         cute.arch.mbarrier_wait(bar, parity)
+    else:
+        state = Int32(0)
+        n = Int32(0)
+        while state == 0:
+            if cutlass.const_expr(kind == "test"):
+                if cute.arch.mbarrier_test_wait(bar, parity):
+                    state = Int32(1)
+            else:
+                if cute.arch.mbarrier_try_wait(bar, parity):
+                    state = Int32(1)
+            n = n + 1
+            if n > WATCHDOG:
+                state = Int32(2)
+        if state == 2:
+            mT[WATCH + code] = bidx + 1
 
 
 @cute.jit
@@ -124,13 +137,21 @@ def _stamp(on: cutlass.Constexpr, mT: cute.Tensor, idx):
 
 
 @cute.jit
-def _wait_count(mCnt: cute.Tensor, idx, target):
+def _wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
     """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
-    writes released before the arrivals are visible to this CTA after its next barrier."""
+    writes released before the arrivals are visible to this CTA after its next barrier.
+    Gives up after WATCHDOG polls, reporting like `_mwait`."""
     ptr = (mCnt.iterator + idx).llvm_ptr
-    done = cute.arch.atomic_add(ptr, Int32(0), sem="acquire", scope="gpu")
-    while done < target:
-        done = cute.arch.atomic_add(ptr, Int32(0), sem="acquire", scope="gpu")
+    state = Int32(0)
+    n = Int32(0)
+    while state == 0:
+        if cute.arch.atomic_add(ptr, Int32(0), sem="acquire", scope="gpu") >= target:
+            state = Int32(1)
+        n = n + 1
+        if n > WATCHDOG:
+            state = Int32(2)
+    if state == 2:
+        mT[WATCH + code] = bidx + 1
     cute.arch.fence_acq_rel_gpu()
 
 
@@ -200,12 +221,12 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 it = Int32(0)
                 for p in cutlass.range_constexpr(n_ph):
                     if cutlass.const_expr(wait and phases[p].gate >= 0):
-                        _wait_count(mCnt, slot * n_ph + phases[p].gate, grid)
+                        _wait_count(mCnt, slot * n_ph + phases[p].gate, grid, mT, 2, bidx)
                     ub = units[p].bytes(phases[p].k)
                     mine = (units[p].units - bidx + grid - 1) // grid
                     for j in range(mine):
                         s = it % stages
-                        _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind)
+                        _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
                         if bidx == 0 and it < 1024:
                             _stamp(trace, mT, it)
                         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
@@ -225,7 +246,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 # Wait for the input (one thread polls; the rest wait at the named barrier).
                 if cutlass.const_expr(wait and ph.src >= 0):  # noqa: SIM102 (compile time)
                     if tidx == 0:
-                        _wait_count(mCnt, slot * n_ph + ph.src, grid)
+                        _wait_count(mCnt, slot * n_ph + ph.src, grid, mT, 3 + p, bidx)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3072 + p)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
@@ -243,7 +264,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
                 for j in range(first, mine, CONSUMER_WARPS):
                     s = (it + j) % stages
-                    _mwait(full + s, ((it + j) // stages) & 1, wait_kind)
+                    _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
                     if bidx == 0 and lane == 0 and it + j < 1024:
                         _stamp(trace, mT, 1024 + it + j)
                     if cutlass.const_expr(consume):

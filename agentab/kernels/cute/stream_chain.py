@@ -247,9 +247,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 if cutlass.const_expr(wait and ph.src >= 0):  # noqa: SIM102 (compile time)
                     if tidx == 0:
                         _wait_count(mCnt, slot * n_ph + ph.src, grid, mT, 3 + p, bidx)
+                    cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3072 + p)
-                    cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 for c in range(tidx, ph.k, CONSUMERS):
                     if cutlass.const_expr(ph.src < 0):
                         xs[c] = mX[c].to(Float32)

@@ -156,15 +156,26 @@ def _wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.C
 
 
 @cute.jit
+def _stage_x(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, v, from_x: cutlass.Constexpr,
+             y_vec0: cutlass.Constexpr):  # fmt: skip
+    """xs vector v (8 bf16) = layer input vector v, or output vector y_vec0 + v (8 fp32)."""
+    if cutlass.const_expr(from_x):
+        cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
+    else:
+        val = cute.local_tile(mY, (8,), (y_vec0 + v,)).load()
+        cute.local_tile(xs, (8,), (v,)).store(val.to(BFloat16))
+
+
+@cute.jit
 def _row_dot(ring: cute.Tensor, xs: cute.Tensor, wvec0, vpr: cutlass.Constexpr, lane):
     """This lane's part of one row's dot product: ring vectors wvec0 + lane + 32 c (8 bf16
-    each) against xs vectors lane + 32 c (8 fp32), c < vpr / 32, in an 8-wide accumulator."""
+    each) against xs vectors lane + 32 c (8 bf16), c < vpr / 32, in an 8-wide accumulator."""
     frag = cute.make_rmem_tensor(cute.make_layout(8), Float32)
     frag.fill(0.0)
     a8 = frag.load()
     for c in cutlass.range_constexpr(vpr // 32):
         w = cute.local_tile(ring, (8,), (wvec0 + c * 32 + lane,)).load().to(Float32)
-        a8 = a8 + w * cute.local_tile(xs, (8,), (c * 32 + lane,)).load()
+        a8 = a8 + w * cute.local_tile(xs, (8,), (c * 32 + lane,)).load().to(Float32)
     return a8.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
 
@@ -187,7 +198,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     k_max = max(max(ph.k for ph in phases), x_len)
     acc_len = max(-(-u.units // grid) * u.rows for u in units)
     chunk_el = chunk_bytes // 2
-    smem = stages * chunk_bytes + 4 * k_max + 4 * acc_len + 16 * stages + 256
+    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 16 * stages + 256
     if smem > SMEM_LIMIT:
         raise ValueError(f"{smem} B of shared memory per CTA: more than {SMEM_LIMIT}")
 
@@ -201,7 +212,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         alloc = cutlass.utils.SmemAllocator()
         ring = alloc.allocate_tensor(BFloat16, cute.make_layout(stages * chunk_el),
                                      byte_alignment=128)  # fmt: skip
-        xs = alloc.allocate_tensor(Float32, cute.make_layout(k_max), byte_alignment=16)
+        xs = alloc.allocate_tensor(BFloat16, cute.make_layout(k_max), byte_alignment=16)
         acc = alloc.allocate_tensor(Float32, cute.make_layout(acc_len), byte_alignment=16)
         full = alloc.allocate_array(cutlass.Int64, num_elems=stages)
         empty = alloc.allocate_array(cutlass.Int64, num_elems=stages)
@@ -244,17 +255,21 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 vpr = ph.k // 8  # 16-byte vectors per row
                 mine = (units[p].units - bidx + grid - 1) // grid
                 # Wait for the input (one thread polls; the rest wait at the named barrier).
-                if cutlass.const_expr(wait and ph.src >= 0):  # noqa: SIM102 (compile time)
+                if cutlass.const_expr(wait and ph.src >= 0):
                     if tidx == 0:
                         _wait_count(mCnt, slot * n_ph + ph.src, grid, mT, 3 + p, bidx)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3072 + p)
-                for c in range(tidx, ph.k, CONSUMERS):
-                    if cutlass.const_expr(ph.src < 0):
-                        xs[c] = mX[c].to(Float32)
+                # The input as bf16 in shared memory (half the shared-memory reads of fp32),
+                # every 16-byte load of it in flight at once: one latency per phase.
+                for i in cutlass.range_constexpr((ph.k // 8 + CONSUMERS - 1) // CONSUMERS):
+                    v = tidx + i * CONSUMERS
+                    if cutlass.const_expr((i + 1) * CONSUMERS <= ph.k // 8):
+                        _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
                     else:
-                        xs[c] = mY[yoff[ph.src] + c]
+                        if v < ph.k // 8:
+                            _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
                 for c in range(tidx, acc_len, CONSUMERS):
                     acc[c] = Float32(0.0)
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)

@@ -34,8 +34,6 @@ from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from agentab.kernels.cute.common import compile_tvm_ffi, fake
 
-CONSUMER_WARPS = 8
-CONSUMERS = 32 * CONSUMER_WARPS
 SMEM_LIMIT = 227 * 1024  # Hopper's largest dynamic shared memory per CTA
 
 
@@ -181,17 +179,25 @@ def _row_dot(ring: cute.Tensor, xs: cute.Tensor, wvec0, vpr: cutlass.Constexpr, 
 
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
-          trace: bool = False) -> Any:  # fmt: skip
+          trace: bool = False, warps: int = 8) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
     the read ceiling of the same kernel, for measurement only. `consume=False` skips the
     arithmetic (consumers only wait for and release the stages): the stream's own rate.
-    `wait_kind` picks the mbarrier wait (`_mwait`); `trace` has CTA 0 write %globaltimer stamps
+    `warps` consumer warps own the ring's stages round robin; `wait_kind` picks the mbarrier
+    wait (`_mwait`); `trace` has CTA 0 write %globaltimer stamps
     into the trace argument (producer issue, stage filled, stage released per ring position;
     each phase's start and end).
     """
     validate(phases)
+    if stages % warps:
+        # Position q lives in stage q % stages and belongs to warp q % warps: only when the
+        # warps divide the stages does each stage keep one owner, so that no warp waits on a
+        # stage's next round (same parity test) before its current round was consumed.
+        raise ValueError(f"{stages} stages: not a multiple of {warps} consumer warps")
+    CONSUMER_WARPS = warps
+    CONSUMERS = 32 * warps
     units = [plan_units(ph, chunk_bytes) for ph in phases]
     n_ph = len(phases)
     yoff, woff = y_offsets(phases), w_offsets(phases)

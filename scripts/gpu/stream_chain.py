@@ -83,9 +83,11 @@ def check(layer: dict) -> list[float]:
 
 
 VARIANTS = [
-    ("ring 12, 8 warps claiming, barriers", dict(stages=12, warps=8, wait_kind="test")),
-    ("ring 12, 12 warps claiming, barriers", dict(stages=12, warps=12, wait_kind="test")),
-    ("ring 12, 8 warps claiming, no barriers", dict(stages=12, warps=8, wait=False, wait_kind="test")),
+    ("ring 8, 8 warps, barriers, spinning", dict(stages=8, wait_kind="test")),
+    ("ring 12, 6 warps, barriers, spinning", dict(stages=12, warps=6, wait_kind="test")),
+    ("ring 12, 12 warps, barriers, spinning", dict(stages=12, warps=12, wait_kind="test")),
+    ("ring 12, 6 warps, no barriers, no arithmetic", dict(stages=12, warps=6, wait=False, consume=False, wait_kind="test")),
+    ("ring 12, 6 warps, no barriers", dict(stages=12, warps=6, wait=False, wait_kind="test")),
     ("trace", dict(wait_kind="test")),
 ]  # fmt: skip
 
@@ -180,7 +182,7 @@ def traced(
     layers: list, cnt: torch.Tensor, trace: torch.Tensor, sms: int, kind: str, doc: dict
 ) -> None:
     """CTA 0's pipeline: when each copy was issued, its stage filled and released (ns)."""
-    f = compile_chain(PHASES, sms, X_LEN, stages=12, warps=8, wait_kind=kind, trace=True)
+    f = compile_chain(PHASES, sms, X_LEN, stages=12, warps=6, wait_kind=kind, trace=True)
     cnt.zero_()
     for i in range(4):  # warm: the last launch (slot 1, layer 3) is the one read back
         trace.zero_()

@@ -154,15 +154,6 @@ def _wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.C
 
 
 @cute.jit
-def _claim(claim: cute.Tensor, p: cutlass.Constexpr, lane):
-    """The next unclaimed unit of phase p for this warp (lane 0 claims, all lanes get it)."""
-    j = Int32(0)
-    if lane == 0:
-        j = cute.arch.atomic_add((claim.iterator + p).llvm_ptr, Int32(1), scope="cta")
-    return cute.arch.shuffle_sync(j, 0)
-
-
-@cute.jit
 def _stage_x(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, v, from_x: cutlass.Constexpr,
              y_vec0: cutlass.Constexpr):  # fmt: skip
     """xs vector v (8 bf16) = layer input vector v, or output vector y_vec0 + v (8 fp32)."""
@@ -194,16 +185,17 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
     the read ceiling of the same kernel, for measurement only. `consume=False` skips the
     arithmetic (consumers only wait for and release the stages): the stream's own rate.
-    `warps` consumer warps claim the ring's stages as they come; `wait_kind` picks the mbarrier
+    `warps` consumer warps own the ring's stages round robin; `wait_kind` picks the mbarrier
     wait (`_mwait`); `trace` has CTA 0 write %globaltimer stamps
     into the trace argument (producer issue, stage filled, stage released per ring position;
     each phase's start and end).
     """
     validate(phases)
-    if warps > stages:
-        # A warp holds one claimed position at a time; with more warps than stages, one could
-        # claim a stage's next round while its current round is unconsumed (same parity test).
-        raise ValueError(f"{warps} consumer warps: more than the {stages} stages")
+    if stages % warps:
+        # Position q lives in stage q % stages and belongs to warp q % warps: only when the
+        # warps divide the stages does each stage keep one owner, so that no warp waits on a
+        # stage's next round (same parity test) before its current round was consumed.
+        raise ValueError(f"{stages} stages: not a multiple of {warps} consumer warps")
     CONSUMER_WARPS = warps
     CONSUMERS = 32 * warps
     units = [plan_units(ph, chunk_bytes) for ph in phases]
@@ -212,7 +204,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     k_max = max(max(ph.k for ph in phases), x_len)
     acc_len = max(-(-u.units // grid) * u.rows for u in units)
     chunk_el = chunk_bytes // 2
-    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 4 * n_ph + 16 * stages + 256
+    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 16 * stages + 256
     if smem > SMEM_LIMIT:
         raise ValueError(f"{smem} B of shared memory per CTA: more than {SMEM_LIMIT}")
 
@@ -228,11 +220,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                      byte_alignment=128)  # fmt: skip
         xs = alloc.allocate_tensor(BFloat16, cute.make_layout(k_max), byte_alignment=16)
         acc = alloc.allocate_tensor(Float32, cute.make_layout(acc_len), byte_alignment=16)
-        claim = alloc.allocate_tensor(Int32, cute.make_layout(n_ph), byte_alignment=16)
         full = alloc.allocate_array(cutlass.Int64, num_elems=stages)
         empty = alloc.allocate_array(cutlass.Int64, num_elems=stages)
-        if tidx < n_ph:
-            claim[tidx] = Int32(0)
         if tidx == 0:
             for s in cutlass.range_constexpr(stages):
                 cute.arch.mbarrier_init(full + s, 1)
@@ -291,11 +280,10 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     acc[c] = Float32(0.0)
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
 
-                # The warps claim the phase's units from a shared counter: whichever warp is
-                # free takes the next filled stage (warps <= stages keeps the parity test
-                # exact: a stage's next round is never claimed before its current one).
-                j = _claim(claim, p, lane)
-                while j < mine:
+                # Units go round robin to the consumer warps; a warp owns whole units, keeps
+                # its partial sums in registers and reduces once per row.
+                first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
+                for j in range(first, mine, CONSUMER_WARPS):
                     s = (it + j) % stages
                     _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
                     if bidx == 0 and lane == 0 and it + j < 1024:
@@ -311,7 +299,6 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         if bidx == 0 and it + j < 1024:
                             _stamp(trace, mT, 2048 + it + j)
                         cute.arch.mbarrier_arrive(empty + s)
-                    j = _claim(claim, p, lane)
                 it = it + mine
 
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)

@@ -83,12 +83,11 @@ def check(layer: dict) -> list[float]:
 
 
 VARIANTS = [
-    ("ring 8, 8 warps, barriers, spinning", dict(stages=8, wait_kind="test")),
-    ("ring 12, 6 warps, barriers, spinning", dict(stages=12, warps=6, wait_kind="test")),
-    ("ring 12, 12 warps, barriers, spinning", dict(stages=12, warps=12, wait_kind="test")),
-    ("ring 12, 6 warps, no barriers, no arithmetic", dict(stages=12, warps=6, wait=False, consume=False, wait_kind="test")),
-    ("ring 12, 6 warps, no barriers", dict(stages=12, warps=6, wait=False, wait_kind="test")),
-    ("trace", dict(wait_kind="test")),
+    ("tensor-core consumers, ring 12, 6 warps, barriers", dict(stages=12, warps=6, mma=True, wait_kind="test")),
+    ("tensor-core consumers, ring 12, 6 warps, no barriers", dict(stages=12, warps=6, mma=True, wait=False, wait_kind="test")),
+    ("tensor-core consumers, ring 12, 12 warps, barriers", dict(stages=12, warps=12, mma=True, wait_kind="test")),
+    ("CUDA-core consumers, ring 12, 6 warps, barriers", dict(stages=12, warps=6, wait_kind="test")),
+    ("trace", dict(wait_kind="test", mma=True)),
 ]  # fmt: skip
 
 
@@ -129,7 +128,7 @@ def one(vi: int) -> int:
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"
     if label == "trace":
-        traced(layers, cnt, trace, sms, kw["wait_kind"], doc)
+        traced(layers, cnt, trace, sms, kw["wait_kind"], doc, kw.get("mma", False))
         path.write_text(json.dumps(doc, indent=1))
         return 0
     ok = True
@@ -179,10 +178,16 @@ def one(vi: int) -> int:
 
 
 def traced(
-    layers: list, cnt: torch.Tensor, trace: torch.Tensor, sms: int, kind: str, doc: dict
+    layers: list,
+    cnt: torch.Tensor,
+    trace: torch.Tensor,
+    sms: int,
+    kind: str,
+    doc: dict,
+    mma: bool,
 ) -> None:
     """CTA 0's pipeline: when each copy was issued, its stage filled and released (ns)."""
-    f = compile_chain(PHASES, sms, X_LEN, stages=12, warps=6, wait_kind=kind, trace=True)
+    f = compile_chain(PHASES, sms, X_LEN, stages=12, warps=6, wait_kind=kind, trace=True, mma=mma)
     cnt.zero_()
     for i in range(4):  # warm: the last launch (slot 1, layer 3) is the one read back
         trace.zero_()

@@ -151,3 +151,51 @@ def test_version_16_builds_the_small_work_list_in_one_warp(k2) -> None:
     extra = small.__ptx__.count("shfl.sync.idx") - general.__ptx__.count("shfl.sync.idx")
     assert extra == 96
     assert not _ops(small.__ptx__) & {"ld.local", "st.local"}
+
+
+def _chain_phases():
+    from agentab.kernels.cute.stream_chain import Phase
+
+    return (
+        Phase(2112, 7168, -1),
+        Phase(3072, 1536, 0),
+        Phase(4096, 256, 1),
+        Phase(2048, 512, 2),
+        Phase(7168, 2048, 3),
+        Phase(384, 7168, 4),
+        Phase(4096, 7168, 4, gate=5),
+        Phase(57344, 256, 6),
+    )
+
+
+@pytest.mark.parametrize("mma", [False, True])
+def test_stream_chain_compiles_with_bulk_copies_and_no_spills(mma: bool) -> None:
+    from agentab.kernels.cute.stream_chain import compile_chain, plan_units
+
+    phases = _chain_phases()
+    ptx = compile_chain(phases, 132, 7168, stages=12, warps=6, mma=mma).__ptx__
+    assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 1
+    assert "atom.global.acquire" in ptx and "atom.global.release" in ptx  # grid barriers
+    assert not _ops(ptx) & {"ld.local", "st.local"}
+    hmma = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+    if mma:
+        # two MMAs per lane chunk step: (rows / 8 blocks or 1) x chunks per group per row
+        steps = 0
+        for ph in phases:
+            u = plan_units(ph, 16384)
+            per_row = 8 // u.rows if u.rows < 8 else 1
+            steps += max(1, u.rows // 8) * (ph.k // 8) // (4 * per_row)
+        assert hmma == 2 * steps
+    else:
+        assert hmma == 0
+
+
+def test_stream_chain_plans_whole_rows_the_mma_consumer_can_split() -> None:
+    from agentab.kernels.cute.stream_chain import Phase, build, plan_units
+
+    assert [plan_units(p, 16384).rows for p in _chain_phases()] == [1, 4, 32, 16, 4, 1, 1, 32]
+    assert plan_units(Phase(3 * 7, 512), 16384).rows == 1  # 3, 7, 21 rows: not splittable
+    with pytest.raises(ValueError, match="6 stages: not a multiple of 4 consumer warps"):
+        build(_chain_phases(), 132, 7168, stages=6, warps=4)
+    with pytest.raises(ValueError, match="not an earlier phase"):
+        build((Phase(256, 256, 1),), 132, 256)

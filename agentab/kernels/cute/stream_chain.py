@@ -66,7 +66,13 @@ def plan_units(ph: Phase, chunk_bytes: int) -> Unit:
         raise ValueError(f"k={ph.k}: needs a multiple of 256 (32 lanes x 8 values)")
     if ph.k * 2 > chunk_bytes:
         raise ValueError(f"k={ph.k}: one row ({ph.k * 2} B) exceeds a {chunk_bytes} B stage")
-    rows = max(r for r in range(1, chunk_bytes // (ph.k * 2) + 1) if ph.n % r == 0)
+    # rows 1, 2, 4 or a multiple of 8: the tensor-core consumer gives each row 8 / rows of
+    # its 8 lane groups, or 8 rows at a time (`_unit_mma`)
+    rows = max(
+        r
+        for r in range(1, chunk_bytes // (ph.k * 2) + 1)
+        if ph.n % r == 0 and (r in (1, 2, 4) or r % 8 == 0)
+    )
     return Unit(rows, ph.n // rows)
 
 
@@ -177,9 +183,75 @@ def _row_dot(ring: cute.Tensor, xs: cute.Tensor, wvec0, vpr: cutlass.Constexpr, 
     return a8.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
 
+N_SETS = 2  # independent accumulator pairs per warp in the tensor-core consumer (MMA latency)
+
+
+@cute.jit
+def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0, acc0,
+              rows: cutlass.Constexpr, vpr: cutlass.Constexpr, lane):  # fmt: skip
+    """A unit's dot products on the tensor cores, no conversions and no shuffles.
+
+    Only the sum over a row's products matters, so a lane's 16-byte weight chunk w0..w7 is
+    taken as its whole A fragment of an m16n8k16 MMA: A rows g and g + 8 (g = lane / 4), k
+    slots {2t, 2t+1, 2t+8, 2t+9} (t = lane % 4). B column n = x values of the chunks that lanes
+    of group n hold: MMA 1 takes their x0, x1, x4, x5 (pairing with A row n), MMA 2 their
+    x2, x3, x6, x7 (pairing with A row n + 8). Then D1[n][n] + D2[n + 8][n], held by lane
+    4n + n / 2, is group n's share; the other entries are never read. Group n reads chunks of
+    row n (8+ rows per unit, 8 rows at a time) or a column share of row n % rows.
+    """
+    g = lane // 4
+    t = lane % 4
+    per_row = 8 // rows if rows < 8 else 1  # groups sharing a row
+    blocks = rows // 8 if rows >= 8 else 1
+    steps = vpr // (4 * per_row)  # chunk steps per group and row block
+    for rb in cutlass.range_constexpr(blocks):
+        d1 = []
+        d2 = []
+        for _ in cutlass.range_constexpr(N_SETS):
+            a1 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
+            a2 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
+            for i in cutlass.range_constexpr(4):
+                a1[i] = Float32(0.0)
+                a2[i] = Float32(0.0)
+            d1.append(a1)
+            d2.append(a2)
+        row = rb * 8 + g
+        sub = 0
+        if cutlass.const_expr(rows < 8):
+            row = g // per_row
+            sub = g % per_row
+        for c in cutlass.range_constexpr(steps):
+            chunk = (c * per_row + sub) * 4 + t
+            wf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+            wf.store(cute.local_tile(ring, (8,), (wvec0 + row * vpr + chunk,)).load())
+            xf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+            xf.store(cute.local_tile(xs, (8,), (chunk,)).load())
+            a = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), BFloat16)
+            for i in cutlass.range_constexpr(8):
+                a[i] = wf[i]
+            b1 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), BFloat16)
+            b2 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), BFloat16)
+            for i in cutlass.range_constexpr(2):
+                b1[i] = xf[i]
+                b1[2 + i] = xf[4 + i]
+                b2[i] = xf[2 + i]
+                b2[2 + i] = xf[6 + i]
+            cute.gemm(atom, d1[c % N_SETS], a, b1, d1[c % N_SETS])
+            cute.gemm(atom, d2[c % N_SETS], a, b2, d2[c % N_SETS])
+        if t == g // 2:
+            odd = g % 2
+            v = Float32(0.0)
+            for h in cutlass.range_constexpr(N_SETS):
+                if odd == 1:  # noqa: SIM108 (a runtime branch in the DSL)
+                    v = v + d1[h][1] + d2[h][3]
+                else:
+                    v = v + d1[h][0] + d2[h][2]
+            cute.arch.atomic_add((acc.iterator + acc0 + row).llvm_ptr, v, scope="cta")
+
+
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
-          trace: bool = False, warps: int = 6) -> Any:  # fmt: skip
+          trace: bool = False, warps: int = 6, mma: bool = False) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -188,7 +260,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     `warps` consumer warps own the ring's stages round robin; `wait_kind` picks the mbarrier
     wait (`_mwait`); `trace` has CTA 0 write %globaltimer stamps
     into the trace argument (producer issue, stage filled, stage released per ring position;
-    each phase's start and end).
+    each phase's start and end). `mma` runs the consumers' dot products on the tensor cores
+    (`_unit_mma`) instead of CUDA-core FMAs.
     """
     validate(phases)
     if stages % warps:
@@ -254,6 +327,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         )
                         it = it + 1
         else:
+            atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
             it = Int32(0)
             for p in cutlass.range_constexpr(n_ph):
                 ph = phases[p]
@@ -288,7 +362,10 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
                     if bidx == 0 and lane == 0 and it + j < 1024:
                         _stamp(trace, mT, 1024 + it + j)
-                    if cutlass.const_expr(consume):
+                    if cutlass.const_expr(consume and mma):
+                        _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), j * rows, rows, vpr,
+                                  lane)  # fmt: skip
+                    if cutlass.const_expr(consume and not mma):
                         for r in cutlass.range_constexpr(rows):
                             part = _row_dot(ring, xs, s * (chunk_el // 8) + r * vpr, vpr, lane)
                             part = cute.arch.warp_reduction_sum(part, threads_in_group=32)

@@ -110,28 +110,38 @@ WATCH = 4080
 
 
 @cute.jit
+def _poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
+    """Poll until `probe` succeeds: "test" / "try_nohint" (mbarrier `where`, parity `arg`) or
+    "count" (global counter pointer `where` >= `arg`, acquire). Gives up after WATCHDOG polls
+    and writes 1 + bidx to mT[WATCH + code]: a stuck pipeline ends with a flag, not a hung GPU."""
+    state = Int32(0)
+    n = Int32(0)
+    while state == 0:
+        if cutlass.const_expr(probe == "test"):
+            if cute.arch.mbarrier_test_wait(where, arg):
+                state = Int32(1)
+        elif cutlass.const_expr(probe == "try_nohint"):
+            if cute.arch.mbarrier_try_wait(where, arg):
+                state = Int32(1)
+        else:
+            if cute.arch.atomic_add(where, Int32(0), sem="acquire", scope="gpu") >= arg:
+                state = Int32(1)
+        n = n + 1
+        if n > WATCHDOG:
+            state = Int32(2)
+    if state == 2:
+        mT[WATCH + code] = bidx + 1
+
+
+@cute.jit
 def _mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
     """Wait for the mbarrier phase of `parity`: "try" lets the hardware suspend the thread
     (mbarrier.try_wait's time hint, what cute.arch.mbarrier_wait emits); "test" spins and
-    "try_nohint" polls try_wait without a hint, both giving up after WATCHDOG polls with a
-    report in the trace buffer (a stuck pipeline then ends with a flag, not a hung GPU)."""
+    "try_nohint" polls try_wait without a hint, both under the watchdog (`_poll`)."""
     if cutlass.const_expr(kind == "try"):
         cute.arch.mbarrier_wait(bar, parity)
     else:
-        state = Int32(0)
-        n = Int32(0)
-        while state == 0:
-            if cutlass.const_expr(kind == "test"):
-                if cute.arch.mbarrier_test_wait(bar, parity):
-                    state = Int32(1)
-            else:
-                if cute.arch.mbarrier_try_wait(bar, parity):
-                    state = Int32(1)
-            n = n + 1
-            if n > WATCHDOG:
-                state = Int32(2)
-        if state == 2:
-            mT[WATCH + code] = bidx + 1
+        _poll(kind, bar, parity, mT, code, bidx)
 
 
 @cute.jit
@@ -143,19 +153,8 @@ def _stamp(on: cutlass.Constexpr, mT: cute.Tensor, idx):
 @cute.jit
 def _wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
     """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
-    writes released before the arrivals are visible to this CTA after its next barrier.
-    Gives up after WATCHDOG polls, reporting like `_mwait`."""
-    ptr = (mCnt.iterator + idx).llvm_ptr
-    state = Int32(0)
-    n = Int32(0)
-    while state == 0:
-        if cute.arch.atomic_add(ptr, Int32(0), sem="acquire", scope="gpu") >= target:
-            state = Int32(1)
-        n = n + 1
-        if n > WATCHDOG:
-            state = Int32(2)
-    if state == 2:
-        mT[WATCH + code] = bidx + 1
+    writes released before the arrivals are visible to this CTA after its next barrier."""
+    _poll("count", (mCnt.iterator + idx).llvm_ptr, target, mT, code, bidx)
     cute.arch.fence_acq_rel_gpu()
 
 

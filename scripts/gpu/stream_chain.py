@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from agentab.kernels.cute import stream_chain
 from agentab.kernels.cute.stream_chain import (
     TRACE_LEN,
     WATCH,
@@ -86,6 +87,7 @@ VARIANTS = [
     ("tensor-core consumers, ring 12, 6 warps, barriers", dict(stages=12, warps=6, mma=True, wait_kind="test")),
     ("tensor-core consumers, ring 12, 6 warps, no barriers", dict(stages=12, warps=6, mma=True, wait=False, wait_kind="test")),
     ("tensor-core consumers, ring 12, 12 warps, barriers", dict(stages=12, warps=12, mma=True, wait_kind="test")),
+    ("tensor-core consumers, 4 accumulator sets, barriers", dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test")),
     ("CUDA-core consumers, ring 12, 6 warps, barriers", dict(stages=12, warps=6, wait_kind="test")),
     ("trace", dict(wait_kind="test", mma=True)),
 ]  # fmt: skip
@@ -133,6 +135,8 @@ def one(vi: int) -> int:
         return 0
     ok = True
     t0 = time.time()
+    kw = dict(kw)
+    stream_chain.N_SETS = kw.pop("sets", stream_chain.N_SETS)  # a module knob, read at trace time
     f = compile_chain(PHASES, sms, X_LEN, **kw)
     doc["compile_s"] = round(time.time() - t0, 1)
     checked = kw.get("wait", True) and kw.get("consume", True)

@@ -32,6 +32,7 @@ import torch
 from agentab.kernels.cute import stream_chain
 from agentab.kernels.cute.stream_chain import (
     TRACE_LEN,
+    TRACE_POSITIONS,
     WATCH,
     Phase,
     compile_chain,
@@ -199,10 +200,11 @@ def traced(
     torch.cuda.synchronize()
     t = trace.cpu().to(torch.int64)
     t0 = int(t[0])
-    issued = t[0:1024]
+    P = TRACE_POSITIONS
+    issued = t[0:P]
     n = int((issued != 0).sum())
     rel = lambda v: [int(x) - t0 for x in v]  # noqa: E731
-    iss, fil, rel_ = rel(t[0:n]), rel(t[1024 : 1024 + n]), rel(t[2048 : 2048 + n])
+    iss, fil, rel_ = rel(t[0:n]), rel(t[P : P + n]), rel(t[2 * P : 2 * P + n])
     lat = sorted(f - i for f, i in zip(fil, iss, strict=True))
     gaps = sorted(b - a for a, b in itertools.pairwise(fil))
     hold = sorted(r - f for f, r in zip(fil, rel_, strict=True))

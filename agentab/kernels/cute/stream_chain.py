@@ -16,7 +16,7 @@ the measurement of what it can reach (scripts/gpu/stream_chain.py). The layer's 
 (norms, attention, routing) would become consumer code between the same barriers.
 
 Grid barriers: after writing its rows of y_p, a CTA adds 1 to counter[slot, p] (release);
-consumers of phase q wait, one thread polling, until counter[slot, src_q] == grid (acquire).
+consumers of phase q wait, one thread polling, until counter[slot, src_q] >= grid (acquire).
 Launches alternate `slot` 0/1 and each launch zeroes the other slot's counters (the previous
 launch, which used them, has completed: no PDL), so a CUDA graph of an even number of launches
 replays without a reset kernel. The grid must be co-resident: one CTA per SM (the ring fills the
@@ -76,22 +76,22 @@ def plan_units(ph: Phase, chunk_bytes: int) -> Unit:
     return Unit(rows, ph.n // rows)
 
 
+def _starts(sizes: list[int]) -> list[int]:
+    """Each size's start in a packed buffer, then the total."""
+    offs = [0]
+    for n in sizes:
+        offs.append(offs[-1] + n)
+    return offs
+
+
 def y_offsets(phases: tuple[Phase, ...]) -> list[int]:
-    """Where each phase's output starts in the fp32 workspace."""
-    offs, at = [], 0
-    for ph in phases:
-        offs.append(at)
-        at += ph.n
-    return [*offs, at]
+    """Where each phase's output starts in the fp32 workspace (then its length)."""
+    return _starts([ph.n for ph in phases])
 
 
 def w_offsets(phases: tuple[Phase, ...]) -> list[int]:
     """Where each phase's weights start in the packed bf16 weight buffer (elements)."""
-    offs, at = [], 0
-    for ph in phases:
-        offs.append(at)
-        at += ph.n * ph.k
-    return [*offs, at]
+    return _starts([ph.n * ph.k for ph in phases])
 
 
 def validate(phases: tuple[Phase, ...]) -> None:
@@ -148,6 +148,17 @@ def _mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.
 def _stamp(on: cutlass.Constexpr, mT: cute.Tensor, idx):
     if cutlass.const_expr(on):
         mT[idx] = cute.arch.globaltimer_lo()
+
+
+TRACE_POSITIONS = 1024  # ring positions CTA 0 stamps (issue, filled, released: 3 x 1024 slots)
+
+
+@cute.jit
+def _stamp_position(on: cutlass.Constexpr, mT: cute.Tensor, kind: cutlass.Constexpr, pos, bidx):
+    """CTA 0's stamp of ring position `pos`: kind 0 issued, 1 filled, 2 released."""
+    if cutlass.const_expr(on):  # noqa: SIM102 (compile time, then runtime)
+        if bidx == 0 and pos < TRACE_POSITIONS:
+            mT[kind * TRACE_POSITIONS + pos] = cute.arch.globaltimer_lo()
 
 
 @cute.jit
@@ -316,8 +327,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     for j in range(mine):
                         s = it % stages
                         _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
-                        if bidx == 0 and it < 1024:
-                            _stamp(trace, mT, it)
+                        _stamp_position(trace, mT, 0, it, bidx)
                         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
                         u = bidx + j * grid
                         src = mW.iterator + (woff[p] + u * (ub // 2))
@@ -353,14 +363,14 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     acc[c] = Float32(0.0)
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
 
-                # Units go round robin to the consumer warps; a warp owns whole units, keeps
-                # its partial sums in registers and reduces once per row.
+                # Units go round robin to the consumer warps; a warp owns whole units and keeps
+                # its partial sums in registers until a row (or row block) is done.
                 first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
                 for j in range(first, mine, CONSUMER_WARPS):
                     s = (it + j) % stages
                     _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
-                    if bidx == 0 and lane == 0 and it + j < 1024:
-                        _stamp(trace, mT, 1024 + it + j)
+                    if lane == 0:
+                        _stamp_position(trace, mT, 1, it + j, bidx)
                     if cutlass.const_expr(consume and mma):
                         _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), j * rows, rows, vpr,
                                   lane)  # fmt: skip
@@ -372,8 +382,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                 acc[j * rows + r] = part
                     cute.arch.sync_warp()
                     if lane == 0:
-                        if bidx == 0 and it + j < 1024:
-                            _stamp(trace, mT, 2048 + it + j)
+                        _stamp_position(trace, mT, 2, it + j, bidx)
                         cute.arch.mbarrier_arrive(empty + s)
                 it = it + mine
 

@@ -3,10 +3,7 @@
 # On the GPU machine, from the repo root:  source .gpu/setup.sh && bash scripts/gpu/ab_run.sh
 # AB_BUDGET_S (default 400) bounds the measuring; logs and JSON land in $OUT.
 set -uo pipefail
-OUT=${OUT:-out}
-export OUT
-mkdir -p "$OUT"
-source .gpu/setup.sh || exit 1
-export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::DeprecationWarning
+source scripts/gpu/prologue.sh
+export PYTHONWARNINGS=ignore::DeprecationWarning
 python3 scripts/gpu/ab.py 2>&1 | tee "$OUT/ab.log"
 exit "${PIPESTATUS[0]}"

@@ -2,11 +2,8 @@
 # Session 3's device call: explore.py (read ceilings, PDL trigger A/B, checks), then Nsight
 # Compute on the CuTe DSL kernels at batch 1 and 64. Logs under $OUT.
 set -uo pipefail
-OUT=${OUT:-out}
-export OUT
-mkdir -p "$OUT"
-source .gpu/setup.sh || exit 1
-export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore::DeprecationWarning
+source scripts/gpu/prologue.sh
+export PYTHONWARNINGS=ignore::DeprecationWarning
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/env.log"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ "${NCU_FIRST:-1}" = 1 ]; then

@@ -4,10 +4,7 @@
 # Environment overrides: CHECK_BATCHES (default 1-64), BENCH_BATCHES (1,2,4,8,16,32,64),
 # CONTEXT (4096), CHECK_CONTEXT (512), STANDARD_EXTRA (128,256,512), CHECK_TIMEOUT (s, 300).
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
-source .gpu/setup.sh || exit 1
-export PYTHONUNBUFFERED=1
+source scripts/gpu/prologue.sh
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
   python3 -c 'import torch, cutlass; print("torch", torch.__version__, "cuda", torch.version.cuda)'

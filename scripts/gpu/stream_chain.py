@@ -14,7 +14,7 @@ checked against torch (fp32) on the kernel's own inputs; then 4 layers per CUDA 
 far above L2) are timed, median of 50 replays.
 
 Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
-Each variant runs in its own process (75 s limit); writes $OUT/stream_chain_<variant>.json.
+Each variant runs in its own process (LIMIT_S); writes $OUT/stream_chain_<variant>.json.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from pathlib import Path
 
 import torch
 
-from agentab.kernels.cute import stream_chain
 from agentab.kernels.cute.stream_chain import (
     TRACE_LEN,
     TRACE_POSITIONS,
@@ -42,6 +41,7 @@ from agentab.kernels.cute.stream_chain import (
 from agentab.kernels.harness import capture, time_replays
 
 OUT = Path(os.environ.get("OUT", "out"))
+LIMIT_S = 120  # per variant (the 4-layer launches compile 4x the code)
 PHASES = (
     Phase(2112, 7168, -1),  # 0 qkv_a (input norm would go here)
     Phase(3072, 1536, 0),  # 1 q_b
@@ -55,27 +55,41 @@ PHASES = (
     Phase(7168, 256, 7),  # 9 shared expert down
     Phase(57344, 256, 8),  # 10 routed experts down (8 x 7168 rows)
 )
-LAYERS = 4
+LAYERS = 4  # per CUDA graph (730 MB of weights, far above L2)
 X_LEN = 7168
 
 
-def make_layer(dev: torch.device) -> dict:
-    w = torch.empty(w_offsets(PHASES)[-1], device=dev, dtype=torch.bfloat16)
-    wo = w_offsets(PHASES)
-    for i, ph in enumerate(PHASES):
+def stacked(layers: int) -> tuple[Phase, ...]:
+    """`layers` layers' phases in one launch: layer l + 1's input is layer l's last output, as
+    a persistent kernel over a model's layers would see it (no launch between layers)."""
+    n = len(PHASES)
+    out = []
+    for la in range(layers):
+        for p, ph in enumerate(PHASES):
+            src = ph.src + n * la if ph.src >= 0 else (n * la - 1 if la else -1)
+            gate = ph.gate + n * la if ph.gate >= 0 else -1
+            out.append(Phase(ph.n, ph.k, src, gate))
+            assert p != 0 or src < 0 or out[src].n >= ph.k
+    return tuple(out)
+
+
+def make_layer(dev: torch.device, phases: tuple[Phase, ...]) -> dict:
+    w = torch.empty(w_offsets(phases)[-1], device=dev, dtype=torch.bfloat16)
+    wo = w_offsets(phases)
+    for i, ph in enumerate(phases):
         w[wo[i] : wo[i + 1]] = (torch.randn(ph.n * ph.k, device=dev) / ph.k**0.5).to(torch.bfloat16)
     return {
         "w": w,
         "x": torch.randn(X_LEN, device=dev).to(torch.bfloat16),
-        "y": torch.zeros(y_offsets(PHASES)[-1], device=dev, dtype=torch.float32),
+        "y": torch.zeros(y_offsets(phases)[-1], device=dev, dtype=torch.float32),
     }
 
 
-def check(layer: dict) -> list[float]:
+def check(layer: dict, phases: tuple[Phase, ...]) -> list[float]:
     """Per phase: max |y - W x| / max |W x| on the kernel's own inputs."""
-    wo, yo = w_offsets(PHASES), y_offsets(PHASES)
+    wo, yo = w_offsets(phases), y_offsets(phases)
     errs = []
-    for i, ph in enumerate(PHASES):
+    for i, ph in enumerate(phases):
         x = layer["x"].float() if ph.src < 0 else layer["y"][yo[ph.src] : yo[ph.src] + ph.k]
         x = x[: ph.k].to(torch.bfloat16).float()  # the kernel stages its input as bf16
         ref = layer["w"][wo[i] : wo[i + 1]].view(ph.n, ph.k).float() @ x
@@ -84,13 +98,18 @@ def check(layer: dict) -> list[float]:
     return errs
 
 
+MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test")
 VARIANTS = [
-    ("tensor-core consumers, ring 12, 6 warps, barriers", dict(stages=12, warps=6, mma=True, wait_kind="test")),
-    ("tensor-core consumers, ring 12, 6 warps, no barriers", dict(stages=12, warps=6, mma=True, wait=False, wait_kind="test")),
-    ("tensor-core consumers, ring 12, 12 warps, barriers", dict(stages=12, warps=12, mma=True, wait_kind="test")),
-    ("tensor-core consumers, 4 accumulator sets, barriers", dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test")),
-    ("CUDA-core consumers, ring 12, 6 warps, barriers", dict(stages=12, warps=6, wait_kind="test")),
-    ("trace", dict(wait_kind="test", mma=True)),
+    ("stream alone (no arithmetic, no barriers)", dict(stages=12, warps=6, consume=False, wait=False, wait_kind="test")),
+    ("barriers, no arithmetic", dict(stages=12, warps=6, consume=False, wait_kind="test")),
+    ("tensor cores, 4 sets, barriers (red/ld)", dict(MMA)),
+    ("  same, barriers by atomics", dict(MMA, sync="atomic")),
+    ("  same, no rotation", dict(MMA, rotate=False)),
+    ("  same, try_wait polls", dict(MMA, wait_kind="try_nohint")),
+    ("  same, no barriers", dict(MMA, wait=False)),
+    ("  same, 4 layers per launch", dict(MMA, layers=4)),
+    ("stream alone, 4 layers per launch", dict(stages=12, warps=6, consume=False, wait=False, wait_kind="test", layers=4)),
+    ("trace", dict(MMA)),
 ]  # fmt: skip
 
 
@@ -105,14 +124,14 @@ def main() -> int:
         env = dict(os.environ, CHAIN_ONE=str(vi))
         try:
             r = subprocess.run(
-                [sys.executable, __file__], env=env, timeout=75, capture_output=True, text=True
+                [sys.executable, __file__], env=env, timeout=LIMIT_S, capture_output=True, text=True
             )
             print(r.stdout.strip() or f"{label}: no output", flush=True)
             if r.returncode:
                 print(f"{label}: exit {r.returncode}: {r.stderr.strip()[-600:]}", flush=True)
                 status = 1
         except subprocess.TimeoutExpired:
-            print(f"{label}: TIMEOUT (75 s)", flush=True)
+            print(f"{label}: TIMEOUT ({LIMIT_S} s)", flush=True)
             status = 1
     return status
 
@@ -121,24 +140,26 @@ def one(vi: int) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    total = w_offsets(PHASES)[-1] * 2
     label, kw = VARIANTS[vi]
+    kw = dict(kw)
+    per_launch = kw.pop("layers", 1)
+    phases = stacked(per_launch)
+    launches = max(2, LAYERS // per_launch)  # even: the launches alternate counter slots
+    total = w_offsets(PHASES)[-1] * 2
     doc: dict = {"device": torch.cuda.get_device_name(dev), "sms": sms, "bytes": total,
-                 "variant": label, "options": kw}  # fmt: skip
+                 "variant": label, "options": kw, "layers_per_launch": per_launch}  # fmt: skip
     torch.manual_seed(0)
-    layers = [make_layer(dev) for _ in range(LAYERS)]
-    cnt = torch.zeros(2, len(PHASES), device=dev, dtype=torch.int32)
+    layers = [make_layer(dev, phases) for _ in range(launches)]
+    cnt = torch.zeros(2, len(phases), device=dev, dtype=torch.int32)
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"
     if label == "trace":
-        traced(layers, cnt, trace, sms, kw["wait_kind"], doc, kw.get("mma", False))
+        traced(layers, cnt, trace, sms, kw, doc)
         path.write_text(json.dumps(doc, indent=1))
         return 0
     ok = True
     t0 = time.time()
-    kw = dict(kw)
-    stream_chain.N_SETS = kw.pop("sets", stream_chain.N_SETS)  # a module knob, read at trace time
-    f = compile_chain(PHASES, sms, X_LEN, **kw)
+    f = compile_chain(phases, sms, X_LEN, **kw)
     doc["compile_s"] = round(time.time() - t0, 1)
     checked = kw.get("wait", True) and kw.get("consume", True)
     cnt.zero_()
@@ -156,7 +177,7 @@ def one(vi: int) -> int:
         path.write_text(json.dumps(doc, indent=1))
         return 1
     if checked:
-        errs = check(layers[0]) + check(layers[1])
+        errs = check(layers[0], phases) + check(layers[1], phases)
         doc["max_rel_err"] = max(errs)
         ok = max(errs) <= 1e-3
         print(f"{label}: check max rel err {max(errs):.2e} ({'ok' if ok else 'FAIL'})")
@@ -168,11 +189,11 @@ def one(vi: int) -> int:
 
     g, _ = capture(step)
     t = time_replays(g, iters=50, warmup=5)
-    us = t["median"] / LAYERS
+    us = t["median"] / (launches * per_launch)
     doc.update({"us_per_layer": round(us, 2), "tb_s": round(total / us / 1e6, 3),
                 "roofline": round(total / us / 1e6 / 4.3, 3), "s": round(time.time() - t0, 1)})  # fmt: skip
     if checked:
-        errs = check(layers[0])
+        errs = check(layers[0], phases)
         doc["max_rel_err_after_replays"] = max(errs)
         ok = ok and max(errs) <= 1e-3
     print(
@@ -182,21 +203,16 @@ def one(vi: int) -> int:
     return 0 if ok else 1
 
 
-def traced(
-    layers: list,
-    cnt: torch.Tensor,
-    trace: torch.Tensor,
-    sms: int,
-    kind: str,
-    doc: dict,
-    mma: bool,
-) -> None:
-    """CTA 0's pipeline: when each copy was issued, its stage filled and released (ns)."""
-    f = compile_chain(PHASES, sms, X_LEN, stages=12, warps=6, wait_kind=kind, trace=True, mma=mma)
+def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, sms: int, kw: dict,
+           doc: dict) -> None:  # fmt: skip
+    """CTA 0's pipeline: when each copy was issued, its stage seen filled and released, and
+    each phase's input ready / staged, units done, arrival (ns; all positions in the JSON)."""
+    f = compile_chain(PHASES, sms, X_LEN, trace=True, **kw)
     cnt.zero_()
-    for i in range(4):  # warm: the last launch (slot 1, layer 3) is the one read back
+    for i in range(4):  # warm: the last launch (slot 1) is the one read back
         trace.zero_()
-        f(layers[i]["w"], layers[i]["x"], layers[i]["y"], cnt, i % 2, trace)
+        lay = layers[i % len(layers)]
+        f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace)
     torch.cuda.synchronize()
     t = trace.cpu().to(torch.int64)
     t0 = int(t[0])
@@ -208,15 +224,19 @@ def traced(
     lat = sorted(f - i for f, i in zip(fil, iss, strict=True))
     gaps = sorted(b - a for a, b in itertools.pairwise(fil))
     hold = sorted(r - f for f, r in zip(fil, rel_, strict=True))
-    info = {"wait_kind": kind, "positions": n, "end_ns": max(rel_),
+    n_ph = len(PHASES)
+    info = {"options": kw, "positions": n, "end_ns": max(rel_),
             "issue_to_filled_ns_p10_p50_p90": [lat[n // 10], lat[n // 2], lat[9 * n // 10]],
             "filled_gap_ns_p50_p90": [gaps[len(gaps) // 2], gaps[9 * len(gaps) // 10]],
             "filled_to_released_ns_p50_p90": [hold[n // 2], hold[9 * n // 10]],
-            "phase_start_ns": rel(t[3072 : 3072 + len(PHASES)]),
-            "phase_end_ns": rel(t[3136 : 3136 + len(PHASES)]),
-            "issue_ns_first_40": iss[:40], "filled_ns_first_40": fil[:40]}  # fmt: skip
+            "phase_ready_ns": rel(t[3072 : 3072 + n_ph]),
+            "phase_staged_ns": rel(t[3200 : 3200 + n_ph]),
+            "phase_done_ns": rel(t[3264 : 3264 + n_ph]),
+            "phase_arrived_ns": rel(t[3136 : 3136 + n_ph]),
+            "issued_ns": iss, "filled_ns": fil, "released_ns": rel_}  # fmt: skip
     doc["trace"] = info
-    print(json.dumps({k: v for k, v in info.items() if not k.endswith("first_40")}), flush=True)
+    short = {k: v for k, v in info.items() if k not in ("issued_ns", "filled_ns", "released_ns")}
+    print(json.dumps(short), flush=True)
 
 
 if __name__ == "__main__":

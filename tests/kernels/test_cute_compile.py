@@ -175,7 +175,9 @@ def test_stream_chain_compiles_with_bulk_copies_and_no_spills(mma: bool) -> None
     phases = _chain_phases()
     ptx = compile_chain(phases, 132, 7168, stages=12, warps=6, mma=mma).__ptx__
     assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 1
-    assert "atom.global.acquire" in ptx and "atom.global.release" in ptx  # grid barriers
+    # grid barriers: arrivals by red.release, polls by ld.acquire (no RMW at the polled address)
+    assert "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
+    assert "atom.global" not in ptx
     assert not _ops(ptx) & {"ld.local", "st.local"}
     hmma = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
     if mma:

@@ -103,6 +103,7 @@ def validate(phases: tuple[Phase, ...]) -> None:
 
 
 TRACE_LEN = 4096  # int32 stamps: issue / filled / released per ring position (< 1024), phases
+# (3072 + p: input ready, 3136 + p: arrived, 3200 + p: input staged, 3264 + p: units done)
 
 
 WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
@@ -112,8 +113,9 @@ WATCH = 4080
 @cute.jit
 def _poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
     """Poll until `probe` succeeds: "test" / "try_nohint" (mbarrier `where`, parity `arg`) or
-    "count" (global counter pointer `where` >= `arg`, acquire). Gives up after WATCHDOG polls
-    and writes 1 + bidx to mT[WATCH + code]: a stuck pipeline ends with a flag, not a hung GPU."""
+    "count" / "load" (global counter pointer `where` >= `arg`: atom.add 0 / ld, acquire).
+    Gives up after WATCHDOG polls and writes 1 + bidx to mT[WATCH + code]: a stuck pipeline
+    ends with a flag, not a hung GPU."""
     state = Int32(0)
     n = Int32(0)
     while state == 0:
@@ -122,6 +124,9 @@ def _poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.C
                 state = Int32(1)
         elif cutlass.const_expr(probe == "try_nohint"):
             if cute.arch.mbarrier_try_wait(where, arg):
+                state = Int32(1)
+        elif cutlass.const_expr(probe == "load"):
+            if cute.arch.load(where, Int32, sem="acquire", scope="gpu") >= arg:
                 state = Int32(1)
         else:
             if cute.arch.atomic_add(where, Int32(0), sem="acquire", scope="gpu") >= arg:
@@ -162,11 +167,25 @@ def _stamp_position(on: cutlass.Constexpr, mT: cute.Tensor, kind: cutlass.Conste
 
 
 @cute.jit
-def _wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
+def _wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
+                sync: cutlass.Constexpr):  # fmt: skip
     """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
     writes released before the arrivals are visible to this CTA after its next barrier."""
-    _poll("count", (mCnt.iterator + idx).llvm_ptr, target, mT, code, bidx)
+    _poll("load" if sync == "red" else "count", (mCnt.iterator + idx).llvm_ptr, target, mT, code,
+          bidx)  # fmt: skip
     cute.arch.fence_acq_rel_gpu()
+
+
+@cute.jit
+def _arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
+    """One thread adds this CTA's arrival to counter `idx`, releasing the CTA's writes (which
+    the preceding named barrier ordered before this thread's): red.release needs no reply."""
+    ptr = (mCnt.iterator + idx).llvm_ptr
+    if cutlass.const_expr(sync == "red"):
+        cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+    else:
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.atomic_add(ptr, Int32(1), sem="release", scope="gpu")
 
 
 @cute.jit
@@ -193,12 +212,10 @@ def _row_dot(ring: cute.Tensor, xs: cute.Tensor, wvec0, vpr: cutlass.Constexpr, 
     return a8.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
 
 
-N_SETS = 2  # independent accumulator pairs per warp in the tensor-core consumer (MMA latency)
-
-
 @cute.jit
 def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0, acc0,
-              rows: cutlass.Constexpr, vpr: cutlass.Constexpr, lane):  # fmt: skip
+              rows: cutlass.Constexpr, vpr: cutlass.Constexpr, sets: cutlass.Constexpr,
+              lane):  # fmt: skip
     """A unit's dot products on the tensor cores, no conversions and no shuffles.
 
     Only the sum over a row's products matters, so a lane's 16-byte weight chunk w0..w7 is
@@ -207,7 +224,8 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
     of group n hold: MMA 1 takes their x0, x1, x4, x5 (pairing with A row n), MMA 2 their
     x2, x3, x6, x7 (pairing with A row n + 8). Then D1[n][n] + D2[n + 8][n], held by lane
     4n + n / 2, is group n's share; the other entries are never read. Group n reads chunks of
-    row n (8+ rows per unit, 8 rows at a time) or a column share of row n % rows.
+    row n (8+ rows per unit, 8 rows at a time) or a column share of row n % rows. `sets`
+    independent accumulator pairs take the steps in turn (the MMAs' dependency chains).
     """
     g = lane // 4
     t = lane % 4
@@ -217,7 +235,7 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
     for rb in cutlass.range_constexpr(blocks):
         d1 = []
         d2 = []
-        for _ in cutlass.range_constexpr(N_SETS):
+        for _ in cutlass.range_constexpr(sets):
             a1 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
             a2 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
             for i in cutlass.range_constexpr(4):
@@ -246,12 +264,12 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
                 b1[2 + i] = xf[4 + i]
                 b2[i] = xf[2 + i]
                 b2[2 + i] = xf[6 + i]
-            cute.gemm(atom, d1[c % N_SETS], a, b1, d1[c % N_SETS])
-            cute.gemm(atom, d2[c % N_SETS], a, b2, d2[c % N_SETS])
+            cute.gemm(atom, d1[c % sets], a, b1, d1[c % sets])
+            cute.gemm(atom, d2[c % sets], a, b2, d2[c % sets])
         if t == g // 2:
             odd = g % 2
             v = Float32(0.0)
-            for h in cutlass.range_constexpr(N_SETS):
+            for h in cutlass.range_constexpr(sets):
                 if odd == 1:  # noqa: SIM108 (a runtime branch in the DSL)
                     v = v + d1[h][1] + d2[h][3]
                 else:
@@ -261,7 +279,8 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
 
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
-          trace: bool = False, warps: int = 6, mma: bool = False) -> Any:  # fmt: skip
+          trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
+          rotate: bool = True, sync: str = "red") -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -271,7 +290,12 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     wait (`_mwait`); `trace` has CTA 0 write %globaltimer stamps
     into the trace argument (producer issue, stage filled, stage released per ring position;
     each phase's start and end). `mma` runs the consumers' dot products on the tensor cores
-    (`_unit_mma`) instead of CUDA-core FMAs.
+    (`_unit_mma`, `sets` accumulator pairs) instead of CUDA-core FMAs. `rotate` starts each
+    phase's round robin of units where the previous phase's left off, so the CTAs that take a
+    phase's spare units differ from phase to phase (without it CTA 0 takes every spare: 3.8%
+    more bytes than the mean). `sync` picks the grid barrier's instructions: "red" (arrival by
+    red.release, polling by ld.acquire: no read-modify-write at the polled address) or
+    "atomic" (fence + atom.release, polling by atom.add 0 with acquire).
     """
     validate(phases)
     if stages % warps:
@@ -283,6 +307,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     CONSUMERS = 32 * warps
     units = [plan_units(ph, chunk_bytes) for ph in phases]
     n_ph = len(phases)
+    rot = _starts([u.units % grid if rotate else 0 for u in units])  # phase p's first CTA
     yoff, woff = y_offsets(phases), w_offsets(phases)
     k_max = max(max(ph.k for ph in phases), x_len)
     acc_len = max(-(-u.units // grid) * u.rows for u in units)
@@ -321,15 +346,17 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 it = Int32(0)
                 for p in cutlass.range_constexpr(n_ph):
                     if cutlass.const_expr(wait and phases[p].gate >= 0):
-                        _wait_count(mCnt, slot * n_ph + phases[p].gate, grid, mT, 2, bidx)
+                        _wait_count(mCnt, slot * n_ph + phases[p].gate, grid, mT, 2, bidx,
+                                    sync)  # fmt: skip
                     ub = units[p].bytes(phases[p].k)
-                    mine = (units[p].units - bidx + grid - 1) // grid
+                    b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
+                    mine = (units[p].units - b + grid - 1) // grid
                     for j in range(mine):
                         s = it % stages
                         _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
                         _stamp_position(trace, mT, 0, it, bidx)
                         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
-                        u = bidx + j * grid
+                        u = b + j * grid
                         src = mW.iterator + (woff[p] + u * (ub // 2))
                         nvvm.cp_async_bulk_shared_cluster_global(
                             ring.iterator + s * chunk_el, src, full + s, ub
@@ -342,11 +369,12 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 ph = phases[p]
                 rows = units[p].rows
                 vpr = ph.k // 8  # 16-byte vectors per row
-                mine = (units[p].units - bidx + grid - 1) // grid
+                b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
+                mine = (units[p].units - b + grid - 1) // grid
                 # Wait for the input (one thread polls; the rest wait at the named barrier).
                 if cutlass.const_expr(wait and ph.src >= 0):
                     if tidx == 0:
-                        _wait_count(mCnt, slot * n_ph + ph.src, grid, mT, 3 + p, bidx)
+                        _wait_count(mCnt, slot * n_ph + ph.src, grid, mT, 3 + p, bidx, sync)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3072 + p)
@@ -362,6 +390,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 for c in range(tidx, acc_len, CONSUMERS):
                     acc[c] = Float32(0.0)
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                if bidx == 0 and tidx == 0:
+                    _stamp(trace, mT, 3200 + p)
 
                 # Units go round robin to the consumer warps; a warp owns whole units and keeps
                 # its partial sums in registers until a row (or row block) is done.
@@ -373,7 +403,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         _stamp_position(trace, mT, 1, it + j, bidx)
                     if cutlass.const_expr(consume and mma):
                         _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), j * rows, rows, vpr,
-                                  lane)  # fmt: skip
+                                  sets, lane)  # fmt: skip
                     if cutlass.const_expr(consume and not mma):
                         for r in cutlass.range_constexpr(rows):
                             part = _row_dot(ring, xs, s * (chunk_el // 8) + r * vpr, vpr, lane)
@@ -387,17 +417,15 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 it = it + mine
 
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                if bidx == 0 and tidx == 0:
+                    _stamp(trace, mT, 3264 + p)
                 for c in range(tidx, mine * rows, CONSUMERS):
                     j = c // rows
                     r = c % rows
-                    mY[yoff[p] + (bidx + j * grid) * rows + r] = acc[c]
+                    mY[yoff[p] + (b + j * grid) * rows + r] = acc[c]
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if tidx == 0:
-                    cute.arch.fence_acq_rel_gpu()
-                    cute.arch.atomic_add(
-                        (mCnt.iterator + slot * n_ph + p).llvm_ptr, Int32(1),
-                        sem="release", scope="gpu",
-                    )  # fmt: skip
+                    _arrive_count(mCnt, slot * n_ph + p, sync)
                     if bidx == 0:
                         _stamp(trace, mT, 3136 + p)
 

@@ -81,34 +81,42 @@ def make_layer(dev: torch.device, phases: tuple[Phase, ...]) -> dict:
     return {
         "w": w,
         "x": torch.randn(X_LEN, device=dev).to(torch.bfloat16),
-        "y": torch.zeros(y_offsets(phases)[-1], device=dev, dtype=torch.float32),
+        "y": torch.zeros(y_offsets(phases)[-1], device=dev, dtype=torch.int64),  # flagged words
     }
 
 
-def check(layer: dict, phases: tuple[Phase, ...]) -> list[float]:
-    """Per phase: max |y - W x| / max |W x| on the kernel's own inputs."""
+def values(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flagged words' fp32 values and int32 flags."""
+    pairs = y.view(torch.int32).view(-1, 2)
+    return pairs[:, 0].view(torch.float32), pairs[:, 1]
+
+
+def check(layer: dict, phases: tuple[Phase, ...], flag: int | None = None) -> list[float]:
+    """Per phase: max |y - W x| / max |W x| on the kernel's own inputs; with `flag`, every
+    output word must carry it (1.0 is returned for a phase with a stale word)."""
     wo, yo = w_offsets(phases), y_offsets(phases)
+    y, flags = values(layer["y"])
     errs = []
     for i, ph in enumerate(phases):
-        x = layer["x"].float() if ph.src < 0 else layer["y"][yo[ph.src] : yo[ph.src] + ph.k]
+        if flag is not None and not bool((flags[yo[i] : yo[i + 1]] == flag).all()):
+            errs.append(1.0)
+            continue
+        x = layer["x"].float() if ph.src < 0 else y[yo[ph.src] : yo[ph.src] + ph.k]
         x = x[: ph.k].to(torch.bfloat16).float()  # the kernel stages its input as bf16
         ref = layer["w"][wo[i] : wo[i + 1]].view(ph.n, ph.k).float() @ x
-        got = layer["y"][yo[i] : yo[i + 1]]
+        got = y[yo[i] : yo[i + 1]]
         errs.append(((got - ref).abs().max() / ref.abs().max()).item())
     return errs
 
 
-MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test")
+MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test", sync="flags")
 VARIANTS = [
-    ("stream alone (no arithmetic, no barriers)", dict(stages=12, warps=6, consume=False, wait=False, wait_kind="test")),
-    ("barriers, no arithmetic", dict(stages=12, warps=6, consume=False, wait_kind="test")),
-    ("tensor cores, 4 sets, barriers (red/ld)", dict(MMA)),
-    ("  same, barriers by atomics", dict(MMA, sync="atomic")),
-    ("  same, no rotation", dict(MMA, rotate=False)),
-    ("  same, try_wait polls", dict(MMA, wait_kind="try_nohint")),
-    ("  same, no barriers", dict(MMA, wait=False)),
-    ("  same, 4 layers per launch", dict(MMA, layers=4)),
-    ("stream alone, 4 layers per launch", dict(stages=12, warps=6, consume=False, wait=False, wait_kind="test", layers=4)),
+    ("tensor cores, 4 sets, flagged words", dict(MMA)),
+    ("flagged words, no arithmetic", dict(MMA, consume=False)),
+    ("  same, 2 sets", dict(MMA, sets=2)),
+    ("  same, 12 warps", dict(MMA, warps=12)),
+    ("tensor cores, 4 sets, counters (red/ld)", dict(MMA, sync="red")),
+    ("stream alone (no arithmetic, no barriers)", dict(MMA, consume=False, wait=False)),
     ("trace", dict(MMA)),
 ]  # fmt: skip
 
@@ -152,9 +160,10 @@ def one(vi: int) -> int:
     layers = [make_layer(dev, phases) for _ in range(launches)]
     cnt = torch.zeros(2, len(phases), device=dev, dtype=torch.int32)
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
+    epoch = torch.zeros(2, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"
     if label == "trace":
-        traced(layers, cnt, trace, sms, kw, doc)
+        traced(layers, cnt, trace, epoch, sms, kw, doc)
         path.write_text(json.dumps(doc, indent=1))
         return 0
     ok = True
@@ -165,9 +174,12 @@ def one(vi: int) -> int:
     cnt.zero_()
     for lay in layers[:2]:
         lay["y"].zero_()
-    f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0, trace)
-    f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1, trace)
+    f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0, trace, epoch)
+    f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1, trace, epoch)
     torch.cuda.synchronize()
+    if epoch.tolist() != [2, 0]:
+        print(f"{label}: epoch {epoch.tolist()} after two launches, expected [2, 0]")
+        return 1
     flags = trace[WATCH : WATCH + 16].tolist()
     if any(flags):
         print(
@@ -177,7 +189,7 @@ def one(vi: int) -> int:
         path.write_text(json.dumps(doc, indent=1))
         return 1
     if checked:
-        errs = check(layers[0], phases) + check(layers[1], phases)
+        errs = check(layers[0], phases, 1) + check(layers[1], phases, 2)
         doc["max_rel_err"] = max(errs)
         ok = max(errs) <= 1e-3
         print(f"{label}: check max rel err {max(errs):.2e} ({'ok' if ok else 'FAIL'})")
@@ -185,15 +197,15 @@ def one(vi: int) -> int:
 
     def step(f=f):
         for i, lay in enumerate(layers):
-            f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace)
+            f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace, epoch)
 
     g, _ = capture(step)
     t = time_replays(g, iters=50, warmup=5)
     us = t["median"] / (launches * per_launch)
     doc.update({"us_per_layer": round(us, 2), "tb_s": round(total / us / 1e6, 3),
                 "roofline": round(total / us / 1e6 / 4.3, 3), "s": round(time.time() - t0, 1)})  # fmt: skip
-    if checked:
-        errs = check(layers[0], phases)
+    if checked:  # the last replay's words: launch 0 of it wrote flag epoch - launches + 1
+        errs = check(layers[0], phases, int(epoch[0]) - launches + 1)
         doc["max_rel_err_after_replays"] = max(errs)
         ok = ok and max(errs) <= 1e-3
     print(
@@ -203,8 +215,8 @@ def one(vi: int) -> int:
     return 0 if ok else 1
 
 
-def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, sms: int, kw: dict,
-           doc: dict) -> None:  # fmt: skip
+def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Tensor, sms: int,
+           kw: dict, doc: dict) -> None:  # fmt: skip
     """CTA 0's pipeline: when each copy was issued, its stage seen filled and released, and
     each phase's input ready / staged, units done, arrival (ns; all positions in the JSON)."""
     f = compile_chain(PHASES, sms, X_LEN, trace=True, **kw)
@@ -212,7 +224,7 @@ def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, sms: int, kw: d
     for i in range(4):  # warm: the last launch (slot 1) is the one read back
         trace.zero_()
         lay = layers[i % len(layers)]
-        f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace)
+        f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace, epoch)
     torch.cuda.synchronize()
     t = trace.cpu().to(torch.int64)
     t0 = int(t[0])

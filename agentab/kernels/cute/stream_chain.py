@@ -29,10 +29,11 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32
+from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.flagged import ld_flagged2, st_flagged
 
 SMEM_LIMIT = 227 * 1024  # Hopper's largest dynamic shared memory per CTA
 
@@ -190,13 +191,68 @@ def _arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
 
 @cute.jit
 def _stage_x(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, v, from_x: cutlass.Constexpr,
-             y_vec0: cutlass.Constexpr):  # fmt: skip
-    """xs vector v (8 bf16) = layer input vector v, or output vector y_vec0 + v (8 fp32)."""
+             y0: cutlass.Constexpr, flag):  # fmt: skip
+    """xs vector v (8 bf16) = layer input vector v, or the flagged words y0 + 8 v .. + 7.
+    Returns 1 when all 8 words carried `flag` (always 1 for the layer input)."""
+    ok = Int32(1)
     if cutlass.const_expr(from_x):
         cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
     else:
-        val = cute.local_tile(mY, (8,), (y_vec0 + v,)).load()
-        cute.local_tile(xs, (8,), (v,)).store(val.to(BFloat16))
+        frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+        for q in cutlass.range_constexpr(4):
+            a, fa, b, fb = ld_flagged2((mY.iterator + (y0 + v * 8 + 2 * q)).llvm_ptr)
+            frag[2 * q] = a.to(BFloat16)
+            frag[2 * q + 1] = b.to(BFloat16)
+            ok = ok & Int32(fa == flag) & Int32(fb == flag)
+        cute.local_tile(xs, (8,), (v,)).store(frag.load())
+    return ok
+
+
+@cute.jit
+def _stage_input(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.Constexpr,
+                 src: cutlass.Constexpr, y0: cutlass.Constexpr, flag, poll: cutlass.Constexpr,
+                 tidx, threads: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr,
+                 bidx):  # fmt: skip
+    """Stage a phase's k input values into xs as bf16, every 16-byte load of this thread in
+    flight at once (one latency per phase). `poll`: reload until every word carries `flag`
+    (the flagged-word grid sync), under the watchdog."""
+    done = Int32(0)
+    n = Int32(0)
+    while done == 0:
+        done = Int32(1)
+        for i in cutlass.range_constexpr((k // 8 + threads - 1) // threads):
+            v = tidx + i * threads
+            if cutlass.const_expr((i + 1) * threads <= k // 8):
+                done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
+            else:
+                if v < k // 8:
+                    done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
+        if cutlass.const_expr(not poll):
+            done = Int32(1)
+        n = n + 1
+        if n > WATCHDOG:
+            mT[WATCH + code] = bidx + 1
+            done = Int32(1)
+
+
+@cute.jit
+def _wait_flagged(mY: cute.Tensor, y0: cutlass.Constexpr, n: cutlass.Constexpr, flag, lane,
+                  mT: cute.Tensor, code: cutlass.Constexpr, bidx):  # fmt: skip
+    """A whole warp polls until the n flagged words from y0 all carry `flag`."""
+    done = Int32(0)
+    polls = Int32(0)
+    while done == 0:
+        ok = Int32(1)
+        for i in cutlass.range_constexpr((n // 2 + 31) // 32):
+            pair = lane + 32 * i
+            if pair < n // 2:
+                _, fa, _, fb = ld_flagged2((mY.iterator + (y0 + 2 * pair)).llvm_ptr)
+                ok = ok & Int32(fa == flag) & Int32(fb == flag)
+        done = Int32(cute.arch.vote_all_sync(ok == 1))
+        polls = polls + 1
+        if polls > WATCHDOG:
+            mT[WATCH + code] = bidx + 1
+            done = Int32(1)
 
 
 @cute.jit
@@ -293,11 +349,15 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     (`_unit_mma`, `sets` accumulator pairs) instead of CUDA-core FMAs. `rotate` starts each
     phase's round robin of units where the previous phase's left off, so the CTAs that take a
     phase's spare units differ from phase to phase (without it CTA 0 takes every spare: 3.8%
-    more bytes than the mean). `sync` picks the grid barrier's instructions: "red" (arrival by
-    red.release, polling by ld.acquire: no read-modify-write at the polled address) or
-    "atomic" (fence + atom.release, polling by atom.add 0 with acquire).
+    more bytes than the mean). `sync` picks the grid barrier: "flags" (no barrier: each output
+    word carries the launch's flag, readers poll the words themselves, `flagged.py`), "red"
+    (counters: arrival by red.release, polling by ld.acquire) or "atomic" (counters: fence +
+    atom.release, polling by atom.add 0 with acquire).
     """
     validate(phases)
+    if sync not in ("flags", "red", "atomic"):
+        raise ValueError(f"sync={sync!r}: one of flags, red, atomic")
+    flags = sync == "flags"
     if stages % warps:
         # Position q lives in stage q % stages and belongs to warp q % warps: only when the
         # warps divide the stages does each stage keep one owner, so that no warp waits on a
@@ -312,13 +372,13 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     k_max = max(max(ph.k for ph in phases), x_len)
     acc_len = max(-(-u.units // grid) * u.rows for u in units)
     chunk_el = chunk_bytes // 2
-    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 16 * stages + 256
+    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 16 * stages + 256 + 16
     if smem > SMEM_LIMIT:
         raise ValueError(f"{smem} B of shared memory per CTA: more than {SMEM_LIMIT}")
 
     @cute.kernel
     def kernel(mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor,
-               slot: Int32, mT: cute.Tensor):  # fmt: skip
+               slot: Int32, mT: cute.Tensor, mE: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         warp = tidx // 32
@@ -330,7 +390,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         acc = alloc.allocate_tensor(Float32, cute.make_layout(acc_len), byte_alignment=16)
         full = alloc.allocate_array(cutlass.Int64, num_elems=stages)
         empty = alloc.allocate_array(cutlass.Int64, num_elems=stages)
+        epoch = alloc.allocate_array(Int32, num_elems=1)
         if tidx == 0:
+            epoch[0] = mE[0]
             for s in cutlass.range_constexpr(stages):
                 cute.arch.mbarrier_init(full + s, 1)
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
@@ -339,15 +401,19 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     mCnt[1 - slot, p] = Int32(0)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        flag = epoch[0] + 1  # this launch's output words; the last CTA out advances mE[0]
 
         if warp == CONSUMER_WARPS:
-            # Producer: one lane streams this CTA's slices of every phase, never waiting for data.
-            if lane == 0:
-                it = Int32(0)
-                for p in cutlass.range_constexpr(n_ph):
-                    if cutlass.const_expr(wait and phases[p].gate >= 0):
-                        _wait_count(mCnt, slot * n_ph + phases[p].gate, grid, mT, 2, bidx,
-                                    sync)  # fmt: skip
+            # Producer: one lane streams this CTA's slices of every phase, never waiting for data
+            # (but for a gate: the whole warp polls the gate phase's flagged words).
+            it = Int32(0)
+            for p in cutlass.range_constexpr(n_ph):
+                g = phases[p].gate
+                if cutlass.const_expr(wait and g >= 0 and flags):
+                    _wait_flagged(mY, yoff[g], phases[g].n, flag, lane, mT, 2, bidx)
+                if lane == 0:
+                    if cutlass.const_expr(wait and g >= 0 and not flags):
+                        _wait_count(mCnt, slot * n_ph + g, grid, mT, 2, bidx, sync)
                     ub = units[p].bytes(phases[p].k)
                     b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
                     mine = (units[p].units - b + grid - 1) // grid
@@ -371,22 +437,18 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 vpr = ph.k // 8  # 16-byte vectors per row
                 b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
                 mine = (units[p].units - b + grid - 1) // grid
-                # Wait for the input (one thread polls; the rest wait at the named barrier).
-                if cutlass.const_expr(wait and ph.src >= 0):
+                # Wait for the input (counters: one thread polls, the rest wait at the named
+                # barrier; flags: every thread polls its own share of the input words).
+                if cutlass.const_expr(wait and ph.src >= 0 and not flags):
                     if tidx == 0:
                         _wait_count(mCnt, slot * n_ph + ph.src, grid, mT, 3 + p, bidx, sync)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3072 + p)
-                # The input as bf16 in shared memory (half the shared-memory reads of fp32),
-                # every 16-byte load of it in flight at once: one latency per phase.
-                for i in cutlass.range_constexpr((ph.k // 8 + CONSUMERS - 1) // CONSUMERS):
-                    v = tidx + i * CONSUMERS
-                    if cutlass.const_expr((i + 1) * CONSUMERS <= ph.k // 8):
-                        _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
-                    else:
-                        if v < ph.k // 8:
-                            _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
+                # The input as bf16 in shared memory (half the shared-memory reads of fp32).
+                _stage_input(mX, mY, xs, ph.k, ph.src, yoff[max(ph.src, 0)], flag,
+                             wait and flags and ph.src >= 0, tidx, CONSUMERS, mT, 3 + p,
+                             bidx)  # fmt: skip
                 for c in range(tidx, acc_len, CONSUMERS):
                     acc[c] = Float32(0.0)
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
@@ -419,20 +481,31 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3264 + p)
+                # (each thread writes and, next phase, zeroes the same acc entries: no barrier)
                 for c in range(tidx, mine * rows, CONSUMERS):
                     j = c // rows
                     r = c % rows
-                    mY[yoff[p] + (b + j * grid) * rows + r] = acc[c]
-                cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
-                if tidx == 0:
-                    _arrive_count(mCnt, slot * n_ph + p, sync)
-                    if bidx == 0:
-                        _stamp(trace, mT, 3136 + p)
+                    st_flagged((mY.iterator + (yoff[p] + (b + j * grid) * rows + r)).llvm_ptr,
+                               acc[c], flag)  # fmt: skip
+                if cutlass.const_expr(not flags):
+                    cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                    if tidx == 0:
+                        _arrive_count(mCnt, slot * n_ph + p, sync)
+                if bidx == 0 and tidx == 0:
+                    _stamp(trace, mT, 3136 + p)
+
+        # The last CTA out advances the epoch, so the next launch's flags differ from every
+        # word this one wrote (a kernel boundary separates launches: plain stores suffice).
+        cute.arch.sync_threads()
+        if tidx == 0:  # noqa: SIM102 (the atomic must not run in every thread)
+            if cute.arch.atomic_add((mE.iterator + 1).llvm_ptr, Int32(1)) == grid - 1:
+                mE[1] = Int32(0)
+                mE[0] = flag
 
     @cute.jit
     def host(mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor, slot: Int32,
-             mT: cute.Tensor, stream):  # fmt: skip
-        kernel(mW, mX, mY, mCnt, slot, mT).launch(
+             mT: cute.Tensor, mE: cute.Tensor, stream):  # fmt: skip
+        kernel(mW, mX, mY, mCnt, slot, mT, mE).launch(
             grid=[grid, 1, 1],
             block=[CONSUMERS + 32, 1, 1],
             smem=smem,
@@ -443,16 +516,17 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
 
 def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -> Any:
-    """Compile once; call as f(W_packed_bf16, x_bf16, Y_f32, counters_i32[2, P], slot,
-    trace_i32[TRACE_LEN])."""
+    """Compile once; call as f(W_packed_bf16, x_bf16, Y_flagged_i64, counters_i32[2, P], slot,
+    trace_i32[TRACE_LEN], epoch_i32[2]) (Y: one {fp32 value, int32 flag} word per output)."""
     n_w = w_offsets(phases)[-1]
     n_y = y_offsets(phases)[-1]
     args = [
         fake(BFloat16, (n_w,)),
         fake(BFloat16, (x_len,)),
-        fake(Float32, (n_y,)),
+        fake(Int64, (n_y,)),
         fake(Int32, (2, len(phases))),
         Int32(0),
         fake(Int32, (TRACE_LEN,)),
+        fake(Int32, (2,)),
     ]
     return compile_tvm_ffi(build(phases, grid, x_len, **kw), *args)

@@ -1,0 +1,57 @@
+"""Values that carry their own ready flag: 8-byte {fp32 value, int32 flag} words (LL protocol).
+
+Why: a grid barrier between two phases of a persistent kernel costs a release (the writing
+CTA's stores must be acknowledged before its arrival counts) and then a poll and a second read
+of the data, each a round trip through an L2 that a saturating weight stream keeps queued
+(several microseconds per phase, `scripts/gpu/stream_chain.py`). When every value is written
+together with the launch's flag in one 64-bit store, which is single-copy atomic, a reader that
+sees the flag also sees the value: no fence, no counter, one round trip. NCCL's LL protocol
+does the same for the same reason.
+
+Both accesses are `.volatile` (relaxed at system scope in the PTX memory model), so they bypass
+the non-coherent L1 and are not cached or merged by the compiler across polls.
+"""
+
+from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+@dsl_user_op
+def st_flagged(ptr, value: Float32, flag: Int32, *, loc=None, ip=None) -> None:
+    """Store {value, flag} as one 64-bit word at the 8-byte aligned global pointer `ptr`."""
+    bits = llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
+    llvm.inline_asm(
+        None,
+        [ptr, bits, Int32(flag).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b64 w;\n\tmov.b64 w, {$1, $2};\n\tst.volatile.global.b64 [$0], w;\n\t}",
+        "l,r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_flagged2(ptr, *, loc=None, ip=None) -> tuple[Float32, Int32, Float32, Int32]:
+    """Two consecutive flagged words from the 16-byte aligned global pointer `ptr`, in one
+    16-byte load of two 64-bit elements (each element single-copy atomic):
+    (value 0, flag 0, value 1, flag 1)."""
+    words = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32(), T.i32(), T.i32(), T.i32()]),
+        [ptr],
+        "{\n\t.reg .b64 a, b;\n\tld.volatile.global.v2.b64 {a, b}, [$4];\n\t"
+        "mov.b64 {$0, $1}, a;\n\tmov.b64 {$2, $3}, b;\n\t}",
+        "=r,=r,=r,=r,l",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc,
+        ip=ip,
+    )
+    parts = [llvm.extractvalue(T.i32(), words, [i], loc=loc, ip=ip) for i in range(4)]
+    v0 = Float32(llvm.bitcast(T.f32(), parts[0], loc=loc, ip=ip))
+    v1 = Float32(llvm.bitcast(T.f32(), parts[2], loc=loc, ip=ip))
+    return v0, Int32(parts[1]), v1, Int32(parts[3])

@@ -168,16 +168,18 @@ def _chain_phases():
     )
 
 
-@pytest.mark.parametrize("mma", [False, True])
-def test_stream_chain_compiles_with_bulk_copies_and_no_spills(mma: bool) -> None:
+@pytest.mark.parametrize(("mma", "sync"), [(False, "red"), (True, "red"), (True, "flags")])
+def test_stream_chain_compiles_with_bulk_copies_and_no_spills(mma: bool, sync: str) -> None:
     from agentab.kernels.cute.stream_chain import compile_chain, plan_units
 
     phases = _chain_phases()
-    ptx = compile_chain(phases, 132, 7168, stages=12, warps=6, mma=mma).__ptx__
+    ptx = compile_chain(phases, 132, 7168, stages=12, warps=6, mma=mma, sync=sync).__ptx__
     assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 1
-    # grid barriers: arrivals by red.release, polls by ld.acquire (no RMW at the polled address)
-    assert "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
-    assert "atom.global" not in ptx
+    # every output is one 64-bit {value, flag} store; inputs are read as two such words
+    assert "st.volatile.global.b64" in ptx and "ld.volatile.global.v2.b64" in ptx
+    assert ptx.count("atom.global") == 1  # the last CTA out advances the epoch
+    counters = "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
+    assert counters == (sync == "red")  # grid barriers by counters, or none with flags
     assert not _ops(ptx) & {"ld.local", "st.local"}
     hmma = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
     if mma:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from agentab.kernels.cute.stream_chain import (
+    CTA_STAMPS,
     TRACE_LEN,
     TRACE_POSITIONS,
     WATCH,
@@ -112,18 +113,19 @@ def check(layer: dict, phases: tuple[Phase, ...], flag: int | None = None) -> li
 MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test", sync="flags")
 VARIANTS = [
     ("tensor cores, 4 sets, flagged words", dict(MMA)),
-    ("flagged words, no arithmetic", dict(MMA, consume=False)),
-    ("  same, 2 sets", dict(MMA, sets=2)),
-    ("  same, 12 warps", dict(MMA, warps=12)),
     ("tensor cores, 4 sets, counters (red/ld)", dict(MMA, sync="red")),
     ("stream alone (no arithmetic, no barriers)", dict(MMA, consume=False, wait=False)),
-    ("trace", dict(MMA)),
+    ("trace: flagged words", dict(MMA, trace=True)),
+    ("trace: stream alone", dict(MMA, consume=False, wait=False, trace=True)),
 ]  # fmt: skip
 
 
 def main() -> int:
     """Each variant in its own process with a time limit: a stuck grid costs one variant."""
     OUT.mkdir(parents=True, exist_ok=True)
+    clocks = "clocks.sm,clocks.mem,clocks.max.sm,power.draw,temperature.gpu,pci.bus_id"
+    smi = ["nvidia-smi", f"--query-gpu={clocks}", "--format=csv"]
+    print(subprocess.run(smi, capture_output=True, text=True).stdout.strip(), flush=True)
     only = os.environ.get("CHAIN_VARIANTS")
     status = 0
     for vi, (label, _) in enumerate(VARIANTS):
@@ -162,7 +164,7 @@ def one(vi: int) -> int:
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     epoch = torch.zeros(2, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"
-    if label == "trace":
+    if kw.pop("trace", False):
         traced(layers, cnt, trace, epoch, sms, kw, doc)
         path.write_text(json.dumps(doc, indent=1))
         return 0
@@ -246,8 +248,17 @@ def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Te
             "phase_done_ns": rel(t[3264 : 3264 + n_ph]),
             "phase_arrived_ns": rel(t[3136 : 3136 + n_ph]),
             "issued_ns": iss, "filled_ns": fil, "released_ns": rel_}  # fmt: skip
+    # every CTA: entry and units-done times; the spread says how unevenly the SMs stream
+    cta = t[CTA_STAMPS : CTA_STAMPS + 16 * sms].view(sms, 16) - t0
+    info["cta_entry_ns"] = cta[:, 15].tolist()
+    info["cta_done_ns"] = cta[:, :n_ph].tolist()
+    done = cta[:, :n_ph].float()
+    info["cta_done_min_p50_max"] = [[int(done[:, p].min()), int(done[:, p].median()),
+                                     int(done[:, p].max())] for p in range(n_ph)]  # fmt: skip
+    info["cta_entry_min_max"] = [int(cta[:, 15].min()), int(cta[:, 15].max())]
     doc["trace"] = info
-    short = {k: v for k, v in info.items() if k not in ("issued_ns", "filled_ns", "released_ns")}
+    long = ("issued_ns", "filled_ns", "released_ns", "cta_entry_ns", "cta_done_ns")
+    short = {k: v for k, v in info.items() if k not in long}
     print(json.dumps(short), flush=True)
 
 

@@ -103,8 +103,9 @@ def validate(phases: tuple[Phase, ...]) -> None:
             raise ValueError(f"phase {i}: k={ph.k} exceeds phase {ph.src}'s {phases[ph.src].n}")
 
 
-TRACE_LEN = 4096  # int32 stamps: issue / filled / released per ring position (< 1024), phases
+TRACE_LEN = 8192  # int32 stamps: issue / filled / released per ring position (< 1024), phases
 # (3072 + p: input ready, 3136 + p: arrived, 3200 + p: input staged, 3264 + p: units done)
+CTA_STAMPS = 4096  # every CTA's units-done time of phases p < 15 at 4096 + 16 CTA + p, entry + 15
 
 
 WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
@@ -401,6 +402,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     mCnt[1 - slot, p] = Int32(0)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if tidx == 0:
+            _stamp(trace and n_ph < 16, mT, CTA_STAMPS + bidx * 16 + 15)
         flag = epoch[0] + 1  # this launch's output words; the last CTA out advances mE[0]
 
         if warp == CONSUMER_WARPS:
@@ -479,6 +482,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 it = it + mine
 
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                if tidx == 0:
+                    _stamp(trace and p < 15, mT, CTA_STAMPS + bidx * 16 + p)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3264 + p)
                 # (each thread writes and, next phase, zeroes the same acc entries: no barrier)

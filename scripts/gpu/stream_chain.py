@@ -111,12 +111,15 @@ def check(layer: dict, phases: tuple[Phase, ...], flag: int | None = None) -> li
 
 
 MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test", sync="flags")
+ALONE = dict(MMA, consume=False, wait=False)
 VARIANTS = [
     ("tensor cores, 4 sets, flagged words", dict(MMA)),
-    ("tensor cores, 4 sets, counters (red/ld)", dict(MMA, sync="red")),
-    ("stream alone (no arithmetic, no barriers)", dict(MMA, consume=False, wait=False)),
-    ("trace: flagged words", dict(MMA, trace=True)),
-    ("trace: stream alone", dict(MMA, consume=False, wait=False, trace=True)),
+    ("  same, 6 copies in flight", dict(MMA, inflight=6)),
+    ("  same, 4 copies in flight", dict(MMA, inflight=4)),
+    ("  same, 3 copies in flight", dict(MMA, inflight=3)),
+    ("stream alone, 6 copies in flight", dict(ALONE, inflight=6)),
+    ("stream alone, 4 copies in flight", dict(ALONE, inflight=4)),
+    ("trace: flagged words, 4 copies in flight", dict(MMA, inflight=4, trace=True)),
 ]  # fmt: skip
 
 

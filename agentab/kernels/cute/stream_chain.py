@@ -337,7 +337,7 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
-          rotate: bool = True, sync: str = "red") -> Any:  # fmt: skip
+          rotate: bool = True, sync: str = "red", inflight: int = 0) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -353,7 +353,10 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     more bytes than the mean). `sync` picks the grid barrier: "flags" (no barrier: each output
     word carries the launch's flag, readers poll the words themselves, `flagged.py`), "red"
     (counters: arrival by red.release, polling by ld.acquire) or "atomic" (counters: fence +
-    atom.release, polling by atom.add 0 with acquire).
+    atom.release, polling by atom.add 0 with acquire). `inflight` (0: the whole ring) caps the
+    copies in flight: every global load a consumer makes (its phase's input) queues behind
+    the SM's in-flight weight bytes (12 x 16 KB at ~25 GB/s per SM: ~7 us), while ~4 copies
+    already keep the HBM busy; the rest of the ring then only buffers landed stages.
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -423,6 +426,11 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     for j in range(mine):
                         s = it % stages
                         _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
+                        if cutlass.const_expr(0 < inflight < stages):  # noqa: SIM102
+                            if it >= inflight:  # copy it - inflight has landed
+                                q = it - inflight
+                                _mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0,
+                                       bidx)  # fmt: skip
                         _stamp_position(trace, mT, 0, it, bidx)
                         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
                         u = b + j * grid

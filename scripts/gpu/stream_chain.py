@@ -115,11 +115,10 @@ ALONE = dict(MMA, consume=False, wait=False)
 VARIANTS = [
     ("tensor cores, 4 sets, flagged words", dict(MMA)),
     ("  same, 6 copies in flight", dict(MMA, inflight=6)),
-    ("  same, 4 copies in flight", dict(MMA, inflight=4)),
-    ("  same, 3 copies in flight", dict(MMA, inflight=3)),
-    ("stream alone, 6 copies in flight", dict(ALONE, inflight=6)),
-    ("stream alone, 4 copies in flight", dict(ALONE, inflight=4)),
-    ("trace: flagged words, 4 copies in flight", dict(MMA, inflight=4, trace=True)),
+    ("tensor cores, 4 sets, counters (red/ld)", dict(MMA, sync="red")),
+    ("flagged words, no arithmetic", dict(MMA, consume=False)),
+    ("stream alone (no arithmetic, no barriers)", dict(ALONE)),
+    ("trace: flagged words", dict(MMA, trace=True)),
 ]  # fmt: skip
 
 

@@ -176,7 +176,7 @@ def test_stream_chain_compiles_with_bulk_copies_and_no_spills(mma: bool, sync: s
     ptx = compile_chain(phases, 132, 7168, stages=12, warps=6, mma=mma, sync=sync).__ptx__
     assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 1
     # every output is one 64-bit {value, flag} store; inputs are read as two such words
-    assert "st.volatile.global.b64" in ptx and "ld.volatile.global.v2.b64" in ptx
+    assert "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.v2.b64" in ptx
     assert ptx.count("atom.global") == 1  # the last CTA out advances the epoch
     counters = "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
     assert counters == (sync == "red")  # grid barriers by counters, or none with flags

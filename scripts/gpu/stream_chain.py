@@ -31,6 +31,8 @@ import torch
 
 from agentab.kernels.cute.stream_chain import (
     CTA_STAMPS,
+    PROBE,
+    PROBE_SAMPLES,
     TRACE_LEN,
     TRACE_POSITIONS,
     WATCH,
@@ -113,12 +115,11 @@ def check(layer: dict, phases: tuple[Phase, ...], flag: int | None = None) -> li
 MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test", sync="flags")
 ALONE = dict(MMA, consume=False, wait=False)
 VARIANTS = [
-    ("tensor cores, 4 sets, flagged words", dict(MMA)),
-    ("  same, 6 copies in flight", dict(MMA, inflight=6)),
-    ("tensor cores, 4 sets, counters (red/ld)", dict(MMA, sync="red")),
-    ("flagged words, no arithmetic", dict(MMA, consume=False)),
-    ("stream alone (no arithmetic, no barriers)", dict(ALONE)),
-    ("trace: flagged words", dict(MMA, trace=True)),
+    ("probe: stream alone", dict(ALONE, trace=True, probe=True)),
+    ("probe: stream alone, 4 copies in flight", dict(ALONE, inflight=4, trace=True, probe=True)),
+    ("probe: stream alone, 2 copies in flight", dict(ALONE, inflight=2, trace=True, probe=True)),
+    ("stream alone, 2 copies in flight", dict(ALONE, inflight=2)),
+    ("probe: flagged words", dict(MMA, trace=True, probe=True)),
 ]  # fmt: skip
 
 
@@ -258,8 +259,21 @@ def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Te
     info["cta_done_min_p50_max"] = [[int(done[:, p].min()), int(done[:, p].median()),
                                      int(done[:, p].max())] for p in range(n_ph)]  # fmt: skip
     info["cta_entry_min_max"] = [int(cta[:, 15].min()), int(cta[:, 15].max())]
+    if kw.get("probe"):  # L2 round trips over the launch: (start ns, round trip ns)
+        pr = t[PROBE : PROBE + 2 * PROBE_SAMPLES].view(-1, 2)
+        pr = pr[pr[:, 0] != 0]
+        starts, trips = (pr[:, 0] - t0).tolist(), pr[:, 1].tolist()
+        info["probe_start_ns"], info["probe_round_trip_ns"] = starts, trips
+        # per 5 us window of the launch: median round trip
+        windows: dict[int, list[int]] = {}
+        for st, rt in zip(starts, trips, strict=True):
+            windows.setdefault(st // 5000 * 5, []).append(rt)
+        info["probe_median_ns_per_5us"] = {
+            w: sorted(v)[len(v) // 2] for w, v in sorted(windows.items())
+        }
     doc["trace"] = info
-    long = ("issued_ns", "filled_ns", "released_ns", "cta_entry_ns", "cta_done_ns")
+    long = ("issued_ns", "filled_ns", "released_ns", "cta_entry_ns", "cta_done_ns",
+            "probe_start_ns", "probe_round_trip_ns")  # fmt: skip
     short = {k: v for k, v in info.items() if k not in long}
     print(json.dumps(short), flush=True)
 

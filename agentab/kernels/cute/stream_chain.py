@@ -103,9 +103,13 @@ def validate(phases: tuple[Phase, ...]) -> None:
             raise ValueError(f"phase {i}: k={ph.k} exceeds phase {ph.src}'s {phases[ph.src].n}")
 
 
-TRACE_LEN = 8192  # int32 stamps: issue / filled / released per ring position (< 1024), phases
+TRACE_LEN = 16384  # int32 stamps: issue / filled / released per ring position (< 1024), phases
 # (3072 + p: input ready, 3136 + p: arrived, 3200 + p: input staged, 3264 + p: units done)
 CTA_STAMPS = 4096  # every CTA's units-done time of phases p < 15 at 4096 + 16 CTA + p, entry + 15
+PROBE = 8192  # CTA 0's probe warp: (start, round trip) ns of dependent L2 loads, in pairs
+PROBE_SAMPLES = 2048
+PROBE_WORD = PROBE + 2 * PROBE_SAMPLES  # the word it loads (never written: an L2 hit)
+PROBE_NS = 90_000  # the probe stops after this long (the kernel waits for it)
 
 
 WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
@@ -166,6 +170,24 @@ def _stamp_position(on: cutlass.Constexpr, mT: cute.Tensor, kind: cutlass.Conste
     if cutlass.const_expr(on):  # noqa: SIM102 (compile time, then runtime)
         if bidx == 0 and pos < TRACE_POSITIONS:
             mT[kind * TRACE_POSITIONS + pos] = cute.arch.globaltimer_lo()
+
+
+@cute.jit
+def _probe_l2(mT: cute.Tensor):
+    """Time dependent GPU-scope loads of one L2-resident word while the weight stream runs:
+    the round trip every phase input pays in a persistent kernel."""
+    start = cute.arch.globaltimer_lo()
+    now = start
+    i = Int32(0)
+    while i < PROBE_SAMPLES and now - start < PROBE_NS:
+        t0 = cute.arch.globaltimer_lo()
+        v = cute.arch.load((mT.iterator + PROBE_WORD).llvm_ptr, Int32, sem="relaxed", scope="gpu")
+        if v != 0:  # never true; the branch makes the next stamp wait for the load
+            mT[WATCH + 15] = v
+        now = cute.arch.globaltimer_lo()
+        mT[PROBE + 2 * i] = t0
+        mT[PROBE + 2 * i + 1] = now - t0
+        i = i + 1
 
 
 @cute.jit
@@ -337,7 +359,8 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
-          rotate: bool = True, sync: str = "red", inflight: int = 0) -> Any:  # fmt: skip
+          rotate: bool = True, sync: str = "red", inflight: int = 0,
+          probe: bool = False) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -356,7 +379,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     atom.release, polling by atom.add 0 with acquire). `inflight` (0: the whole ring) caps the
     copies in flight: every global load a consumer makes (its phase's input) queues behind
     the SM's in-flight weight bytes (12 x 16 KB at ~25 GB/s per SM: ~7 us), while ~4 copies
-    already keep the HBM busy; the rest of the ring then only buffers landed stages.
+    already keep the HBM busy; the rest of the ring then only buffers landed stages. `probe`
+    (with `trace`) adds a warp to CTA 0 that times L2 round trips during the launch.
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -409,7 +433,10 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
             _stamp(trace and n_ph < 16, mT, CTA_STAMPS + bidx * 16 + 15)
         flag = epoch[0] + 1  # this launch's output words; the last CTA out advances mE[0]
 
-        if warp == CONSUMER_WARPS:
+        if warp > CONSUMER_WARPS:  # only with `probe`
+            if bidx == 0 and lane == 0:
+                _probe_l2(mT)
+        elif warp == CONSUMER_WARPS:
             # Producer: one lane streams this CTA's slices of every phase, never waiting for data
             # (but for a gate: the whole warp polls the gate phase's flagged words).
             it = Int32(0)
@@ -520,7 +547,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
              mT: cute.Tensor, mE: cute.Tensor, stream):  # fmt: skip
         kernel(mW, mX, mY, mCnt, slot, mT, mE).launch(
             grid=[grid, 1, 1],
-            block=[CONSUMERS + 32, 1, 1],
+            block=[CONSUMERS + (64 if probe else 32), 1, 1],
             smem=smem,
             stream=stream,
         )

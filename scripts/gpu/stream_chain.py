@@ -115,11 +115,11 @@ def check(layer: dict, phases: tuple[Phase, ...], flag: int | None = None) -> li
 MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test", sync="flags")
 ALONE = dict(MMA, consume=False, wait=False)
 VARIANTS = [
-    ("probe: stream alone", dict(ALONE, trace=True, probe=True)),
-    ("probe: stream alone, 4 copies in flight", dict(ALONE, inflight=4, trace=True, probe=True)),
-    ("probe: stream alone, 2 copies in flight", dict(ALONE, inflight=2, trace=True, probe=True)),
-    ("stream alone, 2 copies in flight", dict(ALONE, inflight=2)),
-    ("probe: flagged words", dict(MMA, trace=True, probe=True)),
+    ("tensor cores, 4 sets, flagged words", dict(MMA)),
+    ("tensor cores, 4 sets, counters (red/ld)", dict(MMA, sync="red")),
+    ("probe y: stream alone", dict(ALONE, trace=True, probe="y")),
+    ("probe y: stream alone, 4 copies in flight", dict(ALONE, inflight=4, trace=True, probe="y")),
+    ("probe y: flagged words", dict(MMA, trace=True, probe="y")),
 ]  # fmt: skip
 
 

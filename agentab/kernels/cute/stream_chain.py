@@ -173,15 +173,19 @@ def _stamp_position(on: cutlass.Constexpr, mT: cute.Tensor, kind: cutlass.Conste
 
 
 @cute.jit
-def _probe_l2(mT: cute.Tensor):
-    """Time dependent GPU-scope loads of one L2-resident word while the weight stream runs:
-    the round trip every phase input pays in a persistent kernel."""
+def _probe_l2(mT: cute.Tensor, mY: cute.Tensor, where: cutlass.Constexpr, n_y: cutlass.Constexpr):
+    """Time dependent GPU-scope loads while the weight stream runs: the round trip every
+    phase input pays in a persistent kernel. `where`: "word" (one L2-resident word, again and
+    again) or "y" (the output words, a new line each time, as a phase input reads them)."""
     start = cute.arch.globaltimer_lo()
     now = start
     i = Int32(0)
     while i < PROBE_SAMPLES and now - start < PROBE_NS:
         t0 = cute.arch.globaltimer_lo()
-        v = cute.arch.load((mT.iterator + PROBE_WORD).llvm_ptr, Int32, sem="relaxed", scope="gpu")
+        ptr = (mT.iterator + PROBE_WORD).llvm_ptr
+        if cutlass.const_expr(where == "y"):
+            ptr = (mY.iterator + (i * 97 * 16) % n_y).llvm_ptr  # 97 lines apart, cycling
+        v = cute.arch.load(ptr, Int32, sem="relaxed", scope="gpu")
         if v != 0:  # never true; the branch makes the next stamp wait for the load
             mT[WATCH + 15] = v
         now = cute.arch.globaltimer_lo()
@@ -213,22 +217,9 @@ def _arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
 
 
 @cute.jit
-def _stage_x(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, v, from_x: cutlass.Constexpr,
-             y0: cutlass.Constexpr, flag):  # fmt: skip
-    """xs vector v (8 bf16) = layer input vector v, or the flagged words y0 + 8 v .. + 7.
-    Returns 1 when all 8 words carried `flag` (always 1 for the layer input)."""
-    ok = Int32(1)
-    if cutlass.const_expr(from_x):
-        cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
-    else:
-        frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-        for q in cutlass.range_constexpr(4):
-            a, fa, b, fb = ld_flagged2((mY.iterator + (y0 + v * 8 + 2 * q)).llvm_ptr)
-            frag[2 * q] = a.to(BFloat16)
-            frag[2 * q + 1] = b.to(BFloat16)
-            ok = ok & Int32(fa == flag) & Int32(fb == flag)
-        cute.local_tile(xs, (8,), (v,)).store(frag.load())
-    return ok
+def _stage_x(mX: cute.Tensor, xs: cute.Tensor, v):
+    """xs vector v (8 bf16) = layer input vector v."""
+    cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
 
 
 @cute.jit
@@ -236,26 +227,49 @@ def _stage_input(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.C
                  src: cutlass.Constexpr, y0: cutlass.Constexpr, flag, poll: cutlass.Constexpr,
                  tidx, threads: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr,
                  bidx):  # fmt: skip
-    """Stage a phase's k input values into xs as bf16, every 16-byte load of this thread in
-    flight at once (one latency per phase). `poll`: reload until every word carries `flag`
-    (the flagged-word grid sync), under the watchdog."""
-    done = Int32(0)
-    n = Int32(0)
-    while done == 0:
-        done = Int32(1)
-        for i in cutlass.range_constexpr((k // 8 + threads - 1) // threads):
+    """Stage a phase's k input values into xs as bf16: the layer input, or the flagged words
+    y0 .. y0 + k - 1. Every load of this thread is issued before any is used (one latency per
+    phase, not one per vector). `poll`: reload until every word carries `flag` (the
+    flagged-word grid sync), under the watchdog."""
+    vecs = k // 8
+    rounds = (vecs + threads - 1) // threads
+    if cutlass.const_expr(src < 0):
+        for i in cutlass.range_constexpr(rounds):
             v = tidx + i * threads
-            if cutlass.const_expr((i + 1) * threads <= k // 8):
-                done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
+            if cutlass.const_expr((i + 1) * threads <= vecs):
+                _stage_x(mX, xs, v)
             else:
-                if v < k // 8:
-                    done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
-        if cutlass.const_expr(not poll):
+                if v < vecs:
+                    _stage_x(mX, xs, v)
+    else:
+        done = Int32(0)
+        n = Int32(0)
+        while done == 0:
+            words = []
+            for i in cutlass.range_constexpr(rounds):
+                v = (tidx + i * threads) % vecs  # the last round's spare threads reload one
+                for q in cutlass.range_constexpr(4):
+                    words.append(ld_flagged2((mY.iterator + (y0 + v * 8 + 2 * q)).llvm_ptr))
             done = Int32(1)
-        n = n + 1
-        if n > WATCHDOG:
-            mT[WATCH + code] = bidx + 1
-            done = Int32(1)
+            for i in cutlass.range_constexpr(rounds):
+                frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+                for q in cutlass.range_constexpr(4):
+                    a, fa, b, fb = words[4 * i + q]
+                    frag[2 * q] = a.to(BFloat16)
+                    frag[2 * q + 1] = b.to(BFloat16)
+                    done = done & Int32(fa == flag) & Int32(fb == flag)
+                v = tidx + i * threads
+                if cutlass.const_expr((i + 1) * threads <= vecs):
+                    cute.local_tile(xs, (8,), (v,)).store(frag.load())
+                else:
+                    if v < vecs:
+                        cute.local_tile(xs, (8,), (v,)).store(frag.load())
+            if cutlass.const_expr(not poll):
+                done = Int32(1)
+            n = n + 1
+            if n > WATCHDOG:
+                mT[WATCH + code] = bidx + 1
+                done = Int32(1)
 
 
 @cute.jit
@@ -360,7 +374,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
-          probe: bool = False) -> Any:  # fmt: skip
+          probe: str = "") -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -380,7 +394,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     copies in flight: every global load a consumer makes (its phase's input) queues behind
     the SM's in-flight weight bytes (12 x 16 KB at ~25 GB/s per SM: ~7 us), while ~4 copies
     already keep the HBM busy; the rest of the ring then only buffers landed stages. `probe`
-    (with `trace`) adds a warp to CTA 0 that times L2 round trips during the launch.
+    (with `trace`: "word" or "y") adds a warp to CTA 0 that times L2 round trips during the
+    launch (`_probe_l2`).
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -435,7 +450,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
         if warp > CONSUMER_WARPS:  # only with `probe`
             if bidx == 0 and lane == 0:
-                _probe_l2(mT)
+                _probe_l2(mT, mY, probe, yoff[-1])
         elif warp == CONSUMER_WARPS:
             # Producer: one lane streams this CTA's slices of every phase, never waiting for data
             # (but for a gate: the whole warp polls the gate phase's flagged words).

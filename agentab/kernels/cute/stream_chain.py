@@ -217,9 +217,22 @@ def _arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
 
 
 @cute.jit
-def _stage_x(mX: cute.Tensor, xs: cute.Tensor, v):
-    """xs vector v (8 bf16) = layer input vector v."""
-    cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
+def _stage_x(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, v, from_x: cutlass.Constexpr,
+             y0: cutlass.Constexpr, flag):  # fmt: skip
+    """xs vector v (8 bf16) = layer input vector v, or the flagged words y0 + 8 v .. + 7.
+    Returns 1 when all 8 words carried `flag` (always 1 for the layer input)."""
+    ok = Int32(1)
+    if cutlass.const_expr(from_x):
+        cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
+    else:
+        frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+        for q in cutlass.range_constexpr(4):
+            a, fa, b, fb = ld_flagged2((mY.iterator + (y0 + v * 8 + 2 * q)).llvm_ptr)
+            frag[2 * q] = a.to(BFloat16)
+            frag[2 * q + 1] = b.to(BFloat16)
+            ok = ok & Int32(fa == flag) & Int32(fb == flag)
+        cute.local_tile(xs, (8,), (v,)).store(frag.load())
+    return ok
 
 
 @cute.jit
@@ -227,49 +240,26 @@ def _stage_input(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.C
                  src: cutlass.Constexpr, y0: cutlass.Constexpr, flag, poll: cutlass.Constexpr,
                  tidx, threads: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr,
                  bidx):  # fmt: skip
-    """Stage a phase's k input values into xs as bf16: the layer input, or the flagged words
-    y0 .. y0 + k - 1. Every load of this thread is issued before any is used (one latency per
-    phase, not one per vector). `poll`: reload until every word carries `flag` (the
-    flagged-word grid sync), under the watchdog."""
-    vecs = k // 8
-    rounds = (vecs + threads - 1) // threads
-    if cutlass.const_expr(src < 0):
-        for i in cutlass.range_constexpr(rounds):
+    """Stage a phase's k input values into xs as bf16, every 16-byte load of this thread in
+    flight at once (one latency per phase). `poll`: reload until every word carries `flag`
+    (the flagged-word grid sync), under the watchdog."""
+    done = Int32(0)
+    n = Int32(0)
+    while done == 0:
+        done = Int32(1)
+        for i in cutlass.range_constexpr((k // 8 + threads - 1) // threads):
             v = tidx + i * threads
-            if cutlass.const_expr((i + 1) * threads <= vecs):
-                _stage_x(mX, xs, v)
+            if cutlass.const_expr((i + 1) * threads <= k // 8):
+                done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
             else:
-                if v < vecs:
-                    _stage_x(mX, xs, v)
-    else:
-        done = Int32(0)
-        n = Int32(0)
-        while done == 0:
-            words = []
-            for i in cutlass.range_constexpr(rounds):
-                v = (tidx + i * threads) % vecs  # the last round's spare threads reload one
-                for q in cutlass.range_constexpr(4):
-                    words.append(ld_flagged2((mY.iterator + (y0 + v * 8 + 2 * q)).llvm_ptr))
+                if v < k // 8:
+                    done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
+        if cutlass.const_expr(not poll):
             done = Int32(1)
-            for i in cutlass.range_constexpr(rounds):
-                frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-                for q in cutlass.range_constexpr(4):
-                    a, fa, b, fb = words[4 * i + q]
-                    frag[2 * q] = a.to(BFloat16)
-                    frag[2 * q + 1] = b.to(BFloat16)
-                    done = done & Int32(fa == flag) & Int32(fb == flag)
-                v = tidx + i * threads
-                if cutlass.const_expr((i + 1) * threads <= vecs):
-                    cute.local_tile(xs, (8,), (v,)).store(frag.load())
-                else:
-                    if v < vecs:
-                        cute.local_tile(xs, (8,), (v,)).store(frag.load())
-            if cutlass.const_expr(not poll):
-                done = Int32(1)
-            n = n + 1
-            if n > WATCHDOG:
-                mT[WATCH + code] = bidx + 1
-                done = Int32(1)
+        n = n + 1
+        if n > WATCHDOG:
+            mT[WATCH + code] = bidx + 1
+            done = Int32(1)
 
 
 @cute.jit

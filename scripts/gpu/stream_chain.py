@@ -76,7 +76,7 @@ def stacked(layers: int) -> tuple[Phase, ...]:
     return tuple(out)
 
 
-def make_layer(dev: torch.device, phases: tuple[Phase, ...]) -> dict:
+def make_layer(dev: torch.device, phases: tuple[Phase, ...], flagged: bool) -> dict:
     w = torch.empty(w_offsets(phases)[-1], device=dev, dtype=torch.bfloat16)
     wo = w_offsets(phases)
     for i, ph in enumerate(phases):
@@ -84,12 +84,17 @@ def make_layer(dev: torch.device, phases: tuple[Phase, ...]) -> dict:
     return {
         "w": w,
         "x": torch.randn(X_LEN, device=dev).to(torch.bfloat16),
-        "y": torch.zeros(y_offsets(phases)[-1], device=dev, dtype=torch.int64),  # flagged words
+        # outputs: fp32, or {fp32 value, int32 flag} words (sync="flags")
+        "y": torch.zeros(
+            y_offsets(phases)[-1], device=dev, dtype=torch.int64 if flagged else torch.float32
+        ),
     }
 
 
-def values(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flagged words' fp32 values and int32 flags."""
+def values(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The outputs' fp32 values and (flagged words) int32 flags."""
+    if y.dtype == torch.float32:
+        return y, None
     pairs = y.view(torch.int32).view(-1, 2)
     return pairs[:, 0].view(torch.float32), pairs[:, 1]
 
@@ -101,7 +106,7 @@ def check(layer: dict, phases: tuple[Phase, ...], flag: int | None = None) -> li
     y, flags = values(layer["y"])
     errs = []
     for i, ph in enumerate(phases):
-        if flag is not None and not bool((flags[yo[i] : yo[i + 1]] == flag).all()):
+        if flags is not None and not bool((flags[yo[i] : yo[i + 1]] == flag).all()):
             errs.append(1.0)
             continue
         x = layer["x"].float() if ph.src < 0 else y[yo[ph.src] : yo[ph.src] + ph.k]
@@ -112,14 +117,15 @@ def check(layer: dict, phases: tuple[Phase, ...], flag: int | None = None) -> li
     return errs
 
 
-MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test", sync="flags")
+MMA = dict(stages=12, warps=6, mma=True, sets=4, wait_kind="test", sync="red")
 ALONE = dict(MMA, consume=False, wait=False)
 VARIANTS = [
-    ("tensor cores, 4 sets, flagged words", dict(MMA)),
-    ("tensor cores, 4 sets, counters (red/ld)", dict(MMA, sync="red")),
-    ("probe y: stream alone", dict(ALONE, trace=True, probe="y")),
-    ("probe y: stream alone, 4 copies in flight", dict(ALONE, inflight=4, trace=True, probe="y")),
-    ("probe y: flagged words", dict(MMA, trace=True, probe="y")),
+    # the reference: 74.44 us in session 6 call 2 (PTX unchanged since); run it every call, the
+    # machines differ
+    ("tensor cores, 4 sets, counters (red/ld)", dict(MMA)),
+    ("stream alone (no arithmetic, no barriers)", dict(ALONE)),
+    ("tensor cores, 4 sets, flagged words", dict(MMA, sync="flags")),
+    ("trace: counters", dict(MMA, trace=True)),
 ]  # fmt: skip
 
 
@@ -162,7 +168,8 @@ def one(vi: int) -> int:
     doc: dict = {"device": torch.cuda.get_device_name(dev), "sms": sms, "bytes": total,
                  "variant": label, "options": kw, "layers_per_launch": per_launch}  # fmt: skip
     torch.manual_seed(0)
-    layers = [make_layer(dev, phases) for _ in range(launches)]
+    flagged = kw.get("sync") == "flags"
+    layers = [make_layer(dev, phases, flagged) for _ in range(launches)]
     cnt = torch.zeros(2, len(phases), device=dev, dtype=torch.int32)
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     epoch = torch.zeros(2, device=dev, dtype=torch.int32)
@@ -182,7 +189,7 @@ def one(vi: int) -> int:
     f(layers[0]["w"], layers[0]["x"], layers[0]["y"], cnt, 0, trace, epoch)
     f(layers[1]["w"], layers[1]["x"], layers[1]["y"], cnt, 1, trace, epoch)
     torch.cuda.synchronize()
-    if epoch.tolist() != [2, 0]:
+    if flagged and epoch.tolist() != [2, 0]:
         print(f"{label}: epoch {epoch.tolist()} after two launches, expected [2, 0]")
         return 1
     flags = trace[WATCH : WATCH + 16].tolist()

@@ -175,11 +175,13 @@ def test_stream_chain_compiles_with_bulk_copies_and_no_spills(mma: bool, sync: s
     phases = _chain_phases()
     ptx = compile_chain(phases, 132, 7168, stages=12, warps=6, mma=mma, sync=sync).__ptx__
     assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 1
-    # every output is one 64-bit {value, flag} store; inputs are read as two such words
-    assert "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.v2.b64" in ptx
-    assert ptx.count("atom.global") == 1  # the last CTA out advances the epoch
+    flags = sync == "flags"
+    # flags: every output is one 64-bit {value, flag} store, inputs are read as two such words
+    flagged = "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.v2.b64" in ptx
+    assert flagged == flags
+    assert ptx.count("atom.global") == flags  # flags: the last CTA out advances the epoch
     counters = "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
-    assert counters == (sync == "red")  # grid barriers by counters, or none with flags
+    assert counters == (not flags)  # grid barriers by counters, or none with flags
     assert not _ops(ptx) & {"ld.local", "st.local"}
     hmma = ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
     if mma:

@@ -216,32 +216,112 @@ def _arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
         cute.arch.atomic_add(ptr, Int32(1), sem="release", scope="gpu")
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What the producer needs at trace time (compile-time constants)."""
+
+    phases: tuple[Phase, ...]
+    units: tuple[Unit, ...]
+    rot: tuple[int, ...]
+    woff: tuple[int, ...]
+    yoff: tuple[int, ...]
+    grid: int
+    stages: int
+    chunk_el: int
+    inflight: int
+    wait_kind: str
+    trace: bool
+    wait: bool
+    sync: str
+
+
+@cute.jit
+def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor,
+             slot, mT: cute.Tensor, ring: cute.Tensor, full, empty, flag, lane, bidx):  # fmt: skip
+    """The producer warp: lane 0 streams this CTA's slices of every phase, never waiting for
+    data but for a gate (counters: lane 0 polls; flags: the whole warp polls the gate phase's
+    words, then lane 0 goes on)."""
+    n_ph = len(plan.phases)
+    if cutlass.const_expr(plan.sync == "flags"):
+        it = Int32(0)
+        for p in cutlass.range_constexpr(n_ph):
+            g = plan.phases[p].gate
+            if cutlass.const_expr(plan.wait and g >= 0):
+                _wait_flagged(mY, plan.yoff[g], plan.phases[g].n, flag, lane, mT, 2, bidx)
+            if lane == 0:
+                it = _issue(plan, p, mW, ring, full, empty, mT, it, bidx)
+    else:
+        if lane == 0:
+            it = Int32(0)
+            for p in cutlass.range_constexpr(n_ph):
+                g = plan.phases[p].gate
+                if cutlass.const_expr(plan.wait and g >= 0):
+                    _wait_count(mCnt, slot * n_ph + g, plan.grid, mT, 2, bidx, plan.sync)
+                it = _issue(plan, p, mW, ring, full, empty, mT, it, bidx)
+
+
+@cute.jit
+def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, ring: cute.Tensor,
+           full, empty, mT: cute.Tensor, it, bidx):  # fmt: skip
+    """Lane 0 streams this CTA's units of phase p into the ring from position `it` (unit u on
+    CTA (rot[p] + u) % grid); returns the next position."""
+    grid, stages, inflight = plan.grid, plan.stages, plan.inflight
+    ub = plan.units[p].bytes(plan.phases[p].k)
+    first_cta = plan.rot[p] % grid
+    n_units = plan.units[p].units
+    w0 = plan.woff[p]
+    chunk_el, wait_kind, trace = plan.chunk_el, plan.wait_kind, plan.trace
+    b = (bidx + grid - first_cta) % grid  # this CTA's first unit
+    mine = (n_units - b + grid - 1) // grid
+    for j in range(mine):
+        s = it % stages
+        _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
+        if cutlass.const_expr(0 < inflight < stages):  # noqa: SIM102
+            if it >= inflight:  # copy it - inflight has landed
+                q = it - inflight
+                _mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
+        _stamp_position(trace, mT, 0, it, bidx)
+        cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
+        u = b + j * grid
+        src = mW.iterator + (w0 + u * (ub // 2))
+        nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * chunk_el, src, full + s, ub)
+        it = it + 1
+    return it
+
+
 @cute.jit
 def _stage_x(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, v, from_x: cutlass.Constexpr,
-             y0: cutlass.Constexpr, flag):  # fmt: skip
-    """xs vector v (8 bf16) = layer input vector v, or the flagged words y0 + 8 v .. + 7.
-    Returns 1 when all 8 words carried `flag` (always 1 for the layer input)."""
-    ok = Int32(1)
+             y_vec0: cutlass.Constexpr):  # fmt: skip
+    """xs vector v (8 bf16) = layer input vector v, or output vector y_vec0 + v (8 fp32)."""
     if cutlass.const_expr(from_x):
         cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
     else:
-        frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-        for q in cutlass.range_constexpr(4):
-            a, fa, b, fb = ld_flagged2((mY.iterator + (y0 + v * 8 + 2 * q)).llvm_ptr)
-            frag[2 * q] = a.to(BFloat16)
-            frag[2 * q + 1] = b.to(BFloat16)
-            ok = ok & Int32(fa == flag) & Int32(fb == flag)
-        cute.local_tile(xs, (8,), (v,)).store(frag.load())
+        val = cute.local_tile(mY, (8,), (y_vec0 + v,)).load()
+        cute.local_tile(xs, (8,), (v,)).store(val.to(BFloat16))
+
+
+@cute.jit
+def _stage_flagged_vec(mY: cute.Tensor, xs: cute.Tensor, v, y0: cutlass.Constexpr, flag):
+    """xs vector v (8 bf16) = the flagged words y0 + 8 v .. + 7; 1 when all carried `flag`."""
+    ok = Int32(1)
+    frag = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
+    for q in cutlass.range_constexpr(4):
+        a, fa, b, fb = ld_flagged2((mY.iterator + (y0 + v * 8 + 2 * q)).llvm_ptr)
+        frag[2 * q] = a.to(BFloat16)
+        frag[2 * q + 1] = b.to(BFloat16)
+        ok = ok & Int32(fa == flag) & Int32(fb == flag)
+    cute.local_tile(xs, (8,), (v,)).store(frag.load())
     return ok
 
 
 @cute.jit
-def _stage_input(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.Constexpr,
-                 src: cutlass.Constexpr, y0: cutlass.Constexpr, flag, poll: cutlass.Constexpr,
-                 tidx, threads: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr,
-                 bidx):  # fmt: skip
-    """Stage a phase's k input values into xs as bf16, every 16-byte load of this thread in
-    flight at once (one latency per phase). `poll`: reload until every word carries `flag`
+def _stage_flagged(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.Constexpr,
+                   src: cutlass.Constexpr, y0: cutlass.Constexpr, flag, poll: cutlass.Constexpr,
+                   tidx, threads: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr,
+                   bidx):  # fmt: skip
+    """Stage a phase's k input values into xs as bf16 from the layer input or the flagged
+    words from y0 (one 16-byte vector's four loads at a time: issuing all of a thread's loads
+    first measured slower, session 6 call 8). `poll`: reload until every word carries `flag`
     (the flagged-word grid sync), under the watchdog."""
     done = Int32(0)
     n = Int32(0)
@@ -249,11 +329,18 @@ def _stage_input(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.C
         done = Int32(1)
         for i in cutlass.range_constexpr((k // 8 + threads - 1) // threads):
             v = tidx + i * threads
-            if cutlass.const_expr((i + 1) * threads <= k // 8):
-                done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
+            if cutlass.const_expr(src < 0):
+                if cutlass.const_expr((i + 1) * threads <= k // 8):
+                    _stage_x(mX, mY, xs, v, True, 0)
+                else:
+                    if v < k // 8:
+                        _stage_x(mX, mY, xs, v, True, 0)
             else:
-                if v < k // 8:
-                    done = done & _stage_x(mX, mY, xs, v, src < 0, y0, flag)
+                if cutlass.const_expr((i + 1) * threads <= k // 8):
+                    done = done & _stage_flagged_vec(mY, xs, v, y0, flag)
+                else:
+                    if v < k // 8:
+                        done = done & _stage_flagged_vec(mY, xs, v, y0, flag)
         if cutlass.const_expr(not poll):
             done = Int32(1)
         n = n + 1
@@ -402,6 +489,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     n_ph = len(phases)
     rot = _starts([u.units % grid if rotate else 0 for u in units])  # phase p's first CTA
     yoff, woff = y_offsets(phases), w_offsets(phases)
+    plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
+                 chunk_bytes // 2, inflight, wait_kind, trace, wait, sync)  # fmt: skip
     k_max = max(max(ph.k for ph in phases), x_len)
     acc_len = max(-(-u.units // grid) * u.rows for u in units)
     chunk_el = chunk_bytes // 2
@@ -423,9 +512,12 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         acc = alloc.allocate_tensor(Float32, cute.make_layout(acc_len), byte_alignment=16)
         full = alloc.allocate_array(cutlass.Int64, num_elems=stages)
         empty = alloc.allocate_array(cutlass.Int64, num_elems=stages)
-        epoch = alloc.allocate_array(Int32, num_elems=1)
+        epoch = None
+        if cutlass.const_expr(flags):
+            epoch = alloc.allocate_array(Int32, num_elems=1)
         if tidx == 0:
-            epoch[0] = mE[0]
+            if cutlass.const_expr(flags):
+                epoch[0] = mE[0]
             for s in cutlass.range_constexpr(stages):
                 cute.arch.mbarrier_init(full + s, 1)
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
@@ -434,43 +526,23 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     mCnt[1 - slot, p] = Int32(0)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
-        if tidx == 0:
-            _stamp(trace and n_ph < 16, mT, CTA_STAMPS + bidx * 16 + 15)
-        flag = epoch[0] + 1  # this launch's output words; the last CTA out advances mE[0]
+        if cutlass.const_expr(trace and n_ph < 16):  # noqa: SIM102 (compile time, then runtime)
+            if tidx == 0:
+                _stamp(True, mT, CTA_STAMPS + bidx * 16 + 15)
+        flag = 0
+        if cutlass.const_expr(flags):
+            flag = epoch[0] + 1  # this launch's output words; the last CTA out advances mE[0]
 
-        if warp > CONSUMER_WARPS:  # only with `probe`
-            if bidx == 0 and lane == 0:
-                _probe_l2(mT, mY, probe, yoff[-1])
-        elif warp == CONSUMER_WARPS:
-            # Producer: one lane streams this CTA's slices of every phase, never waiting for data
-            # (but for a gate: the whole warp polls the gate phase's flagged words).
-            it = Int32(0)
-            for p in cutlass.range_constexpr(n_ph):
-                g = phases[p].gate
-                if cutlass.const_expr(wait and g >= 0 and flags):
-                    _wait_flagged(mY, yoff[g], phases[g].n, flag, lane, mT, 2, bidx)
-                if lane == 0:
-                    if cutlass.const_expr(wait and g >= 0 and not flags):
-                        _wait_count(mCnt, slot * n_ph + g, grid, mT, 2, bidx, sync)
-                    ub = units[p].bytes(phases[p].k)
-                    b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
-                    mine = (units[p].units - b + grid - 1) // grid
-                    for j in range(mine):
-                        s = it % stages
-                        _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
-                        if cutlass.const_expr(0 < inflight < stages):  # noqa: SIM102
-                            if it >= inflight:  # copy it - inflight has landed
-                                q = it - inflight
-                                _mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0,
-                                       bidx)  # fmt: skip
-                        _stamp_position(trace, mT, 0, it, bidx)
-                        cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
-                        u = b + j * grid
-                        src = mW.iterator + (woff[p] + u * (ub // 2))
-                        nvvm.cp_async_bulk_shared_cluster_global(
-                            ring.iterator + s * chunk_el, src, full + s, ub
-                        )
-                        it = it + 1
+        # warps: consumers 0 .. CONSUMER_WARPS - 1, the producer, then (probe only) the probe
+        if warp >= CONSUMER_WARPS if probe else warp == CONSUMER_WARPS:
+            if cutlass.const_expr(probe):
+                if warp == CONSUMER_WARPS:
+                    _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, flag, lane, bidx)
+                else:
+                    if bidx == 0 and lane == 0:
+                        _probe_l2(mT, mY, probe, yoff[-1])
+            else:
+                _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, flag, lane, bidx)
         else:
             atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
             it = Int32(0)
@@ -489,9 +561,18 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3072 + p)
                 # The input as bf16 in shared memory (half the shared-memory reads of fp32).
-                _stage_input(mX, mY, xs, ph.k, ph.src, yoff[max(ph.src, 0)], flag,
-                             wait and flags and ph.src >= 0, tidx, CONSUMERS, mT, 3 + p,
-                             bidx)  # fmt: skip
+                if cutlass.const_expr(flags):
+                    _stage_flagged(mX, mY, xs, ph.k, ph.src, yoff[max(ph.src, 0)], flag,
+                                   wait and ph.src >= 0, tidx, CONSUMERS, mT, 3 + p,
+                                   bidx)  # fmt: skip
+                else:  # every 16-byte load in flight at once: one latency per phase
+                    for i in cutlass.range_constexpr((ph.k // 8 + CONSUMERS - 1) // CONSUMERS):
+                        v = tidx + i * CONSUMERS
+                        if cutlass.const_expr((i + 1) * CONSUMERS <= ph.k // 8):
+                            _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
+                        else:
+                            if v < ph.k // 8:
+                                _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
                 for c in range(tidx, acc_len, CONSUMERS):
                     acc[c] = Float32(0.0)
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
@@ -522,30 +603,37 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 it = it + mine
 
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
-                if tidx == 0:
-                    _stamp(trace and p < 15, mT, CTA_STAMPS + bidx * 16 + p)
+                if cutlass.const_expr(trace and p < 15):  # noqa: SIM102
+                    if tidx == 0:
+                        _stamp(True, mT, CTA_STAMPS + bidx * 16 + p)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3264 + p)
-                # (each thread writes and, next phase, zeroes the same acc entries: no barrier)
-                for c in range(tidx, mine * rows, CONSUMERS):
-                    j = c // rows
-                    r = c % rows
-                    st_flagged((mY.iterator + (yoff[p] + (b + j * grid) * rows + r)).llvm_ptr,
-                               acc[c], flag)  # fmt: skip
-                if cutlass.const_expr(not flags):
+                if cutlass.const_expr(flags):
+                    # (each thread writes and, next phase, zeroes the same acc entries)
+                    for c in range(tidx, mine * rows, CONSUMERS):
+                        j = c // rows
+                        r = c % rows
+                        y = mY.iterator + (yoff[p] + (b + j * grid) * rows + r)
+                        st_flagged(y.llvm_ptr, acc[c], flag)
+                else:
+                    for c in range(tidx, mine * rows, CONSUMERS):
+                        j = c // rows
+                        r = c % rows
+                        mY[yoff[p] + (b + j * grid) * rows + r] = acc[c]
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if tidx == 0:
                         _arrive_count(mCnt, slot * n_ph + p, sync)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3136 + p)
 
-        # The last CTA out advances the epoch, so the next launch's flags differ from every
-        # word this one wrote (a kernel boundary separates launches: plain stores suffice).
-        cute.arch.sync_threads()
-        if tidx == 0:  # noqa: SIM102 (the atomic must not run in every thread)
-            if cute.arch.atomic_add((mE.iterator + 1).llvm_ptr, Int32(1)) == grid - 1:
-                mE[1] = Int32(0)
-                mE[0] = flag
+        if cutlass.const_expr(flags):
+            # The last CTA out advances the epoch, so the next launch's flags differ from every
+            # word this one wrote (a kernel boundary separates launches: plain stores suffice).
+            cute.arch.sync_threads()
+            if tidx == 0:  # noqa: SIM102 (the atomic must not run in every thread)
+                if cute.arch.atomic_add((mE.iterator + 1).llvm_ptr, Int32(1)) == grid - 1:
+                    mE[1] = Int32(0)
+                    mE[0] = flag
 
     @cute.jit
     def host(mW: cute.Tensor, mX: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor, slot: Int32,
@@ -561,14 +649,15 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
 
 def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -> Any:
-    """Compile once; call as f(W_packed_bf16, x_bf16, Y_flagged_i64, counters_i32[2, P], slot,
-    trace_i32[TRACE_LEN], epoch_i32[2]) (Y: one {fp32 value, int32 flag} word per output)."""
+    """Compile once; call as f(W_packed_bf16, x_bf16, Y, counters_i32[2, P], slot,
+    trace_i32[TRACE_LEN], epoch_i32[2]). Y: fp32 outputs, or with sync="flags" one int64
+    {fp32 value, int32 flag} word per output (the epoch is then read and advanced)."""
     n_w = w_offsets(phases)[-1]
     n_y = y_offsets(phases)[-1]
     args = [
         fake(BFloat16, (n_w,)),
         fake(BFloat16, (x_len,)),
-        fake(Int64, (n_y,)),
+        fake(Int64 if kw.get("sync") == "flags" else Float32, (n_y,)),
         fake(Int32, (2, len(phases))),
         Int32(0),
         fake(Int32, (TRACE_LEN,)),

@@ -123,9 +123,11 @@ VARIANTS = [
     # the reference: 74.44 us in session 6 call 2 (PTX unchanged since); run it every call, the
     # machines differ
     ("tensor cores, 4 sets, counters (red/ld)", dict(MMA)),
+    ("dynamic units, claims of 2", dict(MMA, dynamic=True)),
+    ("dynamic units, claims of 1", dict(MMA, dynamic=True, claim=1)),
+    ("dynamic units, claims of 4", dict(MMA, dynamic=True, claim=4)),
     ("stream alone (no arithmetic, no barriers)", dict(ALONE)),
-    ("tensor cores, 4 sets, flagged words", dict(MMA, sync="flags")),
-    ("trace: counters", dict(MMA, trace=True)),
+    ("trace: dynamic units, claims of 2", dict(MMA, dynamic=True, trace=True)),
 ]  # fmt: skip
 
 
@@ -170,7 +172,9 @@ def one(vi: int) -> int:
     torch.manual_seed(0)
     flagged = kw.get("sync") == "flags"
     layers = [make_layer(dev, phases, flagged) for _ in range(launches)]
-    cnt = torch.zeros(2, len(phases), device=dev, dtype=torch.int32)
+    cnt = torch.zeros(
+        2, len(phases) * (2 if kw.get("dynamic") else 1), device=dev, dtype=torch.int32
+    )  # arrivals (and dynamic units' claims) per phase
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     epoch = torch.zeros(2, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"

@@ -168,18 +168,26 @@ def _chain_phases():
     )
 
 
-@pytest.mark.parametrize(("mma", "sync"), [(False, "red"), (True, "red"), (True, "flags")])
-def test_stream_chain_compiles_with_bulk_copies_and_no_spills(mma: bool, sync: str) -> None:
+@pytest.mark.parametrize(
+    ("mma", "sync", "dynamic"),
+    [(False, "red", False), (True, "red", False), (True, "flags", False), (True, "red", True)],
+)
+def test_stream_chain_compiles_with_bulk_copies_and_no_spills(
+    mma: bool, sync: str, dynamic: bool
+) -> None:
     from agentab.kernels.cute.stream_chain import compile_chain, plan_units
 
     phases = _chain_phases()
-    ptx = compile_chain(phases, 132, 7168, stages=12, warps=6, mma=mma, sync=sync).__ptx__
+    ptx = compile_chain(
+        phases, 132, 7168, stages=12, warps=6, mma=mma, sync=sync, dynamic=dynamic
+    ).__ptx__
     assert ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes") >= 1
     flags = sync == "flags"
     # flags: every output is one 64-bit {value, flag} store, inputs are read as two such words
     flagged = "st.relaxed.gpu.global.b64" in ptx and "ld.relaxed.gpu.global.v2.b64" in ptx
     assert flagged == flags
-    assert ptx.count("atom.global") == flags  # flags: the last CTA out advances the epoch
+    # flags: the last CTA out advances the epoch; dynamic units: three claims per phase in code
+    assert ptx.count("atom.global") == (1 if flags else 3 * len(phases) if dynamic else 0)
     counters = "red.release.gpu.global.add.s32" in ptx and "ld.acquire.gpu.global.b32" in ptx
     assert counters == (not flags)  # grid barriers by counters, or none with flags
     assert not _ops(ptx) & {"ld.local", "st.local"}
@@ -205,3 +213,7 @@ def test_stream_chain_plans_whole_rows_the_mma_consumer_can_split() -> None:
         build(_chain_phases(), 132, 7168, stages=6, warps=4)
     with pytest.raises(ValueError, match="not an earlier phase"):
         build((Phase(256, 256, 1),), 132, 256)
+    with pytest.raises(ValueError, match="dynamic units: with counters"):
+        build(_chain_phases(), 132, 7168, sync="flags", dynamic=True)
+    with pytest.raises(ValueError, match="sync='fence': one of flags, red, atomic"):
+        build(_chain_phases(), 132, 7168, sync="fence")

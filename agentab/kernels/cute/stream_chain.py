@@ -233,11 +233,20 @@ class _Plan:
     trace: bool
     wait: bool
     sync: str
+    dynamic: bool = False
+    claim: int = 2
+    warps: int = 6
+
+    @property
+    def stride(self) -> int:
+        """Counters per slot: each phase's arrivals, then (dynamic units) its claims."""
+        return len(self.phases) * (2 if self.dynamic else 1)
 
 
 @cute.jit
 def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor,
-             slot, mT: cute.Tensor, ring: cute.Tensor, full, empty, flag, lane, bidx):  # fmt: skip
+             slot, mT: cute.Tensor, ring: cute.Tensor, full, empty, tag, flag, lane,
+             bidx):  # fmt: skip
     """The producer warp: lane 0 streams this CTA's slices of every phase, never waiting for
     data but for a gate (counters: lane 0 polls; flags: the whole warp polls the gate phase's
     words, then lane 0 goes on)."""
@@ -256,8 +265,12 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
             for p in cutlass.range_constexpr(n_ph):
                 g = plan.phases[p].gate
                 if cutlass.const_expr(plan.wait and g >= 0):
-                    _wait_count(mCnt, slot * n_ph + g, plan.grid, mT, 2, bidx, plan.sync)
-                it = _issue(plan, p, mW, ring, full, empty, mT, it, bidx)
+                    _wait_count(mCnt, slot * plan.stride + g, plan.grid, mT, 2, bidx, plan.sync)
+                if cutlass.const_expr(plan.dynamic):
+                    it = _issue_claimed(plan, p, mW, mCnt, slot, ring, full, empty, tag, mT, it,
+                                        bidx)  # fmt: skip
+                else:
+                    it = _issue(plan, p, mW, ring, full, empty, mT, it, bidx)
 
 
 @cute.jit
@@ -285,6 +298,65 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, ring:
         u = b + j * grid
         src = mW.iterator + (w0 + u * (ub // 2))
         nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * chunk_el, src, full + s, ub)
+        it = it + 1
+    return it
+
+
+@cute.jit
+def _consume_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s, acc0,
+                  rows: cutlass.Constexpr, vpr: cutlass.Constexpr, sets: cutlass.Constexpr, lane,
+                  chunk_el: cutlass.Constexpr, consume: cutlass.Constexpr,
+                  mma: cutlass.Constexpr):  # fmt: skip
+    """One warp reduces the unit in stage s against the input: its rows' sums land in
+    acc[acc0 ..] (tensor cores: `_unit_mma`; CUDA cores: one row at a time)."""
+    if cutlass.const_expr(consume and mma):
+        _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), acc0, rows, vpr, sets, lane)
+    if cutlass.const_expr(consume and not mma):
+        for r in cutlass.range_constexpr(rows):
+            part = _row_dot(ring, xs, s * (chunk_el // 8) + r * vpr, vpr, lane)
+            part = cute.arch.warp_reduction_sum(part, threads_in_group=32)
+            if lane == 0:
+                acc[acc0 + r] = part
+
+
+@cute.jit
+def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor,
+                   mCnt: cute.Tensor, slot, ring: cute.Tensor, full, empty, tag, mT: cute.Tensor,
+                   it, bidx):  # fmt: skip
+    """Dynamic units: lane 0 claims phase p's units `plan.claim` at a time from the phase's
+    claim counter (two claims in flight while a third's copies go out: an atomic's round trip
+    under the stream is 0.2-3 us, a 16 KB unit streams in ~0.6 us), tags each
+    stage with its unit, then closes the phase with one end marker (tag -1, no data) per
+    consumer warp: consecutive positions, so each warp meets exactly one. The CTAs whose SMs
+    stream faster take more units, so a phase no longer waits for the slowest SM's share."""
+    stages, claim = plan.stages, plan.claim
+    ub = plan.units[p].bytes(plan.phases[p].k)
+    n_units = plan.units[p].units
+    counter = (mCnt.iterator + (slot * plan.stride + len(plan.phases) + p)).llvm_ptr
+    base = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
+    after = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
+    while base < n_units:
+        later = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
+        for c in cutlass.range_constexpr(claim):
+            u = base + c
+            if u < n_units:
+                s = it % stages
+                _mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
+                _stamp_position(plan.trace, mT, 0, it, bidx)
+                tag[s] = u  # published by the arrive's release, read after the consumer's wait
+                cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
+                src = mW.iterator + (plan.woff[p] + u * (ub // 2))
+                nvvm.cp_async_bulk_shared_cluster_global(
+                    ring.iterator + s * plan.chunk_el, src, full + s, ub
+                )
+                it = it + 1
+        base = after
+        after = later
+    for _ in cutlass.range_constexpr(plan.warps):
+        s = it % stages
+        _mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
+        tag[s] = Int32(-1)
+        cute.arch.mbarrier_arrive(full + s)
         it = it + 1
     return it
 
@@ -451,7 +523,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
-          probe: str = "") -> Any:  # fmt: skip
+          probe: str = "", dynamic: bool = False, claim: int = 2) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -472,12 +544,15 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     the SM's in-flight weight bytes (12 x 16 KB at ~25 GB/s per SM: ~7 us), while ~4 copies
     already keep the HBM busy; the rest of the ring then only buffers landed stages. `probe`
     (with `trace`: "word" or "y") adds a warp to CTA 0 that times L2 round trips during the
-    launch (`_probe_l2`).
+    launch (`_probe_l2`). `dynamic` (counters only): CTAs claim each phase's units at run
+    time, `claim` per claim (`_issue_claimed`), instead of a fixed round robin.
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
         raise ValueError(f"sync={sync!r}: one of flags, red, atomic")
     flags = sync == "flags"
+    if dynamic and (flags or inflight):
+        raise ValueError("dynamic units: with counters (sync red/atomic) and no inflight cap")
     if stages % warps:
         # Position q lives in stage q % stages and belongs to warp q % warps: only when the
         # warps divide the stages does each stage keep one owner, so that no warp waits on a
@@ -490,11 +565,15 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     rot = _starts([u.units % grid if rotate else 0 for u in units])  # phase p's first CTA
     yoff, woff = y_offsets(phases), w_offsets(phases)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
-                 chunk_bytes // 2, inflight, wait_kind, trace, wait, sync)  # fmt: skip
+                 chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, dynamic, claim,
+                 warps)  # fmt: skip
+    stride = plan.stride
     k_max = max(max(ph.k for ph in phases), x_len)
-    acc_len = max(-(-u.units // grid) * u.rows for u in units)
+    # dynamic units: a row accumulator per stage (a unit's rows go out when it is done)
+    max_rows = max(u.rows for u in units)
+    acc_len = stages * max_rows if dynamic else max(-(-u.units // grid) * u.rows for u in units)
     chunk_el = chunk_bytes // 2
-    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 16 * stages + 256 + 16
+    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 20 * stages + 256 + 16
     if smem > SMEM_LIMIT:
         raise ValueError(f"{smem} B of shared memory per CTA: more than {SMEM_LIMIT}")
 
@@ -513,6 +592,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         full = alloc.allocate_array(cutlass.Int64, num_elems=stages)
         empty = alloc.allocate_array(cutlass.Int64, num_elems=stages)
         epoch = None
+        tag = None
+        if cutlass.const_expr(dynamic):
+            tag = alloc.allocate_array(Int32, num_elems=stages)  # each stage's unit (-1: end)
         if cutlass.const_expr(flags):
             epoch = alloc.allocate_array(Int32, num_elems=1)
         if tidx == 0:
@@ -522,7 +604,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 cute.arch.mbarrier_init(full + s, 1)
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
             if bidx == 0:  # the other slot's counters, for the next launch
-                for p in cutlass.range_constexpr(n_ph):
+                for p in cutlass.range_constexpr(stride):
                     mCnt[1 - slot, p] = Int32(0)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -537,15 +619,18 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         if warp >= CONSUMER_WARPS if probe else warp == CONSUMER_WARPS:
             if cutlass.const_expr(probe):
                 if warp == CONSUMER_WARPS:
-                    _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, flag, lane, bidx)
+                    _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
+                             bidx)  # fmt: skip
                 else:
                     if bidx == 0 and lane == 0:
                         _probe_l2(mT, mY, probe, yoff[-1])
             else:
-                _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, flag, lane, bidx)
+                _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
+                             bidx)  # fmt: skip
         else:
             atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
             it = Int32(0)
+            q = warp  # dynamic units: this warp's next ring position
             for p in cutlass.range_constexpr(n_ph):
                 ph = phases[p]
                 rows = units[p].rows
@@ -556,7 +641,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 # barrier; flags: every thread polls its own share of the input words).
                 if cutlass.const_expr(wait and ph.src >= 0 and not flags):
                     if tidx == 0:
-                        _wait_count(mCnt, slot * n_ph + ph.src, grid, mT, 3 + p, bidx, sync)
+                        _wait_count(mCnt, slot * stride + ph.src, grid, mT, 3 + p, bidx, sync)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3072 + p)
@@ -579,28 +664,46 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3200 + p)
 
-                # Units go round robin to the consumer warps; a warp owns whole units and keeps
-                # its partial sums in registers until a row (or row block) is done.
-                first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
-                for j in range(first, mine, CONSUMER_WARPS):
-                    s = (it + j) % stages
-                    _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
-                    if lane == 0:
-                        _stamp_position(trace, mT, 1, it + j, bidx)
-                    if cutlass.const_expr(consume and mma):
-                        _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), j * rows, rows, vpr,
-                                  sets, lane)  # fmt: skip
-                    if cutlass.const_expr(consume and not mma):
-                        for r in cutlass.range_constexpr(rows):
-                            part = _row_dot(ring, xs, s * (chunk_el // 8) + r * vpr, vpr, lane)
-                            part = cute.arch.warp_reduction_sum(part, threads_in_group=32)
-                            if lane == 0:
-                                acc[j * rows + r] = part
-                    cute.arch.sync_warp()
-                    if lane == 0:
-                        _stamp_position(trace, mT, 2, it + j, bidx)
-                        cute.arch.mbarrier_arrive(empty + s)
-                it = it + mine
+                if cutlass.const_expr(dynamic):
+                    # Position q belongs to warp q % warps; the warp's positions of this phase
+                    # hold claimed units until its end marker. A unit's rows go out when done.
+                    more = Int32(1)
+                    while more == 1:
+                        s = q % stages
+                        _mwait(full + s, (q // stages) & 1, wait_kind, mT, 1, bidx)
+                        if lane == 0:
+                            _stamp_position(trace, mT, 1, q, bidx)
+                        u = tag[s]
+                        if u < 0:
+                            more = Int32(0)
+                        else:
+                            _consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets,
+                                          lane, chunk_el, consume, mma)  # fmt: skip
+                            cute.arch.sync_warp()
+                            if lane < rows:
+                                mY[yoff[p] + u * rows + lane] = acc[s * max_rows + lane]
+                                acc[s * max_rows + lane] = Float32(0.0)
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            _stamp_position(trace, mT, 2, q, bidx)
+                            cute.arch.mbarrier_arrive(empty + s)
+                        q = q + CONSUMER_WARPS
+                else:
+                    # Units go round robin to the consumer warps; a warp owns whole units and
+                    # keeps its partial sums in registers until a row (or row block) is done.
+                    first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
+                    for j in range(first, mine, CONSUMER_WARPS):
+                        s = (it + j) % stages
+                        _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
+                        if lane == 0:
+                            _stamp_position(trace, mT, 1, it + j, bidx)
+                        _consume_unit(atom, ring, xs, acc, s, j * rows, rows, vpr, sets, lane,
+                                      chunk_el, consume, mma)  # fmt: skip
+                        cute.arch.sync_warp()
+                        if lane == 0:
+                            _stamp_position(trace, mT, 2, it + j, bidx)
+                            cute.arch.mbarrier_arrive(empty + s)
+                    it = it + mine
 
                 cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                 if cutlass.const_expr(trace and p < 15):  # noqa: SIM102
@@ -616,13 +719,14 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         y = mY.iterator + (yoff[p] + (b + j * grid) * rows + r)
                         st_flagged(y.llvm_ptr, acc[c], flag)
                 else:
-                    for c in range(tidx, mine * rows, CONSUMERS):
-                        j = c // rows
-                        r = c % rows
-                        mY[yoff[p] + (b + j * grid) * rows + r] = acc[c]
-                    cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                    if cutlass.const_expr(not dynamic):  # (dynamic: written per unit)
+                        for c in range(tidx, mine * rows, CONSUMERS):
+                            j = c // rows
+                            r = c % rows
+                            mY[yoff[p] + (b + j * grid) * rows + r] = acc[c]
+                        cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if tidx == 0:
-                        _arrive_count(mCnt, slot * n_ph + p, sync)
+                        _arrive_count(mCnt, slot * stride + p, sync)
                 if bidx == 0 and tidx == 0:
                     _stamp(trace, mT, 3136 + p)
 
@@ -649,8 +753,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
 
 def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -> Any:
-    """Compile once; call as f(W_packed_bf16, x_bf16, Y, counters_i32[2, P], slot,
-    trace_i32[TRACE_LEN], epoch_i32[2]). Y: fp32 outputs, or with sync="flags" one int64
+    """Compile once; call as f(W_packed_bf16, x_bf16, Y, counters_i32[2, P (2 P dynamic)],
+    slot, trace_i32[TRACE_LEN], epoch_i32[2]). Y: fp32 outputs, or with sync="flags" one int64
     {fp32 value, int32 flag} word per output (the epoch is then read and advanced)."""
     n_w = w_offsets(phases)[-1]
     n_y = y_offsets(phases)[-1]
@@ -658,7 +762,7 @@ def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -
         fake(BFloat16, (n_w,)),
         fake(BFloat16, (x_len,)),
         fake(Int64 if kw.get("sync") == "flags" else Float32, (n_y,)),
-        fake(Int32, (2, len(phases))),
+        fake(Int32, (2, len(phases) * (2 if kw.get("dynamic") else 1))),
         Int32(0),
         fake(Int32, (TRACE_LEN,)),
         fake(Int32, (2,)),

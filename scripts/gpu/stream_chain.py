@@ -123,11 +123,12 @@ VARIANTS = [
     # the reference: 74.44 us in session 6 call 2 (PTX unchanged since); run it every call, the
     # machines differ
     ("tensor cores, 4 sets, counters (red/ld)", dict(MMA)),
+    ("  same, row sums stored", dict(MMA, row_sum="store")),
     ("dynamic units, claims of 2", dict(MMA, dynamic=True)),
-    ("dynamic units, claims of 1", dict(MMA, dynamic=True, claim=1)),
-    ("dynamic units, claims of 4", dict(MMA, dynamic=True, claim=4)),
+    ("dynamic units, claims of 2, row sums stored", dict(MMA, dynamic=True, row_sum="store")),
+    ("dynamic units, claims of 4, row sums stored", dict(MMA, dynamic=True, claim=4, row_sum="store")),
     ("stream alone (no arithmetic, no barriers)", dict(ALONE)),
-    ("trace: dynamic units, claims of 2", dict(MMA, dynamic=True, trace=True)),
+    ("trace: dynamic units, claims of 2, row sums stored", dict(MMA, dynamic=True, row_sum="store", trace=True)),
 ]  # fmt: skip
 
 

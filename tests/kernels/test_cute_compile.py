@@ -204,6 +204,19 @@ def test_stream_chain_compiles_with_bulk_copies_and_no_spills(
         assert hmma == 0
 
 
+def test_stream_chain_row_sums_by_store_use_shuffles_not_shared_atomics() -> None:
+    from agentab.kernels.cute.stream_chain import compile_chain, plan_units
+
+    phases = _chain_phases()
+    kw = dict(stages=12, warps=6, mma=True)
+    assert "atom.shared.cta.add.f32" in compile_chain(phases, 132, 7168, **kw).__ptx__
+    ptx = compile_chain(phases, 132, 7168, row_sum="store", **kw).__ptx__
+    assert "atom.shared" not in ptx
+    # rows < 8 share a row among 32 / rows lanes: log2(32 / rows) butterfly steps per phase
+    rows = [plan_units(ph, 16384).rows for ph in phases]
+    assert ptx.count("shfl.sync.bfly") == sum((32 // r).bit_length() - 1 for r in rows if r < 8)
+
+
 def test_stream_chain_plans_whole_rows_the_mma_consumer_can_split() -> None:
     from agentab.kernels.cute.stream_chain import Phase, build, plan_units
 

@@ -306,11 +306,12 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, ring:
 def _consume_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s, acc0,
                   rows: cutlass.Constexpr, vpr: cutlass.Constexpr, sets: cutlass.Constexpr, lane,
                   chunk_el: cutlass.Constexpr, consume: cutlass.Constexpr,
-                  mma: cutlass.Constexpr):  # fmt: skip
+                  mma: cutlass.Constexpr, row_sum: cutlass.Constexpr):  # fmt: skip
     """One warp reduces the unit in stage s against the input: its rows' sums land in
     acc[acc0 ..] (tensor cores: `_unit_mma`; CUDA cores: one row at a time)."""
     if cutlass.const_expr(consume and mma):
-        _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), acc0, rows, vpr, sets, lane)
+        _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), acc0, rows, vpr, sets, lane,
+                  row_sum)  # fmt: skip
     if cutlass.const_expr(consume and not mma):
         for r in cutlass.range_constexpr(rows):
             part = _row_dot(ring, xs, s * (chunk_el // 8) + r * vpr, vpr, lane)
@@ -457,7 +458,7 @@ def _row_dot(ring: cute.Tensor, xs: cute.Tensor, wvec0, vpr: cutlass.Constexpr, 
 @cute.jit
 def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0, acc0,
               rows: cutlass.Constexpr, vpr: cutlass.Constexpr, sets: cutlass.Constexpr,
-              lane):  # fmt: skip
+              lane, row_sum: cutlass.Constexpr = "atomic"):  # fmt: skip
     """A unit's dot products on the tensor cores, no conversions and no shuffles.
 
     Only the sum over a row's products matters, so a lane's 16-byte weight chunk w0..w7 is
@@ -468,6 +469,8 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
     4n + n / 2, is group n's share; the other entries are never read. Group n reads chunks of
     row n (8+ rows per unit, 8 rows at a time) or a column share of row n % rows. `sets`
     independent accumulator pairs take the steps in turn (the MMAs' dependency chains).
+    `row_sum`: "atomic" adds each group's share into acc with a shared-memory atomic;
+    "store" sums a row's groups with shuffles and stores it once.
     """
     g = lane // 4
     t = lane % 4
@@ -508,22 +511,46 @@ def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0,
                 b2[2 + i] = xf[6 + i]
             cute.gemm(atom, d1[c % sets], a, b1, d1[c % sets])
             cute.gemm(atom, d2[c % sets], a, b2, d2[c % sets])
-        if t == g // 2:
-            odd = g % 2
-            v = Float32(0.0)
-            for h in cutlass.range_constexpr(sets):
-                if odd == 1:  # noqa: SIM108 (a runtime branch in the DSL)
-                    v = v + d1[h][1] + d2[h][3]
-                else:
-                    v = v + d1[h][0] + d2[h][2]
-            cute.arch.atomic_add((acc.iterator + acc0 + row).llvm_ptr, v, scope="cta")
+        if cutlass.const_expr(row_sum == "atomic"):
+            if t == g // 2:
+                v = _group_share(d1, d2, sets, g)
+                cute.arch.atomic_add((acc.iterator + acc0 + row).llvm_ptr, v, scope="cta")
+        else:
+            # A unit holds whole rows and one warp takes the unit: every row's sum is made
+            # here, so a store replaces the shared-memory float atomic (a CAS loop on sm_90,
+            # 8 lanes contending for a row of 7168).
+            v = _group_share(d1, d2, sets, g)
+            if t != g // 2:
+                v = Float32(0.0)
+            if cutlass.const_expr(rows >= 8):
+                if t == g // 2:
+                    acc[acc0 + row] = v
+            else:  # the groups of a row are 32 / rows consecutive lanes
+                v = cute.arch.warp_reduction_sum(v, threads_in_group=32 // rows)
+                if lane % (32 // rows) == 0:
+                    acc[acc0 + row] = v
+
+
+@cute.jit
+def _group_share(d1: list, d2: list, sets: cutlass.Constexpr, g):
+    """Group g's share of its row: D1[g][g] + D2[g + 8][g] summed over the accumulator sets,
+    held by lane 4 g + g / 2 (entry 0 / 2 of its fragments for even g, 1 / 3 for odd g)."""
+    odd = g % 2
+    v = Float32(0.0)
+    for h in cutlass.range_constexpr(sets):
+        if odd == 1:  # noqa: SIM108 (a runtime branch in the DSL)
+            v = v + d1[h][1] + d2[h][3]
+        else:
+            v = v + d1[h][0] + d2[h][2]
+    return v
 
 
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
-          probe: str = "", dynamic: bool = False, claim: int = 2) -> Any:  # fmt: skip
+          probe: str = "", dynamic: bool = False, claim: int = 2,
+          row_sum: str = "atomic") -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -545,7 +572,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     already keep the HBM busy; the rest of the ring then only buffers landed stages. `probe`
     (with `trace`: "word" or "y") adds a warp to CTA 0 that times L2 round trips during the
     launch (`_probe_l2`). `dynamic` (counters only): CTAs claim each phase's units at run
-    time, `claim` per claim (`_issue_claimed`), instead of a fixed round robin.
+    time, `claim` per claim (`_issue_claimed`), instead of a fixed round robin. `row_sum`
+    ("atomic" or "store") is how the tensor-core consumers land a row's sum (`_unit_mma`).
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -678,7 +706,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                             more = Int32(0)
                         else:
                             _consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets,
-                                          lane, chunk_el, consume, mma)  # fmt: skip
+                                          lane, chunk_el, consume, mma, row_sum)  # fmt: skip
                             cute.arch.sync_warp()
                             if lane < rows:
                                 mY[yoff[p] + u * rows + lane] = acc[s * max_rows + lane]
@@ -698,7 +726,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         if lane == 0:
                             _stamp_position(trace, mT, 1, it + j, bidx)
                         _consume_unit(atom, ring, xs, acc, s, j * rows, rows, vpr, sets, lane,
-                                      chunk_el, consume, mma)  # fmt: skip
+                                      chunk_el, consume, mma, row_sum)  # fmt: skip
                         cute.arch.sync_warp()
                         if lane == 0:
                             _stamp_position(trace, mT, 2, it + j, bidx)

@@ -58,17 +58,27 @@ PHASES = (
     Phase(7168, 256, 7),  # 9 shared expert down
     Phase(57344, 256, 8),  # 10 routed experts down (8 x 7168 rows)
 )
+# The shared expert's down projection before the routed experts: the consumers then have work
+# (and the producer bytes to stream) while the router's completion reaches every CTA, instead
+# of the producer idling at the routed experts' gate.
+SHARED_FIRST = (
+    *PHASES[:8],
+    Phase(7168, 256, 7),  # 8 shared expert down
+    Phase(4096, 7168, 5, gate=6),  # 9 routed experts gate/up, after routing
+    Phase(57344, 256, 9),  # 10 routed experts down
+)
+ORDERS = {"routed first": PHASES, "shared first": SHARED_FIRST}
 LAYERS = 4  # per CUDA graph (730 MB of weights, far above L2)
 X_LEN = 7168
 
 
-def stacked(layers: int) -> tuple[Phase, ...]:
+def stacked(layers: int, order: tuple[Phase, ...] = PHASES) -> tuple[Phase, ...]:
     """`layers` layers' phases in one launch: layer l + 1's input is layer l's last output, as
     a persistent kernel over a model's layers would see it (no launch between layers)."""
-    n = len(PHASES)
+    n = len(order)
     out = []
     for la in range(layers):
-        for p, ph in enumerate(PHASES):
+        for p, ph in enumerate(order):
             src = ph.src + n * la if ph.src >= 0 else (n * la - 1 if la else -1)
             gate = ph.gate + n * la if ph.gate >= 0 else -1
             out.append(Phase(ph.n, ph.k, src, gate))
@@ -124,10 +134,10 @@ VARIANTS = [
     # machines differ
     ("tensor cores, 4 sets, counters (red/ld)", dict(MMA)),
     ("  same, row sums stored", dict(MMA, row_sum="store")),
+    ("  same, shared expert first", dict(MMA, order="shared first")),
     ("dynamic units, claims of 2", dict(MMA, dynamic=True)),
     ("dynamic units, claims of 2, row sums stored", dict(MMA, dynamic=True, row_sum="store")),
-    ("dynamic units, claims of 4, row sums stored", dict(MMA, dynamic=True, claim=4, row_sum="store")),
-    ("stream alone (no arithmetic, no barriers)", dict(ALONE)),
+    ("dynamic units, claims of 2, row sums stored, shared first", dict(MMA, dynamic=True, row_sum="store", order="shared first")),
     ("trace: dynamic units, claims of 2, row sums stored", dict(MMA, dynamic=True, row_sum="store", trace=True)),
 ]  # fmt: skip
 
@@ -165,11 +175,14 @@ def one(vi: int) -> int:
     label, kw = VARIANTS[vi]
     kw = dict(kw)
     per_launch = kw.pop("layers", 1)
-    phases = stacked(per_launch)
+    order_name = kw.pop("order", "routed first")
+    order = ORDERS[order_name]
+    phases = stacked(per_launch, order)
     launches = max(2, LAYERS // per_launch)  # even: the launches alternate counter slots
     total = w_offsets(PHASES)[-1] * 2
     doc: dict = {"device": torch.cuda.get_device_name(dev), "sms": sms, "bytes": total,
-                 "variant": label, "options": kw, "layers_per_launch": per_launch}  # fmt: skip
+                 "variant": label, "options": kw, "layers_per_launch": per_launch,
+                 "order": order_name}  # fmt: skip
     torch.manual_seed(0)
     flagged = kw.get("sync") == "flags"
     layers = [make_layer(dev, phases, flagged) for _ in range(launches)]
@@ -180,7 +193,7 @@ def one(vi: int) -> int:
     epoch = torch.zeros(2, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"
     if kw.pop("trace", False):
-        traced(layers, cnt, trace, epoch, sms, kw, doc)
+        traced(layers, cnt, trace, epoch, sms, kw, doc, order)
         path.write_text(json.dumps(doc, indent=1))
         return 0
     ok = True
@@ -233,10 +246,10 @@ def one(vi: int) -> int:
 
 
 def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Tensor, sms: int,
-           kw: dict, doc: dict) -> None:  # fmt: skip
+           kw: dict, doc: dict, order: tuple[Phase, ...]) -> None:  # fmt: skip
     """CTA 0's pipeline: when each copy was issued, its stage seen filled and released, and
     each phase's input ready / staged, units done, arrival (ns; all positions in the JSON)."""
-    f = compile_chain(PHASES, sms, X_LEN, trace=True, **kw)
+    f = compile_chain(order, sms, X_LEN, trace=True, **kw)
     cnt.zero_()
     for i in range(4):  # warm: the last launch (slot 1) is the one read back
         trace.zero_()
@@ -253,7 +266,7 @@ def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Te
     lat = sorted(f - i for f, i in zip(fil, iss, strict=True))
     gaps = sorted(b - a for a, b in itertools.pairwise(fil))
     hold = sorted(r - f for f, r in zip(fil, rel_, strict=True))
-    n_ph = len(PHASES)
+    n_ph = len(order)
     info = {"options": kw, "positions": n, "end_ns": max(rel_),
             "issue_to_filled_ns_p10_p50_p90": [lat[n // 10], lat[n // 2], lat[9 * n // 10]],
             "filled_gap_ns_p50_p90": [gaps[len(gaps) // 2], gaps[9 * len(gaps) // 10]],

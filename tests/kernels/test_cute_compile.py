@@ -217,6 +217,19 @@ def test_stream_chain_row_sums_by_store_use_shuffles_not_shared_atomics() -> Non
     assert ptx.count("shfl.sync.bfly") == sum((32 // r).bit_length() - 1 for r in rows if r < 8)
 
 
+def test_stream_chain_layers_loop_at_run_time_instead_of_growing_the_code() -> None:
+    from agentab.kernels.cute.stream_chain import build, compile_chain
+
+    phases = _chain_phases()
+    kw = dict(stages=12, warps=6, mma=True)
+    hmma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    one = compile_chain(phases, 132, 7168, **kw).__ptx__
+    three = compile_chain(phases, 132, 7168, layers=3, **kw).__ptx__
+    assert three.count(hmma) == one.count(hmma) > 0
+    with pytest.raises(ValueError, match="layers > 1: with counters"):
+        build(phases, 132, 7168, sync="flags", layers=2)
+
+
 def test_stream_chain_plans_whole_rows_the_mma_consumer_can_split() -> None:
     from agentab.kernels.cute.stream_chain import Phase, build, plan_units
 

@@ -236,10 +236,11 @@ class _Plan:
     dynamic: bool = False
     claim: int = 2
     warps: int = 6
+    layers: int = 1
 
     @property
     def stride(self) -> int:
-        """Counters per slot: each phase's arrivals, then (dynamic units) its claims."""
+        """Counters per layer: each phase's arrivals, then (dynamic units) its claims."""
         return len(self.phases) * (2 if self.dynamic else 1)
 
 
@@ -258,26 +259,30 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
             if cutlass.const_expr(plan.wait and g >= 0):
                 _wait_flagged(mY, plan.yoff[g], plan.phases[g].n, flag, lane, mT, 2, bidx)
             if lane == 0:
-                it = _issue(plan, p, mW, ring, full, empty, mT, it, bidx)
+                it = _issue(plan, p, mW, 0, ring, full, empty, mT, it, bidx)
     else:
         if lane == 0:
             it = Int32(0)
-            for p in cutlass.range_constexpr(n_ph):
-                g = plan.phases[p].gate
-                if cutlass.const_expr(plan.wait and g >= 0):
-                    _wait_count(mCnt, slot * plan.stride + g, plan.grid, mT, 2, bidx, plan.sync)
-                if cutlass.const_expr(plan.dynamic):
-                    it = _issue_claimed(plan, p, mW, mCnt, slot, ring, full, empty, tag, mT, it,
-                                        bidx)  # fmt: skip
-                else:
-                    it = _issue(plan, p, mW, ring, full, empty, mT, it, bidx)
+            for l in range(plan.layers):  # noqa: E741
+                cb = slot * (plan.layers * plan.stride) + l * plan.stride  # the layer's counters
+                wb = l * plan.woff[-1]  # the layer's weights
+                for p in cutlass.range_constexpr(n_ph):
+                    g = plan.phases[p].gate
+                    if cutlass.const_expr(plan.wait and g >= 0):
+                        _wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync)
+                    if cutlass.const_expr(plan.dynamic):
+                        it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
+                                            it, bidx)  # fmt: skip
+                    else:
+                        it = _issue(plan, p, mW, wb, ring, full, empty, mT, it, bidx)
 
 
 @cute.jit
-def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, ring: cute.Tensor,
-           full, empty, mT: cute.Tensor, it, bidx):  # fmt: skip
-    """Lane 0 streams this CTA's units of phase p into the ring from position `it` (unit u on
-    CTA (rot[p] + u) % grid); returns the next position."""
+def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
+           ring: cute.Tensor, full, empty, mT: cute.Tensor, it, bidx):  # fmt: skip
+    """Lane 0 streams this CTA's units of phase p (of the layer whose weights start at element
+    wb) into the ring from position `it` (unit u on CTA (rot[p] + u) % grid); returns the next
+    position."""
     grid, stages, inflight = plan.grid, plan.stages, plan.inflight
     ub = plan.units[p].bytes(plan.phases[p].k)
     first_cta = plan.rot[p] % grid
@@ -296,7 +301,7 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, ring:
         _stamp_position(trace, mT, 0, it, bidx)
         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
         u = b + j * grid
-        src = mW.iterator + (w0 + u * (ub // 2))
+        src = mW.iterator + (wb + w0 + u * (ub // 2))
         nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * chunk_el, src, full + s, ub)
         it = it + 1
     return it
@@ -321,8 +326,8 @@ def _consume_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s,
 
 
 @cute.jit
-def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor,
-                   mCnt: cute.Tensor, slot, ring: cute.Tensor, full, empty, tag, mT: cute.Tensor,
+def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
+                   mCnt: cute.Tensor, cb, ring: cute.Tensor, full, empty, tag, mT: cute.Tensor,
                    it, bidx):  # fmt: skip
     """Dynamic units: lane 0 claims phase p's units `plan.claim` at a time from the phase's
     claim counter (two claims in flight while a third's copies go out: an atomic's round trip
@@ -333,7 +338,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
     stages, claim = plan.stages, plan.claim
     ub = plan.units[p].bytes(plan.phases[p].k)
     n_units = plan.units[p].units
-    counter = (mCnt.iterator + (slot * plan.stride + len(plan.phases) + p)).llvm_ptr
+    counter = (mCnt.iterator + (cb + len(plan.phases) + p)).llvm_ptr
     base = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
     after = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
     while base < n_units:
@@ -346,7 +351,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
                 _stamp_position(plan.trace, mT, 0, it, bidx)
                 tag[s] = u  # published by the arrive's release, read after the consumer's wait
                 cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
-                src = mW.iterator + (plan.woff[p] + u * (ub // 2))
+                src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
                 nvvm.cp_async_bulk_shared_cluster_global(
                     ring.iterator + s * plan.chunk_el, src, full + s, ub
                 )
@@ -363,8 +368,22 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
 
 
 @cute.jit
+def _stage_input(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.Constexpr,
+                 from_x: cutlass.Constexpr, y_vec0, tidx, threads: cutlass.Constexpr):  # fmt: skip
+    """Stage k input values into xs as bf16 (layer input or fp32 outputs from vector y_vec0),
+    every 16-byte load in flight at once: one latency per phase."""
+    for i in cutlass.range_constexpr((k // 8 + threads - 1) // threads):
+        v = tidx + i * threads
+        if cutlass.const_expr((i + 1) * threads <= k // 8):
+            _stage_x(mX, mY, xs, v, from_x, y_vec0)
+        else:
+            if v < k // 8:
+                _stage_x(mX, mY, xs, v, from_x, y_vec0)
+
+
+@cute.jit
 def _stage_x(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, v, from_x: cutlass.Constexpr,
-             y_vec0: cutlass.Constexpr):  # fmt: skip
+             y_vec0):  # fmt: skip
     """xs vector v (8 bf16) = layer input vector v, or output vector y_vec0 + v (8 fp32)."""
     if cutlass.const_expr(from_x):
         cute.local_tile(xs, (8,), (v,)).store(cute.local_tile(mX, (8,), (v,)).load())
@@ -550,7 +569,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
           probe: str = "", dynamic: bool = False, claim: int = 2,
-          row_sum: str = "atomic") -> Any:  # fmt: skip
+          row_sum: str = "atomic", layers: int = 1) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -574,6 +593,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     launch (`_probe_l2`). `dynamic` (counters only): CTAs claim each phase's units at run
     time, `claim` per claim (`_issue_claimed`), instead of a fixed round robin. `row_sum`
     ("atomic" or "store") is how the tensor-core consumers land a row's sum (`_unit_mma`).
+    `layers` (counters only): that many layers in one launch, as a runtime loop over one layer's
+    code (layer l + 1's input is layer l's last output; its weights, outputs and counters follow
+    layer l's), so the stream runs on across layer ends and the code does not grow.
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -581,6 +603,12 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     flags = sync == "flags"
     if dynamic and (flags or inflight):
         raise ValueError("dynamic units: with counters (sync red/atomic) and no inflight cap")
+    if layers > 1 and flags:
+        raise ValueError("layers > 1: with counters (sync red/atomic)")
+    if layers * w_offsets(phases)[-1] >= 2**31:
+        raise ValueError(f"{layers} layers of weights: element offsets beyond int32")
+    if layers > 1 and phases[-1].n < phases[0].k:
+        raise ValueError("layers > 1: the last phase's output is shorter than the first's input")
     if stages % warps:
         # Position q lives in stage q % stages and belongs to warp q % warps: only when the
         # warps divide the stages does each stage keep one owner, so that no warp waits on a
@@ -594,8 +622,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     yoff, woff = y_offsets(phases), w_offsets(phases)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
                  chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, dynamic, claim,
-                 warps)  # fmt: skip
+                 warps, layers)  # fmt: skip
     stride = plan.stride
+    n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
     # dynamic units: a row accumulator per stage (a unit's rows go out when it is done)
     max_rows = max(u.rows for u in units)
@@ -632,7 +661,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 cute.arch.mbarrier_init(full + s, 1)
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
             if bidx == 0:  # the other slot's counters, for the next launch
-                for p in cutlass.range_constexpr(stride):
+                for p in cutlass.range_constexpr(layers * stride):
                     mCnt[1 - slot, p] = Int32(0)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -659,104 +688,114 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
             atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
             it = Int32(0)
             q = warp  # dynamic units: this warp's next ring position
-            for p in cutlass.range_constexpr(n_ph):
-                ph = phases[p]
-                rows = units[p].rows
-                vpr = ph.k // 8  # 16-byte vectors per row
-                b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
-                mine = (units[p].units - b + grid - 1) // grid
-                # Wait for the input (counters: one thread polls, the rest wait at the named
-                # barrier; flags: every thread polls its own share of the input words).
-                if cutlass.const_expr(wait and ph.src >= 0 and not flags):
-                    if tidx == 0:
-                        _wait_count(mCnt, slot * stride + ph.src, grid, mT, 3 + p, bidx, sync)
+            for l in range(layers):  # noqa: E741 (a runtime loop: one layer's code, any layers)
+                cb = slot * (layers * stride) + l * stride  # this layer's counters
+                yb = l * n_y  # this layer's outputs
+                for p in cutlass.range_constexpr(n_ph):
+                    ph = phases[p]
+                    rows = units[p].rows
+                    vpr = ph.k // 8  # 16-byte vectors per row
+                    b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
+                    mine = (units[p].units - b + grid - 1) // grid
+                    # Wait for the input (counters: one thread polls, the rest wait at the named
+                    # barrier; flags: every thread polls its own share of the input words).
+                    if cutlass.const_expr(wait and ph.src >= 0 and not flags):
+                        if tidx == 0:
+                            _wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync)
+                        cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                    if cutlass.const_expr(wait and ph.src < 0 and layers > 1):  # noqa: SIM102
+                        if l > 0:  # the previous layer's last output is this layer's input
+                            if tidx == 0:
+                                _wait_count(mCnt, cb - stride + n_ph - 1, grid, mT, 3 + p, bidx,
+                                            sync)  # fmt: skip
+                            cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                    if bidx == 0 and tidx == 0:
+                        _stamp(trace, mT, 3072 + p)
+                    # The input as bf16 in shared memory (half the shared-memory reads of fp32).
+                    if cutlass.const_expr(flags):
+                        _stage_flagged(mX, mY, xs, ph.k, ph.src, yoff[max(ph.src, 0)], flag,
+                                       wait and ph.src >= 0, tidx, CONSUMERS, mT, 3 + p,
+                                       bidx)  # fmt: skip
+                    elif cutlass.const_expr(ph.src >= 0 or layers == 1):
+                        _stage_input(mX, mY, xs, ph.k, ph.src < 0, (yb + yoff[max(ph.src, 0)]) // 8,
+                                     tidx, CONSUMERS)  # fmt: skip
+                    else:  # a layer's first phase: the layer input, or the last layer's output
+                        if l == 0:
+                            _stage_input(mX, mY, xs, ph.k, True, 0, tidx, CONSUMERS)
+                        else:
+                            _stage_input(mX, mY, xs, ph.k, False, (yb - n_y + yoff[-2]) // 8,
+                                         tidx, CONSUMERS)  # fmt: skip
+                    for c in range(tidx, acc_len, CONSUMERS):
+                        acc[c] = Float32(0.0)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
-                if bidx == 0 and tidx == 0:
-                    _stamp(trace, mT, 3072 + p)
-                # The input as bf16 in shared memory (half the shared-memory reads of fp32).
-                if cutlass.const_expr(flags):
-                    _stage_flagged(mX, mY, xs, ph.k, ph.src, yoff[max(ph.src, 0)], flag,
-                                   wait and ph.src >= 0, tidx, CONSUMERS, mT, 3 + p,
-                                   bidx)  # fmt: skip
-                else:  # every 16-byte load in flight at once: one latency per phase
-                    for i in cutlass.range_constexpr((ph.k // 8 + CONSUMERS - 1) // CONSUMERS):
-                        v = tidx + i * CONSUMERS
-                        if cutlass.const_expr((i + 1) * CONSUMERS <= ph.k // 8):
-                            _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
-                        else:
-                            if v < ph.k // 8:
-                                _stage_x(mX, mY, xs, v, ph.src < 0, yoff[max(ph.src, 0)] // 8)
-                for c in range(tidx, acc_len, CONSUMERS):
-                    acc[c] = Float32(0.0)
-                cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
-                if bidx == 0 and tidx == 0:
-                    _stamp(trace, mT, 3200 + p)
+                    if bidx == 0 and tidx == 0:
+                        _stamp(trace, mT, 3200 + p)
 
-                if cutlass.const_expr(dynamic):
-                    # Position q belongs to warp q % warps; the warp's positions of this phase
-                    # hold claimed units until its end marker. A unit's rows go out when done.
-                    more = Int32(1)
-                    while more == 1:
-                        s = q % stages
-                        _mwait(full + s, (q // stages) & 1, wait_kind, mT, 1, bidx)
-                        if lane == 0:
-                            _stamp_position(trace, mT, 1, q, bidx)
-                        u = tag[s]
-                        if u < 0:
-                            more = Int32(0)
-                        else:
-                            _consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets,
-                                          lane, chunk_el, consume, mma, row_sum)  # fmt: skip
+                    if cutlass.const_expr(dynamic):
+                        # Position q belongs to warp q % warps; the warp's positions of this phase
+                        # hold claimed units until its end marker. A unit's rows go out when done.
+                        more = Int32(1)
+                        while more == 1:
+                            s = q % stages
+                            _mwait(full + s, (q // stages) & 1, wait_kind, mT, 1, bidx)
+                            if lane == 0:
+                                _stamp_position(trace, mT, 1, q, bidx)
+                            u = tag[s]
+                            if u < 0:
+                                more = Int32(0)
+                            else:
+                                _consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets,
+                                              lane, chunk_el, consume, mma, row_sum)  # fmt: skip
+                                cute.arch.sync_warp()
+                                if lane < rows:
+                                    mY[yb + yoff[p] + u * rows + lane] = acc[s * max_rows + lane]
+                                    acc[s * max_rows + lane] = Float32(0.0)
                             cute.arch.sync_warp()
-                            if lane < rows:
-                                mY[yoff[p] + u * rows + lane] = acc[s * max_rows + lane]
-                                acc[s * max_rows + lane] = Float32(0.0)
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            _stamp_position(trace, mT, 2, q, bidx)
-                            cute.arch.mbarrier_arrive(empty + s)
-                        q = q + CONSUMER_WARPS
-                else:
-                    # Units go round robin to the consumer warps; a warp owns whole units and
-                    # keeps its partial sums in registers until a row (or row block) is done.
-                    first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
-                    for j in range(first, mine, CONSUMER_WARPS):
-                        s = (it + j) % stages
-                        _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
-                        if lane == 0:
-                            _stamp_position(trace, mT, 1, it + j, bidx)
-                        _consume_unit(atom, ring, xs, acc, s, j * rows, rows, vpr, sets, lane,
-                                      chunk_el, consume, mma, row_sum)  # fmt: skip
-                        cute.arch.sync_warp()
-                        if lane == 0:
-                            _stamp_position(trace, mT, 2, it + j, bidx)
-                            cute.arch.mbarrier_arrive(empty + s)
-                    it = it + mine
+                            if lane == 0:
+                                _stamp_position(trace, mT, 2, q, bidx)
+                                cute.arch.mbarrier_arrive(empty + s)
+                            q = q + CONSUMER_WARPS
+                    else:
+                        # Units go round robin to the consumer warps; a warp owns whole units and
+                        # keeps its partial sums in registers until a row (or row block) is done.
+                        first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
+                        for j in range(first, mine, CONSUMER_WARPS):
+                            s = (it + j) % stages
+                            _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
+                            if lane == 0:
+                                _stamp_position(trace, mT, 1, it + j, bidx)
+                            _consume_unit(atom, ring, xs, acc, s, j * rows, rows, vpr, sets, lane,
+                                          chunk_el, consume, mma, row_sum)  # fmt: skip
+                            cute.arch.sync_warp()
+                            if lane == 0:
+                                _stamp_position(trace, mT, 2, it + j, bidx)
+                                cute.arch.mbarrier_arrive(empty + s)
+                        it = it + mine
 
-                cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
-                if cutlass.const_expr(trace and p < 15):  # noqa: SIM102
-                    if tidx == 0:
-                        _stamp(True, mT, CTA_STAMPS + bidx * 16 + p)
-                if bidx == 0 and tidx == 0:
-                    _stamp(trace, mT, 3264 + p)
-                if cutlass.const_expr(flags):
-                    # (each thread writes and, next phase, zeroes the same acc entries)
-                    for c in range(tidx, mine * rows, CONSUMERS):
-                        j = c // rows
-                        r = c % rows
-                        y = mY.iterator + (yoff[p] + (b + j * grid) * rows + r)
-                        st_flagged(y.llvm_ptr, acc[c], flag)
-                else:
-                    if cutlass.const_expr(not dynamic):  # (dynamic: written per unit)
+                    cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                    if cutlass.const_expr(trace and p < 15):  # noqa: SIM102
+                        if tidx == 0:
+                            _stamp(True, mT, CTA_STAMPS + bidx * 16 + p)
+                    if bidx == 0 and tidx == 0:
+                        _stamp(trace, mT, 3264 + p)
+                    if cutlass.const_expr(flags):
+                        # (each thread writes and, next phase, zeroes the same acc entries)
                         for c in range(tidx, mine * rows, CONSUMERS):
                             j = c // rows
                             r = c % rows
-                            mY[yoff[p] + (b + j * grid) * rows + r] = acc[c]
-                        cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
-                    if tidx == 0:
-                        _arrive_count(mCnt, slot * stride + p, sync)
-                if bidx == 0 and tidx == 0:
-                    _stamp(trace, mT, 3136 + p)
+                            y = mY.iterator + (yoff[p] + (b + j * grid) * rows + r)
+                            st_flagged(y.llvm_ptr, acc[c], flag)
+                    else:
+                        if cutlass.const_expr(not dynamic):  # (dynamic: written per unit)
+                            for c in range(tidx, mine * rows, CONSUMERS):
+                                j = c // rows
+                                r = c % rows
+                                mY[yb + yoff[p] + (b + j * grid) * rows + r] = acc[c]
+                            cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
+                        if tidx == 0:
+                            _arrive_count(mCnt, cb + p, sync)
+                    if bidx == 0 and tidx == 0:
+                        _stamp(trace, mT, 3136 + p)
 
         if cutlass.const_expr(flags):
             # The last CTA out advances the epoch, so the next launch's flags differ from every
@@ -781,16 +820,18 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
 
 def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -> Any:
-    """Compile once; call as f(W_packed_bf16, x_bf16, Y, counters_i32[2, P (2 P dynamic)],
-    slot, trace_i32[TRACE_LEN], epoch_i32[2]). Y: fp32 outputs, or with sync="flags" one int64
-    {fp32 value, int32 flag} word per output (the epoch is then read and advanced)."""
-    n_w = w_offsets(phases)[-1]
-    n_y = y_offsets(phases)[-1]
+    """Compile once; call as f(W_packed_bf16, x_bf16, Y, counters_i32[2, L P (2 L P dynamic)],
+    slot, trace_i32[TRACE_LEN], epoch_i32[2]) for L = `layers` layers. Y: fp32 outputs, or
+    with sync="flags" one int64 {fp32 value, int32 flag} word per output (the epoch is then
+    read and advanced)."""
+    layers = kw.get("layers", 1)
+    n_w = w_offsets(phases)[-1] * layers
+    n_y = y_offsets(phases)[-1] * layers
     args = [
         fake(BFloat16, (n_w,)),
         fake(BFloat16, (x_len,)),
         fake(Int64 if kw.get("sync") == "flags" else Float32, (n_y,)),
-        fake(Int32, (2, len(phases) * (2 if kw.get("dynamic") else 1))),
+        fake(Int32, (2, layers * len(phases) * (2 if kw.get("dynamic") else 1))),
         Int32(0),
         fake(Int32, (TRACE_LEN,)),
         fake(Int32, (2,)),

@@ -14,7 +14,9 @@ checked against torch (fp32) on the kernel's own inputs; then 4 layers per CUDA 
 far above L2) are timed, median of 50 replays.
 
 Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
-Each variant runs in its own process (LIMIT_S); writes $OUT/stream_chain_<variant>.json.
+Each variant runs in its own process (LIMIT_S); writes $OUT/stream_chain_<variant>.json (the
+device tool returns at most 8 files: keep VARIANTS at 7). The first variant is the reference
+(session 6: 74.44 us): machines differ, so compare within a call.
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ Launches alternate `slot` 0/1 and each launch zeroes the other slot's counters (
 launch, which used them, has completed: no PDL), so a CUDA graph of an even number of launches
 replays without a reset kernel. The grid must be co-resident: one CTA per SM (the ring fills the
 shared memory), at most as many CTAs as SMs.
+
+Measured variants and options (NOTES.md, sessions 5-6): tensor-core consumers (`mma`), the
+spare units rotated over the CTAs (`rotate`), barriers by red.release / ld.acquire (`sync`),
+or no barriers at all with flagged output words (`sync="flags"`, `flagged.py`); prepared and not
+yet measured: units claimed at run time (`dynamic`), row sums by shuffles (`row_sum`), several
+layers per launch as a runtime loop (`layers`).
 """
 
 # No `from __future__ import annotations`: CuTe DSL reads the kernels' annotations at trace time.

@@ -18,15 +18,13 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 
-@dsl_user_op
-def st_flagged(ptr, value: Float32, flag: Int32, *, loc=None, ip=None) -> None:
-    """Store {value, flag} as one 64-bit word at the 8-byte aligned global pointer `ptr`."""
-    bits = llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
-    llvm.inline_asm(
-        None,
-        [ptr, bits, Int32(flag).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b64 w;\n\tmov.b64 w, {$1, $2};\n\tst.relaxed.gpu.global.b64 [$0], w;\n\t}",
-        "l,r,r",
+def _asm(result, operands: list, text: str, constraints: str, loc, ip):
+    """Inline PTX with side effects, so the compiler keeps every poll and store."""
+    return llvm.inline_asm(
+        result,
+        operands,
+        text,
+        constraints,
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -36,21 +34,32 @@ def st_flagged(ptr, value: Float32, flag: Int32, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def st_flagged(ptr, value: Float32, flag: Int32, *, loc=None, ip=None) -> None:
+    """Store {value, flag} as one 64-bit word at the 8-byte aligned global pointer `ptr`."""
+    bits = llvm.bitcast(T.i32(), Float32(value).ir_value(loc=loc, ip=ip), loc=loc, ip=ip)
+    _asm(
+        None,
+        [ptr, bits, Int32(flag).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b64 w;\n\tmov.b64 w, {$1, $2};\n\tst.relaxed.gpu.global.b64 [$0], w;\n\t}",
+        "l,r,r",
+        loc,
+        ip,
+    )
+
+
+@dsl_user_op
 def ld_flagged2(ptr, *, loc=None, ip=None) -> tuple[Float32, Int32, Float32, Int32]:
     """Two consecutive flagged words from the 16-byte aligned global pointer `ptr`, in one
     16-byte load of two 64-bit elements (each element single-copy atomic):
     (value 0, flag 0, value 1, flag 1)."""
-    words = llvm.inline_asm(
+    words = _asm(
         llvm.StructType.get_literal([T.i32(), T.i32(), T.i32(), T.i32()]),
         [ptr],
         "{\n\t.reg .b64 a, b;\n\tld.relaxed.gpu.global.v2.b64 {a, b}, [$4];\n\t"
         "mov.b64 {$0, $1}, a;\n\tmov.b64 {$2, $3}, b;\n\t}",
         "=r,=r,=r,=r,l",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-        loc=loc,
-        ip=ip,
+        loc,
+        ip,
     )
     parts = [llvm.extractvalue(T.i32(), words, [i], loc=loc, ip=ip) for i in range(4)]
     v0 = Float32(llvm.bitcast(T.f32(), parts[0], loc=loc, ip=ip))

@@ -421,30 +421,26 @@ def _stage_flagged(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass
     words from y0 (one 16-byte vector's four loads at a time: issuing all of a thread's loads
     first measured slower, session 6 call 8). `poll`: reload until every word carries `flag`
     (the flagged-word grid sync), under the watchdog."""
-    done = Int32(0)
-    n = Int32(0)
-    while done == 0:
-        done = Int32(1)
-        for i in cutlass.range_constexpr((k // 8 + threads - 1) // threads):
-            v = tidx + i * threads
-            if cutlass.const_expr(src < 0):
-                if cutlass.const_expr((i + 1) * threads <= k // 8):
-                    _stage_x(mX, mY, xs, v, True, 0)
-                else:
-                    if v < k // 8:
-                        _stage_x(mX, mY, xs, v, True, 0)
-            else:
+    if cutlass.const_expr(src < 0):
+        _stage_input(mX, mY, xs, k, True, 0, tidx, threads)
+    else:
+        done = Int32(0)
+        n = Int32(0)
+        while done == 0:
+            done = Int32(1)
+            for i in cutlass.range_constexpr((k // 8 + threads - 1) // threads):
+                v = tidx + i * threads
                 if cutlass.const_expr((i + 1) * threads <= k // 8):
                     done = done & _stage_flagged_vec(mY, xs, v, y0, flag)
                 else:
                     if v < k // 8:
                         done = done & _stage_flagged_vec(mY, xs, v, y0, flag)
-        if cutlass.const_expr(not poll):
-            done = Int32(1)
-        n = n + 1
-        if n > WATCHDOG:
-            mT[WATCH + code] = bidx + 1
-            done = Int32(1)
+            if cutlass.const_expr(not poll):
+                done = Int32(1)
+            n = n + 1
+            if n > WATCHDOG:
+                mT[WATCH + code] = bidx + 1
+                done = Int32(1)
 
 
 @cute.jit

@@ -31,18 +31,15 @@ from pathlib import Path
 
 import torch
 
-from agentab.kernels.cute.stream_chain import (
+from agentab.kernels.cute.chain_trace import (
     CTA_STAMPS,
     PROBE,
     PROBE_SAMPLES,
     TRACE_LEN,
     TRACE_POSITIONS,
     WATCH,
-    Phase,
-    compile_chain,
-    w_offsets,
-    y_offsets,
 )
+from agentab.kernels.cute.stream_chain import Phase, compile_chain, w_offsets, y_offsets
 from agentab.kernels.harness import capture, time_replays
 
 OUT = Path(os.environ.get("OUT", "out"))

@@ -38,6 +38,16 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
+from agentab.kernels.cute.chain_dot import consume_unit
+from agentab.kernels.cute.chain_sync import WATCHDOG, arrive_count, mwait, wait_count, wait_flagged
+from agentab.kernels.cute.chain_trace import (
+    CTA_STAMPS,
+    TRACE_LEN,
+    WATCH,
+    probe_l2,
+    stamp,
+    stamp_position,
+)
 from agentab.kernels.cute.common import compile_tvm_ffi, fake
 from agentab.kernels.cute.flagged import ld_flagged2, st_flagged
 
@@ -74,7 +84,7 @@ def plan_units(ph: Phase, chunk_bytes: int) -> Unit:
     if ph.k * 2 > chunk_bytes:
         raise ValueError(f"k={ph.k}: one row ({ph.k * 2} B) exceeds a {chunk_bytes} B stage")
     # rows 1, 2, 4 or a multiple of 8: the tensor-core consumer gives each row 8 / rows of
-    # its 8 lane groups, or 8 rows at a time (`_unit_mma`)
+    # its 8 lane groups, or 8 rows at a time (`unit_mma`)
     rows = max(
         r
         for r in range(1, chunk_bytes // (ph.k * 2) + 1)
@@ -107,119 +117,6 @@ def validate(phases: tuple[Phase, ...]) -> None:
             raise ValueError(f"phase {i}: src {ph.src} / gate {ph.gate}: not an earlier phase")
         if ph.src >= 0 and phases[ph.src].n < ph.k:
             raise ValueError(f"phase {i}: k={ph.k} exceeds phase {ph.src}'s {phases[ph.src].n}")
-
-
-TRACE_LEN = 16384  # int32 stamps: issue / filled / released per ring position (< 1024), phases
-# (3072 + p: input ready, 3136 + p: arrived, 3200 + p: input staged, 3264 + p: units done)
-CTA_STAMPS = 4096  # every CTA's units-done time of phases p < 15 at 4096 + 16 CTA + p, entry + 15
-PROBE = 8192  # CTA 0's probe warp: (start, round trip) ns of dependent L2 loads, in pairs
-PROBE_SAMPLES = 2048
-PROBE_WORD = PROBE + 2 * PROBE_SAMPLES  # the word it loads (never written: an L2 hit)
-PROBE_NS = 90_000  # the probe stops after this long (the kernel waits for it)
-
-
-WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
-WATCH = 4080
-
-
-@cute.jit
-def _poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
-    """Poll until `probe` succeeds: "test" / "try_nohint" (mbarrier `where`, parity `arg`) or
-    "count" / "load" (global counter pointer `where` >= `arg`: atom.add 0 / ld, acquire).
-    Gives up after WATCHDOG polls and writes 1 + bidx to mT[WATCH + code]: a stuck pipeline
-    ends with a flag, not a hung GPU."""
-    state = Int32(0)
-    n = Int32(0)
-    while state == 0:
-        if cutlass.const_expr(probe == "test"):
-            if cute.arch.mbarrier_test_wait(where, arg):
-                state = Int32(1)
-        elif cutlass.const_expr(probe == "try_nohint"):
-            if cute.arch.mbarrier_try_wait(where, arg):
-                state = Int32(1)
-        elif cutlass.const_expr(probe == "load"):
-            if cute.arch.load(where, Int32, sem="acquire", scope="gpu") >= arg:
-                state = Int32(1)
-        else:
-            if cute.arch.atomic_add(where, Int32(0), sem="acquire", scope="gpu") >= arg:
-                state = Int32(1)
-        n = n + 1
-        if n > WATCHDOG:
-            state = Int32(2)
-    if state == 2:
-        mT[WATCH + code] = bidx + 1
-
-
-@cute.jit
-def _mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
-    """Wait for the mbarrier phase of `parity`: "try" lets the hardware suspend the thread
-    (mbarrier.try_wait's time hint, what cute.arch.mbarrier_wait emits); "test" spins and
-    "try_nohint" polls try_wait without a hint, both under the watchdog (`_poll`)."""
-    if cutlass.const_expr(kind == "try"):
-        cute.arch.mbarrier_wait(bar, parity)
-    else:
-        _poll(kind, bar, parity, mT, code, bidx)
-
-
-@cute.jit
-def _stamp(on: cutlass.Constexpr, mT: cute.Tensor, idx):
-    if cutlass.const_expr(on):
-        mT[idx] = cute.arch.globaltimer_lo()
-
-
-TRACE_POSITIONS = 1024  # ring positions CTA 0 stamps (issue, filled, released: 3 x 1024 slots)
-
-
-@cute.jit
-def _stamp_position(on: cutlass.Constexpr, mT: cute.Tensor, kind: cutlass.Constexpr, pos, bidx):
-    """CTA 0's stamp of ring position `pos`: kind 0 issued, 1 filled, 2 released."""
-    if cutlass.const_expr(on):  # noqa: SIM102 (compile time, then runtime)
-        if bidx == 0 and pos < TRACE_POSITIONS:
-            mT[kind * TRACE_POSITIONS + pos] = cute.arch.globaltimer_lo()
-
-
-@cute.jit
-def _probe_l2(mT: cute.Tensor, mY: cute.Tensor, where: cutlass.Constexpr, n_y: cutlass.Constexpr):
-    """Time dependent GPU-scope loads while the weight stream runs: the round trip every
-    phase input pays in a persistent kernel. `where`: "word" (one L2-resident word, again and
-    again) or "y" (the output words, a new line each time, as a phase input reads them)."""
-    start = cute.arch.globaltimer_lo()
-    now = start
-    i = Int32(0)
-    while i < PROBE_SAMPLES and now - start < PROBE_NS:
-        t0 = cute.arch.globaltimer_lo()
-        ptr = (mT.iterator + PROBE_WORD).llvm_ptr
-        if cutlass.const_expr(where == "y"):
-            ptr = (mY.iterator + (i * 97 * 16) % n_y).llvm_ptr  # 97 lines apart, cycling
-        v = cute.arch.load(ptr, Int32, sem="relaxed", scope="gpu")
-        if v != 0:  # never true; the branch makes the next stamp wait for the load
-            mT[WATCH + 15] = v
-        now = cute.arch.globaltimer_lo()
-        mT[PROBE + 2 * i] = t0
-        mT[PROBE + 2 * i + 1] = now - t0
-        i = i + 1
-
-
-@cute.jit
-def _wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
-                sync: cutlass.Constexpr):  # fmt: skip
-    """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
-    writes released before the arrivals are visible to this CTA after its next barrier."""
-    _poll("load" if sync == "red" else "count", (mCnt.iterator + idx).llvm_ptr, target, mT, code,
-          bidx)  # fmt: skip
-    cute.arch.fence_acq_rel_gpu()
-
-
-@cute.jit
-def _arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
-    """One thread adds this CTA's arrival to counter `idx`, releasing the CTA's writes (which
-    the preceding named barrier ordered before this thread's): red.release needs no reply."""
-    ptr = (mCnt.iterator + idx).llvm_ptr
-    if cutlass.const_expr(sync == "red"):
-        cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
-    else:
-        cute.arch.fence_acq_rel_gpu()
-        cute.arch.atomic_add(ptr, Int32(1), sem="release", scope="gpu")
 
 
 @dataclass(frozen=True)
@@ -263,7 +160,7 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
         for p in cutlass.range_constexpr(n_ph):
             g = plan.phases[p].gate
             if cutlass.const_expr(plan.wait and g >= 0):
-                _wait_flagged(mY, plan.yoff[g], plan.phases[g].n, flag, lane, mT, 2, bidx)
+                wait_flagged(mY, plan.yoff[g], plan.phases[g].n, flag, lane, mT, 2, bidx)
             if lane == 0:
                 it = _issue(plan, p, mW, 0, ring, full, empty, mT, it, bidx)
     else:
@@ -275,7 +172,7 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
                 for p in cutlass.range_constexpr(n_ph):
                     g = plan.phases[p].gate
                     if cutlass.const_expr(plan.wait and g >= 0):
-                        _wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync)
+                        wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync)
                     if cutlass.const_expr(plan.dynamic):
                         it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
                                             it, bidx)  # fmt: skip
@@ -299,36 +196,18 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
     mine = (n_units - b + grid - 1) // grid
     for j in range(mine):
         s = it % stages
-        _mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
+        mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
         if cutlass.const_expr(0 < inflight < stages):  # noqa: SIM102
             if it >= inflight:  # copy it - inflight has landed
                 q = it - inflight
-                _mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
-        _stamp_position(trace, mT, 0, it, bidx)
+                mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
+        stamp_position(trace, mT, 0, it, bidx)
         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
         u = b + j * grid
         src = mW.iterator + (wb + w0 + u * (ub // 2))
         nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * chunk_el, src, full + s, ub)
         it = it + 1
     return it
-
-
-@cute.jit
-def _consume_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s, acc0,
-                  rows: cutlass.Constexpr, vpr: cutlass.Constexpr, sets: cutlass.Constexpr, lane,
-                  chunk_el: cutlass.Constexpr, consume: cutlass.Constexpr,
-                  mma: cutlass.Constexpr, row_sum: cutlass.Constexpr):  # fmt: skip
-    """One warp reduces the unit in stage s against the input: its rows' sums land in
-    acc[acc0 ..] (tensor cores: `_unit_mma`; CUDA cores: one row at a time)."""
-    if cutlass.const_expr(consume and mma):
-        _unit_mma(atom, ring, xs, acc, s * (chunk_el // 8), acc0, rows, vpr, sets, lane,
-                  row_sum)  # fmt: skip
-    if cutlass.const_expr(consume and not mma):
-        for r in cutlass.range_constexpr(rows):
-            part = _row_dot(ring, xs, s * (chunk_el // 8) + r * vpr, vpr, lane)
-            part = cute.arch.warp_reduction_sum(part, threads_in_group=32)
-            if lane == 0:
-                acc[acc0 + r] = part
 
 
 @cute.jit
@@ -353,8 +232,8 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
             u = base + c
             if u < n_units:
                 s = it % stages
-                _mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
-                _stamp_position(plan.trace, mT, 0, it, bidx)
+                mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
+                stamp_position(plan.trace, mT, 0, it, bidx)
                 tag[s] = u  # published by the arrive's release, read after the consumer's wait
                 cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
                 src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
@@ -366,7 +245,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
         after = later
     for _ in cutlass.range_constexpr(plan.warps):
         s = it % stages
-        _mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
+        mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
         tag[s] = Int32(-1)
         cute.arch.mbarrier_arrive(full + s)
         it = it + 1
@@ -443,129 +322,6 @@ def _stage_flagged(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass
                 done = Int32(1)
 
 
-@cute.jit
-def _wait_flagged(mY: cute.Tensor, y0: cutlass.Constexpr, n: cutlass.Constexpr, flag, lane,
-                  mT: cute.Tensor, code: cutlass.Constexpr, bidx):  # fmt: skip
-    """A whole warp polls until the n flagged words from y0 all carry `flag`."""
-    done = Int32(0)
-    polls = Int32(0)
-    while done == 0:
-        ok = Int32(1)
-        for i in cutlass.range_constexpr((n // 2 + 31) // 32):
-            pair = lane + 32 * i
-            if pair < n // 2:
-                _, fa, _, fb = ld_flagged2((mY.iterator + (y0 + 2 * pair)).llvm_ptr)
-                ok = ok & Int32(fa == flag) & Int32(fb == flag)
-        done = Int32(cute.arch.vote_all_sync(ok == 1))
-        polls = polls + 1
-        if polls > WATCHDOG:
-            mT[WATCH + code] = bidx + 1
-            done = Int32(1)
-
-
-@cute.jit
-def _row_dot(ring: cute.Tensor, xs: cute.Tensor, wvec0, vpr: cutlass.Constexpr, lane):
-    """This lane's part of one row's dot product: ring vectors wvec0 + lane + 32 c (8 bf16
-    each) against xs vectors lane + 32 c (8 bf16), c < vpr / 32, in an 8-wide accumulator."""
-    frag = cute.make_rmem_tensor(cute.make_layout(8), Float32)
-    frag.fill(0.0)
-    a8 = frag.load()
-    for c in cutlass.range_constexpr(vpr // 32):
-        w = cute.local_tile(ring, (8,), (wvec0 + c * 32 + lane,)).load().to(Float32)
-        a8 = a8 + w * cute.local_tile(xs, (8,), (c * 32 + lane,)).load().to(Float32)
-    return a8.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-
-
-@cute.jit
-def _unit_mma(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0, acc0,
-              rows: cutlass.Constexpr, vpr: cutlass.Constexpr, sets: cutlass.Constexpr,
-              lane, row_sum: cutlass.Constexpr = "atomic"):  # fmt: skip
-    """A unit's dot products on the tensor cores, no conversions and no shuffles.
-
-    Only the sum over a row's products matters, so a lane's 16-byte weight chunk w0..w7 is
-    taken as its whole A fragment of an m16n8k16 MMA: A rows g and g + 8 (g = lane / 4), k
-    slots {2t, 2t+1, 2t+8, 2t+9} (t = lane % 4). B column n = x values of the chunks that lanes
-    of group n hold: MMA 1 takes their x0, x1, x4, x5 (pairing with A row n), MMA 2 their
-    x2, x3, x6, x7 (pairing with A row n + 8). Then D1[n][n] + D2[n + 8][n], held by lane
-    4n + n / 2, is group n's share; the other entries are never read. Group n reads chunks of
-    row n (8+ rows per unit, 8 rows at a time) or a column share of row n % rows. `sets`
-    independent accumulator pairs take the steps in turn (the MMAs' dependency chains).
-    `row_sum`: "atomic" adds each group's share into acc with a shared-memory atomic;
-    "store" sums a row's groups with shuffles and stores it once.
-    """
-    g = lane // 4
-    t = lane % 4
-    per_row = 8 // rows if rows < 8 else 1  # groups sharing a row
-    blocks = rows // 8 if rows >= 8 else 1
-    steps = vpr // (4 * per_row)  # chunk steps per group and row block
-    for rb in cutlass.range_constexpr(blocks):
-        d1 = []
-        d2 = []
-        for _ in cutlass.range_constexpr(sets):
-            a1 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
-            a2 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), Float32)
-            for i in cutlass.range_constexpr(4):
-                a1[i] = Float32(0.0)
-                a2[i] = Float32(0.0)
-            d1.append(a1)
-            d2.append(a2)
-        row = rb * 8 + g
-        sub = 0
-        if cutlass.const_expr(rows < 8):
-            row = g // per_row
-            sub = g % per_row
-        for c in cutlass.range_constexpr(steps):
-            chunk = (c * per_row + sub) * 4 + t
-            wf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-            wf.store(cute.local_tile(ring, (8,), (wvec0 + row * vpr + chunk,)).load())
-            xf = cute.make_rmem_tensor(cute.make_layout(8), BFloat16)
-            xf.store(cute.local_tile(xs, (8,), (chunk,)).load())
-            a = cute.make_rmem_tensor(cute.make_layout(((2, 2, 2), 1, 1)), BFloat16)
-            for i in cutlass.range_constexpr(8):
-                a[i] = wf[i]
-            b1 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), BFloat16)
-            b2 = cute.make_rmem_tensor(cute.make_layout(((2, 2), 1, 1)), BFloat16)
-            for i in cutlass.range_constexpr(2):
-                b1[i] = xf[i]
-                b1[2 + i] = xf[4 + i]
-                b2[i] = xf[2 + i]
-                b2[2 + i] = xf[6 + i]
-            cute.gemm(atom, d1[c % sets], a, b1, d1[c % sets])
-            cute.gemm(atom, d2[c % sets], a, b2, d2[c % sets])
-        if cutlass.const_expr(row_sum == "atomic"):
-            if t == g // 2:
-                v = _group_share(d1, d2, sets, g)
-                cute.arch.atomic_add((acc.iterator + acc0 + row).llvm_ptr, v, scope="cta")
-        else:
-            # A unit holds whole rows and one warp takes the unit: every row's sum is made
-            # here, so a store replaces the shared-memory float atomic (a CAS loop on sm_90,
-            # 8 lanes contending for a row of 7168).
-            v = _group_share(d1, d2, sets, g)
-            if t != g // 2:
-                v = Float32(0.0)
-            if cutlass.const_expr(rows >= 8):
-                if t == g // 2:
-                    acc[acc0 + row] = v
-            else:  # the groups of a row are 32 / rows consecutive lanes
-                v = cute.arch.warp_reduction_sum(v, threads_in_group=32 // rows)
-                if lane % (32 // rows) == 0:
-                    acc[acc0 + row] = v
-
-
-@cute.jit
-def _group_share(d1: list, d2: list, sets: cutlass.Constexpr, g):
-    """Group g's share of its row: D1[g][g] + D2[g + 8][g] summed over the accumulator sets,
-    held by lane 4 g + g / 2 (entry 0 / 2 of its fragments for even g, 1 / 3 for odd g)."""
-    odd = g % 2
-    v = Float32(0.0)
-    for h in cutlass.range_constexpr(sets):
-        if odd == 1:  # noqa: SIM108 (a runtime branch in the DSL)
-            v = v + d1[h][1] + d2[h][3]
-        else:
-            v = v + d1[h][0] + d2[h][2]
-    return v
-
-
 def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           chunk_bytes: int = 16384, wait: bool = True, consume: bool = True, wait_kind: str = "try",
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
@@ -578,10 +334,10 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     the read ceiling of the same kernel, for measurement only. `consume=False` skips the
     arithmetic (consumers only wait for and release the stages): the stream's own rate.
     `warps` consumer warps own the ring's stages round robin; `wait_kind` picks the mbarrier
-    wait (`_mwait`); `trace` has CTA 0 write %globaltimer stamps
+    wait (`mwait`); `trace` has CTA 0 write %globaltimer stamps
     into the trace argument (producer issue, stage filled, stage released per ring position;
     each phase's start and end). `mma` runs the consumers' dot products on the tensor cores
-    (`_unit_mma`, `sets` accumulator pairs) instead of CUDA-core FMAs. `rotate` starts each
+    (`unit_mma`, `sets` accumulator pairs) instead of CUDA-core FMAs. `rotate` starts each
     phase's round robin of units where the previous phase's left off, so the CTAs that take a
     phase's spare units differ from phase to phase (without it CTA 0 takes every spare: 3.8%
     more bytes than the mean). `sync` picks the grid barrier: "flags" (no barrier: each output
@@ -592,9 +348,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     the SM's in-flight weight bytes (12 x 16 KB at ~25 GB/s per SM: ~7 us), while ~4 copies
     already keep the HBM busy; the rest of the ring then only buffers landed stages. `probe`
     (with `trace`: "word" or "y") adds a warp to CTA 0 that times L2 round trips during the
-    launch (`_probe_l2`). `dynamic` (counters only): CTAs claim each phase's units at run
+    launch (`probe_l2`). `dynamic` (counters only): CTAs claim each phase's units at run
     time, `claim` per claim (`_issue_claimed`), instead of a fixed round robin. `row_sum`
-    ("atomic" or "store") is how the tensor-core consumers land a row's sum (`_unit_mma`).
+    ("atomic" or "store") is how the tensor-core consumers land a row's sum (`unit_mma`).
     `layers` (counters only): that many layers in one launch, as a runtime loop over one layer's
     code (layer l + 1's input is layer l's last output; its weights, outputs and counters follow
     layer l's), so the stream runs on across layer ends and the code does not grow.
@@ -669,7 +425,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         cute.arch.sync_threads()
         if cutlass.const_expr(trace and n_ph < 16):  # noqa: SIM102 (compile time, then runtime)
             if tidx == 0:
-                _stamp(True, mT, CTA_STAMPS + bidx * 16 + 15)
+                stamp(True, mT, CTA_STAMPS + bidx * 16 + 15)
         flag = 0
         if cutlass.const_expr(flags):
             flag = epoch[0] + 1  # this launch's output words; the last CTA out advances mE[0]
@@ -682,7 +438,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                              bidx)  # fmt: skip
                 else:
                     if bidx == 0 and lane == 0:
-                        _probe_l2(mT, mY, probe, yoff[-1])
+                        probe_l2(mT, mY, probe, yoff[-1])
             else:
                 _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
                              bidx)  # fmt: skip
@@ -703,16 +459,16 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     # barrier; flags: every thread polls its own share of the input words).
                     if cutlass.const_expr(wait and ph.src >= 0 and not flags):
                         if tidx == 0:
-                            _wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync)
+                            wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync)
                         cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if cutlass.const_expr(wait and ph.src < 0 and layers > 1):  # noqa: SIM102
                         if l > 0:  # the previous layer's last output is this layer's input
                             if tidx == 0:
-                                _wait_count(mCnt, cb - stride + n_ph - 1, grid, mT, 3 + p, bidx,
+                                wait_count(mCnt, cb - stride + n_ph - 1, grid, mT, 3 + p, bidx,
                                             sync)  # fmt: skip
                             cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if bidx == 0 and tidx == 0:
-                        _stamp(trace, mT, 3072 + p)
+                        stamp(trace, mT, 3072 + p)
                     # The input as bf16 in shared memory (half the shared-memory reads of fp32).
                     if cutlass.const_expr(flags):
                         _stage_flagged(mX, mY, xs, ph.k, ph.src, yoff[max(ph.src, 0)], flag,
@@ -731,7 +487,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         acc[c] = Float32(0.0)
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if bidx == 0 and tidx == 0:
-                        _stamp(trace, mT, 3200 + p)
+                        stamp(trace, mT, 3200 + p)
 
                     if cutlass.const_expr(dynamic):
                         # Position q belongs to warp q % warps; the warp's positions of this phase
@@ -739,14 +495,14 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         more = Int32(1)
                         while more == 1:
                             s = q % stages
-                            _mwait(full + s, (q // stages) & 1, wait_kind, mT, 1, bidx)
+                            mwait(full + s, (q // stages) & 1, wait_kind, mT, 1, bidx)
                             if lane == 0:
-                                _stamp_position(trace, mT, 1, q, bidx)
+                                stamp_position(trace, mT, 1, q, bidx)
                             u = tag[s]
                             if u < 0:
                                 more = Int32(0)
                             else:
-                                _consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets,
+                                consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets,
                                               lane, chunk_el, consume, mma, row_sum)  # fmt: skip
                                 cute.arch.sync_warp()
                                 if lane < rows:
@@ -754,7 +510,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                     acc[s * max_rows + lane] = Float32(0.0)
                             cute.arch.sync_warp()
                             if lane == 0:
-                                _stamp_position(trace, mT, 2, q, bidx)
+                                stamp_position(trace, mT, 2, q, bidx)
                                 cute.arch.mbarrier_arrive(empty + s)
                             q = q + CONSUMER_WARPS
                     else:
@@ -763,23 +519,23 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         first = (warp - it % CONSUMER_WARPS + CONSUMER_WARPS) % CONSUMER_WARPS
                         for j in range(first, mine, CONSUMER_WARPS):
                             s = (it + j) % stages
-                            _mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
+                            mwait(full + s, ((it + j) // stages) & 1, wait_kind, mT, 1, bidx)
                             if lane == 0:
-                                _stamp_position(trace, mT, 1, it + j, bidx)
-                            _consume_unit(atom, ring, xs, acc, s, j * rows, rows, vpr, sets, lane,
+                                stamp_position(trace, mT, 1, it + j, bidx)
+                            consume_unit(atom, ring, xs, acc, s, j * rows, rows, vpr, sets, lane,
                                           chunk_el, consume, mma, row_sum)  # fmt: skip
                             cute.arch.sync_warp()
                             if lane == 0:
-                                _stamp_position(trace, mT, 2, it + j, bidx)
+                                stamp_position(trace, mT, 2, it + j, bidx)
                                 cute.arch.mbarrier_arrive(empty + s)
                         it = it + mine
 
                     cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if cutlass.const_expr(trace and p < 15):  # noqa: SIM102
                         if tidx == 0:
-                            _stamp(True, mT, CTA_STAMPS + bidx * 16 + p)
+                            stamp(True, mT, CTA_STAMPS + bidx * 16 + p)
                     if bidx == 0 and tidx == 0:
-                        _stamp(trace, mT, 3264 + p)
+                        stamp(trace, mT, 3264 + p)
                     if cutlass.const_expr(flags):
                         # (each thread writes and, next phase, zeroes the same acc entries)
                         for c in range(tidx, mine * rows, CONSUMERS):
@@ -795,9 +551,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                 mY[yb + yoff[p] + (b + j * grid) * rows + r] = acc[c]
                             cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                         if tidx == 0:
-                            _arrive_count(mCnt, cb + p, sync)
+                            arrive_count(mCnt, cb + p, sync)
                     if bidx == 0 and tidx == 0:
-                        _stamp(trace, mT, 3136 + p)
+                        stamp(trace, mT, 3136 + p)
 
         if cutlass.const_expr(flags):
             # The last CTA out advances the epoch, so the next launch's flags differ from every

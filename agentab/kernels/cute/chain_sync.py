@@ -1,0 +1,99 @@
+"""Waits of the persistent GEMV chain (`stream_chain.py`): mbarrier waits, grid counters and
+flagged-word polls, each under a watchdog.
+
+Why a watchdog: a persistent kernel whose grid waits on itself hangs the GPU on any protocol
+bug; every wait here gives up after WATCHDOG polls and flags the trace buffer instead
+(mT[WATCH + code] = 1 + CTA), so a stuck pipeline ends with a report, not a hung device.
+"""
+
+# No `from __future__ import annotations`: CuTe DSL reads the kernels' annotations at trace time.
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+
+from agentab.kernels.cute.chain_trace import WATCH
+from agentab.kernels.cute.flagged import ld_flagged2
+
+WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
+
+
+@cute.jit
+def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
+    """Poll until `probe` succeeds: "test" / "try_nohint" (mbarrier `where`, parity `arg`) or
+    "count" / "load" (global counter pointer `where` >= `arg`: atom.add 0 / ld, acquire).
+    Gives up after WATCHDOG polls and writes 1 + bidx to mT[WATCH + code]: a stuck pipeline
+    ends with a flag, not a hung GPU."""
+    state = Int32(0)
+    n = Int32(0)
+    while state == 0:
+        if cutlass.const_expr(probe == "test"):
+            if cute.arch.mbarrier_test_wait(where, arg):
+                state = Int32(1)
+        elif cutlass.const_expr(probe == "try_nohint"):
+            if cute.arch.mbarrier_try_wait(where, arg):
+                state = Int32(1)
+        elif cutlass.const_expr(probe == "load"):
+            if cute.arch.load(where, Int32, sem="acquire", scope="gpu") >= arg:
+                state = Int32(1)
+        else:
+            if cute.arch.atomic_add(where, Int32(0), sem="acquire", scope="gpu") >= arg:
+                state = Int32(1)
+        n = n + 1
+        if n > WATCHDOG:
+            state = Int32(2)
+    if state == 2:
+        mT[WATCH + code] = bidx + 1
+
+
+@cute.jit
+def mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
+    """Wait for the mbarrier phase of `parity`: "try" lets the hardware suspend the thread
+    (mbarrier.try_wait's time hint, what cute.arch.mbarrier_wait emits); "test" spins and
+    "try_nohint" polls try_wait without a hint, both under the watchdog (`poll`)."""
+    if cutlass.const_expr(kind == "try"):
+        cute.arch.mbarrier_wait(bar, parity)
+    else:
+        poll(kind, bar, parity, mT, code, bidx)
+
+
+@cute.jit
+def wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
+                sync: cutlass.Constexpr):  # fmt: skip
+    """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
+    writes released before the arrivals are visible to this CTA after its next barrier."""
+    poll("load" if sync == "red" else "count", (mCnt.iterator + idx).llvm_ptr, target, mT, code,
+          bidx)  # fmt: skip
+    cute.arch.fence_acq_rel_gpu()
+
+
+@cute.jit
+def arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
+    """One thread adds this CTA's arrival to counter `idx`, releasing the CTA's writes (which
+    the preceding named barrier ordered before this thread's): red.release needs no reply."""
+    ptr = (mCnt.iterator + idx).llvm_ptr
+    if cutlass.const_expr(sync == "red"):
+        cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
+    else:
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.atomic_add(ptr, Int32(1), sem="release", scope="gpu")
+
+
+@cute.jit
+def wait_flagged(mY: cute.Tensor, y0: cutlass.Constexpr, n: cutlass.Constexpr, flag, lane,
+                  mT: cute.Tensor, code: cutlass.Constexpr, bidx):  # fmt: skip
+    """A whole warp polls until the n flagged words from y0 all carry `flag`."""
+    done = Int32(0)
+    polls = Int32(0)
+    while done == 0:
+        ok = Int32(1)
+        for i in cutlass.range_constexpr((n // 2 + 31) // 32):
+            pair = lane + 32 * i
+            if pair < n // 2:
+                _, fa, _, fb = ld_flagged2((mY.iterator + (y0 + 2 * pair)).llvm_ptr)
+                ok = ok & Int32(fa == flag) & Int32(fb == flag)
+        done = Int32(cute.arch.vote_all_sync(ok == 1))
+        polls = polls + 1
+        if polls > WATCHDOG:
+            mT[WATCH + code] = bidx + 1
+            done = Int32(1)

@@ -186,28 +186,35 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
     """Lane 0 streams this CTA's units of phase p (of the layer whose weights start at element
     wb) into the ring from position `it` (unit u on CTA (rot[p] + u) % grid); returns the next
     position."""
-    grid, stages, inflight = plan.grid, plan.stages, plan.inflight
-    ub = plan.units[p].bytes(plan.phases[p].k)
-    first_cta = plan.rot[p] % grid
-    n_units = plan.units[p].units
-    w0 = plan.woff[p]
-    chunk_el, wait_kind, trace = plan.chunk_el, plan.wait_kind, plan.trace
-    b = (bidx + grid - first_cta) % grid  # this CTA's first unit
-    mine = (n_units - b + grid - 1) // grid
+    grid = plan.grid
+    b = (bidx + grid - plan.rot[p] % grid) % grid  # this CTA's first unit
+    mine = (plan.units[p].units - b + grid - 1) // grid
     for j in range(mine):
-        s = it % stages
-        mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
-        if cutlass.const_expr(0 < inflight < stages):  # noqa: SIM102
-            if it >= inflight:  # copy it - inflight has landed
-                q = it - inflight
-                mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
-        stamp_position(trace, mT, 0, it, bidx)
-        cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
-        u = b + j * grid
-        src = mW.iterator + (wb + w0 + u * (ub // 2))
-        nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * chunk_el, src, full + s, ub)
+        _copy_unit(plan, p, mW, wb, b + j * grid, ring, full, empty, None, mT, it, bidx)
         it = it + 1
     return it
+
+
+@cute.jit
+def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb, u,
+               ring: cute.Tensor, full, empty, tag, mT: cute.Tensor, it, bidx):  # fmt: skip
+    """Ring position `it` gets unit u of phase p: wait until its stage is free (and, with an
+    in-flight cap, until copy it - inflight has landed), tag the stage (dynamic units), start
+    the bulk copy with the stage's full barrier expecting its bytes."""
+    stages, inflight, wait_kind = plan.stages, plan.inflight, plan.wait_kind
+    ub = plan.units[p].bytes(plan.phases[p].k)
+    s = it % stages
+    mwait(empty + s, ((it // stages) & 1) ^ 1, wait_kind, mT, 0, bidx)
+    if cutlass.const_expr(0 < inflight < stages):  # noqa: SIM102
+        if it >= inflight:
+            q = it - inflight
+            mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
+    stamp_position(plan.trace, mT, 0, it, bidx)
+    if cutlass.const_expr(tag is not None):
+        tag[s] = u  # published by the arrive's release, read after the consumer's wait
+    cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
+    src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
+    nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src, full + s, ub)
 
 
 @cute.jit
@@ -221,7 +228,6 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
     consumer warp: consecutive positions, so each warp meets exactly one. The CTAs whose SMs
     stream faster take more units, so a phase no longer waits for the slowest SM's share."""
     stages, claim = plan.stages, plan.claim
-    ub = plan.units[p].bytes(plan.phases[p].k)
     n_units = plan.units[p].units
     counter = (mCnt.iterator + (cb + len(plan.phases) + p)).llvm_ptr
     base = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
@@ -231,15 +237,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
         for c in cutlass.range_constexpr(claim):
             u = base + c
             if u < n_units:
-                s = it % stages
-                mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
-                stamp_position(plan.trace, mT, 0, it, bidx)
-                tag[s] = u  # published by the arrive's release, read after the consumer's wait
-                cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
-                src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
-                nvvm.cp_async_bulk_shared_cluster_global(
-                    ring.iterator + s * plan.chunk_el, src, full + s, ub
-                )
+                _copy_unit(plan, p, mW, wb, u, ring, full, empty, tag, mT, it, bidx)
                 it = it + 1
         base = after
         after = later

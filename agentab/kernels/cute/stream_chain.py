@@ -52,6 +52,7 @@ from agentab.kernels.cute.common import compile_tvm_ffi, fake
 from agentab.kernels.cute.flagged import ld_flagged2, st_flagged
 
 SMEM_LIMIT = 227 * 1024  # Hopper's largest dynamic shared memory per CTA
+FRONT_EL = 128  # the prefetch front's unit: 256 bytes of weights (int32 covers 512 GB)
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,7 @@ class _Plan:
     claim: int = 2
     warps: int = 6
     layers: int = 1
+    prefetch: int = 0  # bytes of L2 lookahead beyond the producer (0: none)
 
     @property
     def stride(self) -> int:
@@ -150,7 +152,7 @@ class _Plan:
 @cute.jit
 def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor,
              slot, mT: cute.Tensor, ring: cute.Tensor, full, empty, tag, flag, lane,
-             bidx):  # fmt: skip
+             bidx, front=None):  # fmt: skip
     """The producer warp: lane 0 streams this CTA's slices of every phase, never waiting for
     data but for a gate (counters: lane 0 polls; flags: the whole warp polls the gate phase's
     words, then lane 0 goes on)."""
@@ -175,14 +177,19 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
                         wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync)
                     if cutlass.const_expr(plan.dynamic):
                         it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
-                                            it, bidx)  # fmt: skip
+                                            it, bidx, front)  # fmt: skip
                     else:
-                        it = _issue(plan, p, mW, wb, ring, full, empty, mT, it, bidx)
+                        it = _issue(plan, p, mW, wb, ring, full, empty, mT, it, bidx, front)
+            if cutlass.const_expr(front is not None):
+                # done: release the prefetch warp (with claimed units this CTA's last unit may
+                # lie well before the stream's end)
+                cute.arch.store(front.llvm_ptr, Int32(1 << 30), ss="cta", sem="relaxed",
+                                scope="cta")  # fmt: skip
 
 
 @cute.jit
 def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
-           ring: cute.Tensor, full, empty, mT: cute.Tensor, it, bidx):  # fmt: skip
+           ring: cute.Tensor, full, empty, mT: cute.Tensor, it, bidx, front=None):  # fmt: skip
     """Lane 0 streams this CTA's units of phase p (of the layer whose weights start at element
     wb) into the ring from position `it` (unit u on CTA (rot[p] + u) % grid); returns the next
     position."""
@@ -190,17 +197,19 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
     b = (bidx + grid - plan.rot[p] % grid) % grid  # this CTA's first unit
     mine = (plan.units[p].units - b + grid - 1) // grid
     for j in range(mine):
-        _copy_unit(plan, p, mW, wb, b + j * grid, ring, full, empty, None, mT, it, bidx)
+        _copy_unit(plan, p, mW, wb, b + j * grid, ring, full, empty, None, mT, it, bidx, front)
         it = it + 1
     return it
 
 
 @cute.jit
 def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb, u,
-               ring: cute.Tensor, full, empty, tag, mT: cute.Tensor, it, bidx):  # fmt: skip
+               ring: cute.Tensor, full, empty, tag, mT: cute.Tensor, it, bidx,
+               front=None):  # fmt: skip
     """Ring position `it` gets unit u of phase p: wait until its stage is free (and, with an
     in-flight cap, until copy it - inflight has landed), tag the stage (dynamic units), start
-    the bulk copy with the stage's full barrier expecting its bytes."""
+    the bulk copy with the stage's full barrier expecting its bytes. With an L2 lookahead,
+    publish the unit's place in the launch's weight stream to the prefetch warp (`front`)."""
     stages, inflight, wait_kind = plan.stages, plan.inflight, plan.wait_kind
     ub = plan.units[p].bytes(plan.phases[p].k)
     s = it % stages
@@ -215,12 +224,15 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
     cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
     src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
     nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src, full + s, ub)
+    if cutlass.const_expr(front is not None):
+        cute.arch.store(front.llvm_ptr, Int32((wb + plan.woff[p] + u * (ub // 2)) // FRONT_EL),
+                        ss="cta", sem="relaxed", scope="cta")  # fmt: skip
 
 
 @cute.jit
 def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
                    mCnt: cute.Tensor, cb, ring: cute.Tensor, full, empty, tag, mT: cute.Tensor,
-                   it, bidx):  # fmt: skip
+                   it, bidx, front=None):  # fmt: skip
     """Dynamic units: lane 0 claims phase p's units `plan.claim` at a time from the phase's
     claim counter (two claims in flight while a third's copies go out: an atomic's round trip
     under the stream is 0.2-3 us, a 16 KB unit streams in ~0.6 us), tags each
@@ -237,7 +249,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
         for c in cutlass.range_constexpr(claim):
             u = base + c
             if u < n_units:
-                _copy_unit(plan, p, mW, wb, u, ring, full, empty, tag, mT, it, bidx)
+                _copy_unit(plan, p, mW, wb, u, ring, full, empty, tag, mT, it, bidx, front)
                 it = it + 1
         base = after
         after = later
@@ -248,6 +260,44 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
         cute.arch.mbarrier_arrive(full + s)
         it = it + 1
     return it
+
+
+@cute.jit
+def _prefetch(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot, mT: cute.Tensor,
+              front, lane, bidx):  # fmt: skip
+    """The prefetch warp: lane 0 pulls this CTA's round-robin share of every phase's weights
+    into L2 (`cp.async.bulk.prefetch.L2`, no destination, nothing to wait for), staying at most
+    `plan.prefetch` bytes ahead of the CTA's producer in the launch's weight stream (`front`).
+
+    Why: the ring (12 x 16 KB per SM) is the stream's only buffer, so a phase boundary that
+    outlasts it stops the HBM; and every copy in flight waits in the SMs' full memory queues
+    (issue to filled 3-4 us at phase starts). Weights already in L2 decouple the HBM from the
+    consumers' waits, and the ring's copies then land from L2. Gated phases (routed experts)
+    are prefetched only after their gate, as their addresses would come from routing."""
+    if lane == 0:
+        grid = plan.grid
+        ahead = plan.prefetch // (2 * FRONT_EL)
+        for l in range(plan.layers):  # noqa: E741
+            cb = slot * (plan.layers * plan.stride) + l * plan.stride
+            wb = l * plan.woff[-1]
+            for p in cutlass.range_constexpr(len(plan.phases)):
+                g = plan.phases[p].gate
+                if cutlass.const_expr(plan.wait and g >= 0):
+                    wait_count(mCnt, cb + g, grid, mT, 2, bidx, plan.sync)
+                ub = plan.units[p].bytes(plan.phases[p].k)
+                b = (bidx + grid - plan.rot[p] % grid) % grid
+                mine = (plan.units[p].units - b + grid - 1) // grid
+                for j in range(mine):
+                    el = wb + plan.woff[p] + (b + j * grid) * (ub // 2)
+                    n = Int32(0)
+                    while n >= 0 and el // FRONT_EL > ahead + cute.arch.load(
+                        front.llvm_ptr, Int32, sem="relaxed", scope="cta", ss="cta"
+                    ):
+                        n = n + 1
+                        if n > WATCHDOG:  # the producer stopped: report, then go on
+                            mT[WATCH + 14] = bidx + 1
+                            n = Int32(-1)
+                    nvvm.cp_async_bulk_prefetch(mW.iterator + el, ub)
 
 
 @cute.jit
@@ -325,7 +375,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
           probe: str = "", dynamic: bool = False, claim: int = 2,
-          row_sum: str = "atomic", layers: int = 1) -> Any:  # fmt: skip
+          row_sum: str = "atomic", layers: int = 1, prefetch: int = 0) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -361,6 +411,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         raise ValueError("dynamic units: with counters (sync red/atomic) and no inflight cap")
     if layers > 1 and flags:
         raise ValueError("layers > 1: with counters (sync red/atomic)")
+    if prefetch and (flags or prefetch < 16384):
+        raise ValueError(f"prefetch={prefetch}: with counters, and at least one 16 KB stage")
     if layers * w_offsets(phases)[-1] >= 2**31:
         raise ValueError(f"{layers} layers of weights: element offsets beyond int32")
     if layers > 1 and phases[-1].n < phases[0].k:
@@ -372,13 +424,16 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         raise ValueError(f"{stages} stages: not a multiple of {warps} consumer warps")
     CONSUMER_WARPS = warps
     CONSUMERS = 32 * warps
+    PREFETCH_WARP = warps + 1 if prefetch else -1
+    side_warps = bool(probe or prefetch)  # warps beside the producer
+    extra_warps = 1 + (1 if prefetch else 0) + (1 if probe else 0)  # producer, prefetch, probe
     units = [plan_units(ph, chunk_bytes) for ph in phases]
     n_ph = len(phases)
     rot = _starts([u.units % grid if rotate else 0 for u in units])  # phase p's first CTA
     yoff, woff = y_offsets(phases), w_offsets(phases)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
                  chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, dynamic, claim,
-                 warps, layers)  # fmt: skip
+                 warps, layers, prefetch)  # fmt: skip
     stride = plan.stride
     n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
@@ -386,7 +441,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     max_rows = max(u.rows for u in units)
     acc_len = stages * max_rows if dynamic else max(-(-u.units // grid) * u.rows for u in units)
     chunk_el = chunk_bytes // 2
-    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 20 * stages + 256 + 16
+    smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 20 * stages + 256 + 32
     if smem > SMEM_LIMIT:
         raise ValueError(f"{smem} B of shared memory per CTA: more than {SMEM_LIMIT}")
 
@@ -406,6 +461,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         empty = alloc.allocate_array(cutlass.Int64, num_elems=stages)
         epoch = None
         tag = None
+        front = None
+        if cutlass.const_expr(prefetch):
+            front = alloc.allocate_array(Int32, num_elems=1)  # the producer's place (FRONT_EL)
         if cutlass.const_expr(dynamic):
             tag = alloc.allocate_array(Int32, num_elems=stages)  # each stage's unit (-1: end)
         if cutlass.const_expr(flags):
@@ -416,6 +474,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
             for s in cutlass.range_constexpr(stages):
                 cute.arch.mbarrier_init(full + s, 1)
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
+            if cutlass.const_expr(prefetch):
+                front[0] = Int32(0)
             if bidx == 0:  # the other slot's counters, for the next launch
                 for p in cutlass.range_constexpr(layers * stride):
                     mCnt[1 - slot, p] = Int32(0)
@@ -428,12 +488,15 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         if cutlass.const_expr(flags):
             flag = epoch[0] + 1  # this launch's output words; the last CTA out advances mE[0]
 
-        # warps: consumers 0 .. CONSUMER_WARPS - 1, the producer, then (probe only) the probe
-        if warp >= CONSUMER_WARPS if probe else warp == CONSUMER_WARPS:
-            if cutlass.const_expr(probe):
+        # warps: consumers 0 .. CONSUMER_WARPS - 1, the producer, then the prefetch warp (with
+        # `prefetch`), then the probe (with `probe`)
+        if warp >= CONSUMER_WARPS if side_warps else warp == CONSUMER_WARPS:
+            if cutlass.const_expr(side_warps):
                 if warp == CONSUMER_WARPS:
                     _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
-                             bidx)  # fmt: skip
+                             bidx, front)  # fmt: skip
+                elif warp == PREFETCH_WARP:
+                    _prefetch(plan, mW, mCnt, slot, mT, front, lane, bidx)
                 else:
                     if bidx == 0 and lane == 0:
                         probe_l2(mT, mY, probe, yoff[-1])
@@ -567,7 +630,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
              mT: cute.Tensor, mE: cute.Tensor, stream):  # fmt: skip
         kernel(mW, mX, mY, mCnt, slot, mT, mE).launch(
             grid=[grid, 1, 1],
-            block=[CONSUMERS + (64 if probe else 32), 1, 1],
+            block=[CONSUMERS + 32 * extra_warps, 1, 1],
             smem=smem,
             stream=stream,
         )

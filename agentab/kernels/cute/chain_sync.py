@@ -11,10 +11,12 @@ bug; every wait here gives up after WATCHDOG polls and flags the trace buffer in
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from agentab.kernels.cute.chain_trace import WATCH
-from agentab.kernels.cute.flagged import ld_flagged2
+from agentab.kernels.cute.flagged import ld_flagged2, ld_relaxed_kept
 
+POLL_GAP_NS = 100  # between staggered polls: a fraction of a loaded round trip (0.2-3 us)
 WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
 
 
@@ -47,6 +49,47 @@ def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Co
 
 
 @cute.jit
+def poll_staggered(where, arg, depth: cutlass.Constexpr, gap_ns: cutlass.Constexpr,
+                   mT: cute.Tensor, code: cutlass.Constexpr, bidx):  # fmt: skip
+    """Poll the global counter `where` until it reaches `arg` with `depth` relaxed loads in
+    flight, issued `gap_ns` apart; the caller's fence then acquires.
+
+    Why: a lone poll sees an arrival only with its next round trip, 1.5 round trips after it
+    lands on average, and a round trip under the weight stream is 0.2-3 us (session 6's probe),
+    on every phase boundary's critical path. Staggered loads in flight cut that to about one
+    return trip plus the gap."""
+    vals = [ld_relaxed_kept(where)]
+    for _ in cutlass.range_constexpr(depth - 1):
+        nvvm.nanosleep(gap_ns)
+        vals.append(ld_relaxed_kept(where))
+    v0, v1, v2, v3 = (vals + vals[:1] * 3)[:4]
+    state = Int32(0)
+    n = Int32(0)
+    while state == 0:
+        # the oldest load first; each is reissued as soon as it has been looked at
+        if v0 >= arg:
+            state = Int32(1)
+        v0 = ld_relaxed_kept(where)
+        if cutlass.const_expr(depth > 1):
+            if v1 >= arg:
+                state = Int32(1)
+            v1 = ld_relaxed_kept(where)
+        if cutlass.const_expr(depth > 2):
+            if v2 >= arg:
+                state = Int32(1)
+            v2 = ld_relaxed_kept(where)
+        if cutlass.const_expr(depth > 3):
+            if v3 >= arg:
+                state = Int32(1)
+            v3 = ld_relaxed_kept(where)
+        n = n + 1
+        if n > WATCHDOG:
+            state = Int32(2)
+    if state == 2:
+        mT[WATCH + code] = bidx + 1
+
+
+@cute.jit
 def mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
     """Wait for the mbarrier phase of `parity`: "try" lets the hardware suspend the thread
     (mbarrier.try_wait's time hint, what cute.arch.mbarrier_wait emits); "test" spins and
@@ -59,11 +102,15 @@ def mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.C
 
 @cute.jit
 def wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
-                sync: cutlass.Constexpr):  # fmt: skip
+                sync: cutlass.Constexpr, polls: cutlass.Constexpr = 1):  # fmt: skip
     """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
-    writes released before the arrivals are visible to this CTA after its next barrier."""
-    poll("load" if sync == "red" else "count", (mCnt.iterator + idx).llvm_ptr, target, mT, code,
-          bidx)  # fmt: skip
+    writes released before the arrivals are visible to this CTA after its next barrier.
+    `polls` > 1: that many staggered loads in flight (`poll_staggered`)."""
+    if cutlass.const_expr(polls > 1):
+        poll_staggered((mCnt.iterator + idx).llvm_ptr, target, polls, POLL_GAP_NS, mT, code, bidx)
+    else:
+        poll("load" if sync == "red" else "count", (mCnt.iterator + idx).llvm_ptr, target, mT,
+             code, bidx)  # fmt: skip
     cute.arch.fence_acq_rel_gpu()
 
 

@@ -65,3 +65,11 @@ def ld_flagged2(ptr, *, loc=None, ip=None) -> tuple[Float32, Int32, Float32, Int
     v0 = Float32(llvm.bitcast(T.f32(), parts[0], loc=loc, ip=ip))
     v1 = Float32(llvm.bitcast(T.f32(), parts[2], loc=loc, ip=ip))
     return v0, Int32(parts[1]), v1, Int32(parts[3])
+
+
+@dsl_user_op
+def ld_relaxed_kept(ptr, *, loc=None, ip=None) -> Int32:
+    """A relaxed GPU-scope 32-bit load the compiler may neither merge with another nor drop:
+    several polls of one word can then be in flight at once (`chain_sync.poll_staggered`;
+    plain relaxed loads of the same address were merged into one)."""
+    return Int32(_asm(T.i32(), [ptr], "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", loc, ip))

@@ -142,6 +142,7 @@ class _Plan:
     warps: int = 6
     layers: int = 1
     prefetch: int = 0  # bytes of L2 lookahead beyond the producer (0: none)
+    polls: int = 1  # loads in flight per counter wait
 
     @property
     def stride(self) -> int:
@@ -174,7 +175,7 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
                 for p in cutlass.range_constexpr(n_ph):
                     g = plan.phases[p].gate
                     if cutlass.const_expr(plan.wait and g >= 0):
-                        wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync)
+                        wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync, plan.polls)
                     if cutlass.const_expr(plan.dynamic):
                         it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
                                             it, bidx, front)  # fmt: skip
@@ -283,7 +284,7 @@ def _prefetch(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot,
             for p in cutlass.range_constexpr(len(plan.phases)):
                 g = plan.phases[p].gate
                 if cutlass.const_expr(plan.wait and g >= 0):
-                    wait_count(mCnt, cb + g, grid, mT, 2, bidx, plan.sync)
+                    wait_count(mCnt, cb + g, grid, mT, 2, bidx, plan.sync, plan.polls)
                 ub = plan.units[p].bytes(plan.phases[p].k)
                 b = (bidx + grid - plan.rot[p] % grid) % grid
                 mine = (plan.units[p].units - b + grid - 1) // grid
@@ -375,7 +376,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           trace: bool = False, warps: int = 6, mma: bool = False, sets: int = 2,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
           probe: str = "", dynamic: bool = False, claim: int = 2,
-          row_sum: str = "atomic", layers: int = 1, prefetch: int = 0) -> Any:  # fmt: skip
+          row_sum: str = "atomic", layers: int = 1, prefetch: int = 0,
+          polls: int = 1) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -411,6 +413,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         raise ValueError("dynamic units: with counters (sync red/atomic) and no inflight cap")
     if layers > 1 and flags:
         raise ValueError("layers > 1: with counters (sync red/atomic)")
+    if not 1 <= polls <= 4 or (polls > 1 and sync != "red"):
+        raise ValueError(f"polls={polls}: 1 to 4, more than 1 only with sync='red'")
     if prefetch and (flags or prefetch < 16384):
         raise ValueError(f"prefetch={prefetch}: with counters, and at least one 16 KB stage")
     if layers * w_offsets(phases)[-1] >= 2**31:
@@ -433,7 +437,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     yoff, woff = y_offsets(phases), w_offsets(phases)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
                  chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, dynamic, claim,
-                 warps, layers, prefetch)  # fmt: skip
+                 warps, layers, prefetch, polls)  # fmt: skip
     stride = plan.stride
     n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
@@ -520,13 +524,13 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     # barrier; flags: every thread polls its own share of the input words).
                     if cutlass.const_expr(wait and ph.src >= 0 and not flags):
                         if tidx == 0:
-                            wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync)
+                            wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync, polls)
                         cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if cutlass.const_expr(wait and ph.src < 0 and layers > 1):  # noqa: SIM102
                         if l > 0:  # the previous layer's last output is this layer's input
                             if tidx == 0:
                                 wait_count(mCnt, cb - stride + n_ph - 1, grid, mT, 3 + p, bidx,
-                                            sync)  # fmt: skip
+                                            sync, polls)  # fmt: skip
                             cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if bidx == 0 and tidx == 0:
                         stamp(trace, mT, 3072 + p)

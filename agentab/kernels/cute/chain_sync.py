@@ -21,9 +21,12 @@ WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code]
 
 
 @cute.jit
-def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
+def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
+         gap: cutlass.Constexpr = 0):  # fmt: skip
     """Poll until `probe` succeeds: "test" / "try_nohint" (mbarrier `where`, parity `arg`) or
-    "count" / "load" (global counter pointer `where` >= `arg`: atom.add 0 / ld, acquire).
+    "count" / "load" (global counter pointer `where` >= `arg`: atom.add 0 / ld, acquire);
+    `gap` > 0: sleep that many ns after a failed poll (fewer polls queue at the counter's L2
+    slice, where the arrivals land).
     Gives up after WATCHDOG polls and writes 1 + bidx to mT[WATCH + code]: a stuck pipeline
     ends with a flag, not a hung GPU."""
     state = Int32(0)
@@ -41,6 +44,9 @@ def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Co
         else:
             if cute.arch.atomic_add(where, Int32(0), sem="acquire", scope="gpu") >= arg:
                 state = Int32(1)
+        if cutlass.const_expr(gap > 0):  # noqa: SIM102 (compile time, then runtime)
+            if state == 0:
+                nvvm.nanosleep(gap)
         n = n + 1
         if n > WATCHDOG:
             state = Int32(2)
@@ -102,23 +108,27 @@ def mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.C
 
 @cute.jit
 def wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
-                sync: cutlass.Constexpr, polls: cutlass.Constexpr = 1):  # fmt: skip
+                sync: cutlass.Constexpr, polls: cutlass.Constexpr = 1,
+                spacing: cutlass.Constexpr = 1, gap: cutlass.Constexpr = 0):  # fmt: skip
     """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
     writes released before the arrivals are visible to this CTA after its next barrier.
-    `polls` > 1: that many staggered loads in flight (`poll_staggered`)."""
+    `polls` > 1: that many staggered loads in flight (`poll_staggered`); `spacing`: int32
+    words from one counter to the next (32: each in its own 128-byte line); `gap`: ns of
+    sleep between polls."""
+    ptr = (mCnt.iterator + idx * spacing).llvm_ptr
     if cutlass.const_expr(polls > 1):
-        poll_staggered((mCnt.iterator + idx).llvm_ptr, target, polls, POLL_GAP_NS, mT, code, bidx)
+        poll_staggered(ptr, target, polls, POLL_GAP_NS, mT, code, bidx)
     else:
-        poll("load" if sync == "red" else "count", (mCnt.iterator + idx).llvm_ptr, target, mT,
-             code, bidx)  # fmt: skip
+        poll("load" if sync == "red" else "count", ptr, target, mT, code, bidx, gap)
     cute.arch.fence_acq_rel_gpu()
 
 
 @cute.jit
-def arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr):
-    """One thread adds this CTA's arrival to counter `idx`, releasing the CTA's writes (which
-    the preceding named barrier ordered before this thread's): red.release needs no reply."""
-    ptr = (mCnt.iterator + idx).llvm_ptr
+def arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr, spacing: cutlass.Constexpr = 1):
+    """One thread adds this CTA's arrival to counter `idx` (`spacing` as in `wait_count`),
+    releasing the CTA's writes (which the preceding named barrier ordered before this
+    thread's): red.release needs no reply."""
+    ptr = (mCnt.iterator + idx * spacing).llvm_ptr
     if cutlass.const_expr(sync == "red"):
         cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
     else:

@@ -143,6 +143,8 @@ class _Plan:
     layers: int = 1
     prefetch: int = 0  # bytes of L2 lookahead beyond the producer (0: none)
     polls: int = 1  # loads in flight per counter wait
+    spacing: int = 1  # int32 words from one counter to the next
+    gap: int = 0  # ns of sleep between a counter's polls
 
     @property
     def stride(self) -> int:
@@ -175,7 +177,8 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
                 for p in cutlass.range_constexpr(n_ph):
                     g = plan.phases[p].gate
                     if cutlass.const_expr(plan.wait and g >= 0):
-                        wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync, plan.polls)
+                        wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync, plan.polls,
+                                   plan.spacing, plan.gap)  # fmt: skip
                     if cutlass.const_expr(plan.dynamic):
                         it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
                                             it, bidx, front)  # fmt: skip
@@ -242,7 +245,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
     stream faster take more units, so a phase no longer waits for the slowest SM's share."""
     stages, claim = plan.stages, plan.claim
     n_units = plan.units[p].units
-    counter = (mCnt.iterator + (cb + len(plan.phases) + p)).llvm_ptr
+    counter = (mCnt.iterator + (cb + len(plan.phases) + p) * plan.spacing).llvm_ptr
     base = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
     after = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
     while base < n_units:
@@ -284,7 +287,8 @@ def _prefetch(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot,
             for p in cutlass.range_constexpr(len(plan.phases)):
                 g = plan.phases[p].gate
                 if cutlass.const_expr(plan.wait and g >= 0):
-                    wait_count(mCnt, cb + g, grid, mT, 2, bidx, plan.sync, plan.polls)
+                    wait_count(mCnt, cb + g, grid, mT, 2, bidx, plan.sync, plan.polls, plan.spacing,
+                               plan.gap)  # fmt: skip
                 ub = plan.units[p].bytes(plan.phases[p].k)
                 b = (bidx + grid - plan.rot[p] % grid) % grid
                 mine = (plan.units[p].units - b + grid - 1) // grid
@@ -377,7 +381,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
           probe: str = "", dynamic: bool = False, claim: int = 2,
           row_sum: str = "atomic", layers: int = 1, prefetch: int = 0,
-          polls: int = 1) -> Any:  # fmt: skip
+          polls: int = 1, spacing: int = 1, gap: int = 0) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -437,7 +441,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     yoff, woff = y_offsets(phases), w_offsets(phases)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
                  chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, dynamic, claim,
-                 warps, layers, prefetch, polls)  # fmt: skip
+                 warps, layers, prefetch, polls, spacing, gap)  # fmt: skip
     stride = plan.stride
     n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
@@ -482,7 +486,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 front[0] = Int32(0)
             if bidx == 0:  # the other slot's counters, for the next launch
                 for p in cutlass.range_constexpr(layers * stride):
-                    mCnt[1 - slot, p] = Int32(0)
+                    mCnt[1 - slot, p * spacing] = Int32(0)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if cutlass.const_expr(trace and n_ph < 16):  # noqa: SIM102 (compile time, then runtime)
@@ -524,13 +528,14 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     # barrier; flags: every thread polls its own share of the input words).
                     if cutlass.const_expr(wait and ph.src >= 0 and not flags):
                         if tidx == 0:
-                            wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync, polls)
+                            wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync, polls,
+                                       spacing, gap)  # fmt: skip
                         cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if cutlass.const_expr(wait and ph.src < 0 and layers > 1):  # noqa: SIM102
                         if l > 0:  # the previous layer's last output is this layer's input
                             if tidx == 0:
                                 wait_count(mCnt, cb - stride + n_ph - 1, grid, mT, 3 + p, bidx,
-                                            sync, polls)  # fmt: skip
+                                            sync, polls, spacing, gap)  # fmt: skip
                             cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if bidx == 0 and tidx == 0:
                         stamp(trace, mT, 3072 + p)
@@ -616,7 +621,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                 mY[yb + yoff[p] + (b + j * grid) * rows + r] = acc[c]
                             cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                         if tidx == 0:
-                            arrive_count(mCnt, cb + p, sync)
+                            arrive_count(mCnt, cb + p, sync, spacing)
                     if bidx == 0 and tidx == 0:
                         stamp(trace, mT, 3136 + p)
 
@@ -654,7 +659,10 @@ def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -
         fake(BFloat16, (n_w,)),
         fake(BFloat16, (x_len,)),
         fake(Int64 if kw.get("sync") == "flags" else Float32, (n_y,)),
-        fake(Int32, (2, layers * len(phases) * (2 if kw.get("dynamic") else 1))),
+        fake(
+            Int32,
+            (2, layers * len(phases) * (2 if kw.get("dynamic") else 1) * kw.get("spacing", 1)),
+        ),
         Int32(0),
         fake(Int32, (TRACE_LEN,)),
         fake(Int32, (2,)),

@@ -243,3 +243,27 @@ def test_stream_chain_plans_whole_rows_the_mma_consumer_can_split() -> None:
         build(_chain_phases(), 132, 7168, sync="flags", dynamic=True)
     with pytest.raises(ValueError, match="sync='fence': one of flags, red, atomic"):
         build(_chain_phases(), 132, 7168, sync="fence")
+
+
+def test_stream_chain_prefetch_staggered_polls_and_poll_sleep() -> None:
+    """Session 7's measured options: an L2 prefetch warp (one prefetch per phase in the code),
+    staggered polls (4 kept relaxed loads before and 4 inside each wait's loop, instead of one
+    acquire load), a sleep between polls, counters in lines of their own."""
+    from agentab.kernels.cute.stream_chain import build, compile_chain
+
+    phases = _chain_phases()
+    kw = dict(stages=12, warps=6, mma=True)
+    waits = sum(ph.src >= 0 for ph in phases) + sum(ph.gate >= 0 for ph in phases)
+    prefetched = compile_chain(phases, 132, 7168, prefetch=8 << 20, **kw).__ptx__
+    assert prefetched.count("cp.async.bulk.prefetch.L2.global") == len(phases)
+    staggered = compile_chain(phases, 132, 7168, polls=4, **kw).__ptx__
+    assert staggered.count("ld.relaxed.gpu.global.b32") == 8 * waits
+    assert "ld.acquire.gpu.global.b32" not in staggered
+    assert staggered.count("nanosleep.u32") == 3 * waits
+    slept = compile_chain(phases, 132, 7168, gap=200, spacing=32, **kw).__ptx__
+    assert slept.count("nanosleep.u32") == waits
+    assert slept.count("ld.acquire.gpu.global.b32") == waits
+    for ptx in (prefetched, staggered, slept):
+        assert not _ops(ptx) & {"ld.local", "st.local"}
+    with pytest.raises(ValueError, match="polls=2: 1 to 4, more than 1 only with sync='red'"):
+        build(phases, 132, 7168, sync="atomic", polls=2)

@@ -21,6 +21,22 @@ WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code]
 
 
 @cute.jit
+def _tick(n, state):
+    """Count one more poll; past WATCHDOG polls the wait gives up (state 2)."""
+    n = n + 1
+    if n > WATCHDOG:
+        state = Int32(2)
+    return n, state
+
+
+@cute.jit
+def _report(state, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
+    """A wait that gave up flags the trace buffer: mT[WATCH + code] = 1 + CTA."""
+    if state == 2:
+        mT[WATCH + code] = bidx + 1
+
+
+@cute.jit
 def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
          gap: cutlass.Constexpr = 0):  # fmt: skip
     """Poll until `probe` succeeds: "test" / "try_nohint" (mbarrier `where`, parity `arg`) or
@@ -47,11 +63,8 @@ def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Co
         if cutlass.const_expr(gap > 0):  # noqa: SIM102 (compile time, then runtime)
             if state == 0:
                 nvvm.nanosleep(gap)
-        n = n + 1
-        if n > WATCHDOG:
-            state = Int32(2)
-    if state == 2:
-        mT[WATCH + code] = bidx + 1
+        n, state = _tick(n, state)
+    _report(state, mT, code, bidx)
 
 
 @cute.jit
@@ -88,11 +101,8 @@ def poll_staggered(where, arg, depth: cutlass.Constexpr, gap_ns: cutlass.Constex
             if v3 >= arg:
                 state = Int32(1)
             v3 = ld_relaxed_kept(where)
-        n = n + 1
-        if n > WATCHDOG:
-            state = Int32(2)
-    if state == 2:
-        mT[WATCH + code] = bidx + 1
+        n, state = _tick(n, state)
+    _report(state, mT, code, bidx)
 
 
 @cute.jit

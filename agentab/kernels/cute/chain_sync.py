@@ -68,6 +68,14 @@ def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Co
 
 
 @cute.jit
+def _look_again(v, arg, state, where):
+    """One staggered poll: note whether `v` reached `arg`, then reissue its load."""
+    if v >= arg:
+        state = Int32(1)
+    return ld_relaxed_kept(where), state
+
+
+@cute.jit
 def poll_staggered(where, arg, depth: cutlass.Constexpr, gap_ns: cutlass.Constexpr,
                    mT: cute.Tensor, code: cutlass.Constexpr, bidx):  # fmt: skip
     """Poll the global counter `where` until it reaches `arg` with `depth` relaxed loads in
@@ -86,21 +94,13 @@ def poll_staggered(where, arg, depth: cutlass.Constexpr, gap_ns: cutlass.Constex
     n = Int32(0)
     while state == 0:
         # the oldest load first; each is reissued as soon as it has been looked at
-        if v0 >= arg:
-            state = Int32(1)
-        v0 = ld_relaxed_kept(where)
+        v0, state = _look_again(v0, arg, state, where)
         if cutlass.const_expr(depth > 1):
-            if v1 >= arg:
-                state = Int32(1)
-            v1 = ld_relaxed_kept(where)
+            v1, state = _look_again(v1, arg, state, where)
         if cutlass.const_expr(depth > 2):
-            if v2 >= arg:
-                state = Int32(1)
-            v2 = ld_relaxed_kept(where)
+            v2, state = _look_again(v2, arg, state, where)
         if cutlass.const_expr(depth > 3):
-            if v3 >= arg:
-                state = Int32(1)
-            v3 = ld_relaxed_kept(where)
+            v3, state = _look_again(v3, arg, state, where)
         n, state = _tick(n, state)
     _report(state, mT, code, bidx)
 

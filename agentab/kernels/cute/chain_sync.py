@@ -21,7 +21,7 @@ WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code]
 
 
 @cute.jit
-def _tick(n, state):
+def tick(n, state):
     """Count one more poll; past WATCHDOG polls the wait gives up (state 2)."""
     n = n + 1
     if n > WATCHDOG:
@@ -30,7 +30,7 @@ def _tick(n, state):
 
 
 @cute.jit
-def _report(state, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
+def report_stuck(state, mT: cute.Tensor, code: cutlass.Constexpr, bidx):
     """A wait that gave up flags the trace buffer: mT[WATCH + code] = 1 + CTA."""
     if state == 2:
         mT[WATCH + code] = bidx + 1
@@ -63,8 +63,8 @@ def poll(probe: cutlass.Constexpr, where, arg, mT: cute.Tensor, code: cutlass.Co
         if cutlass.const_expr(gap > 0):  # noqa: SIM102 (compile time, then runtime)
             if state == 0:
                 nvvm.nanosleep(gap)
-        n, state = _tick(n, state)
-    _report(state, mT, code, bidx)
+        n, state = tick(n, state)
+    report_stuck(state, mT, code, bidx)
 
 
 @cute.jit
@@ -103,8 +103,8 @@ def poll_staggered(where, arg, depth: cutlass.Constexpr, gap_ns: cutlass.Constex
             v2, state = _look_again(v2, arg, state, where)
         if cutlass.const_expr(depth > 3):
             v3, state = _look_again(v3, arg, state, where)
-        n, state = _tick(n, state)
-    _report(state, mT, code, bidx)
+        n, state = tick(n, state)
+    report_stuck(state, mT, code, bidx)
 
 
 @cute.jit

@@ -41,7 +41,15 @@ from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from agentab.kernels.cute.chain_dot import consume_unit
-from agentab.kernels.cute.chain_sync import WATCHDOG, arrive_count, mwait, wait_count, wait_flagged
+from agentab.kernels.cute.chain_sync import (
+    WATCHDOG,
+    arrive_count,
+    mwait,
+    report_stuck,
+    tick,
+    wait_count,
+    wait_flagged,
+)
 from agentab.kernels.cute.chain_trace import (
     CTA_STAMPS,
     TRACE_LEN,
@@ -55,6 +63,8 @@ from agentab.kernels.cute.flagged import ld_flagged2, st_flagged
 
 SMEM_LIMIT = 227 * 1024  # Hopper's largest dynamic shared memory per CTA
 FRONT_EL = 128  # the prefetch front's unit: 256 bytes of weights (int32 covers 512 GB)
+TAG_SHIFT = 20  # ends="slots": a stage's tag is (the launch's phase number << 20) | unit
+NOT_YET = 1 << 30  # ends="slots": a phase's end position before the producer has published it
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,7 @@ class _Plan:
     polls: int = 1  # loads in flight per counter wait
     spacing: int = 1  # int32 words from one counter to the next
     gap: int = 0  # ns of sleep between a counter's polls
+    ends: str = "markers"  # dynamic units: how a phase's end reaches the consumer warps
 
     @property
     def stride(self) -> int:
@@ -157,7 +168,7 @@ class _Plan:
 @cute.jit
 def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cute.Tensor,
              slot, mT: cute.Tensor, ring: cute.Tensor, full, empty, tag, flag, lane,
-             bidx, front=None):  # fmt: skip
+             bidx, front=None, ends=None):  # fmt: skip
     """The producer warp: lane 0 streams this CTA's slices of every phase, never waiting for
     data but for a gate (counters: lane 0 polls; flags: the whole warp polls the gate phase's
     words, then lane 0 goes on)."""
@@ -183,7 +194,7 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
                                    plan.spacing, plan.gap)  # fmt: skip
                     if cutlass.const_expr(plan.dynamic):
                         it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
-                                            it, bidx, front)  # fmt: skip
+                                            it, bidx, front, l * n_ph + p, ends)  # fmt: skip
                     else:
                         it = _issue(plan, p, mW, wb, ring, full, empty, mT, it, bidx, front)
             if cutlass.const_expr(front is not None):
@@ -211,7 +222,7 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
 @cute.jit
 def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb, u,
                ring: cute.Tensor, full, empty, tag, mT: cute.Tensor, it, bidx,
-               front=None):  # fmt: skip
+               front=None, tag_hi=0):  # fmt: skip
     """Ring position `it` gets unit u of phase p: wait until its stage is free (and, with an
     in-flight cap, until copy it - inflight has landed), tag the stage (dynamic units), start
     the bulk copy with the stage's full barrier expecting its bytes. With an L2 lookahead,
@@ -226,7 +237,7 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
             mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
     stamp_position(plan.trace, mT, 0, it, bidx)
     if cutlass.const_expr(tag is not None):
-        tag[s] = u  # published by the arrive's release, read after the consumer's wait
+        tag[s] = u + tag_hi  # published by the arrive's release, read after the consumer's wait
     cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
     src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
     nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src, full + s, ub)
@@ -238,13 +249,19 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
 @cute.jit
 def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
                    mCnt: cute.Tensor, cb, ring: cute.Tensor, full, empty, tag, mT: cute.Tensor,
-                   it, bidx, front=None):  # fmt: skip
+                   it, bidx, front=None, seq=0, ends=None):  # fmt: skip
     """Dynamic units: lane 0 claims phase p's units `plan.claim` at a time from the phase's
     claim counter (two claims in flight while a third's copies go out: an atomic's round trip
     under the stream is 0.2-3 us, a 16 KB unit streams in ~0.6 us), tags each
     stage with its unit, then closes the phase with one end marker (tag -1, no data) per
     consumer warp: consecutive positions, so each warp meets exactly one. The CTAs whose SMs
-    stream faster take more units, so a phase no longer waits for the slowest SM's share."""
+    stream faster take more units, so a phase no longer waits for the slowest SM's share.
+
+    ends="slots": no end markers; the stages carry the launch's phase number `seq` in their
+    tags, and the phase's end position goes into the shared word ends[seq] (`_filled_or_ended`).
+    Why: six markers per phase hold ring stages until the consumers pass the phase, so the
+    producer ran at most about two phases ahead (session 7 call 1's trace: o_proj's copies
+    issued 8-13 us late, behind the small phases' markers)."""
     stages, claim = plan.stages, plan.claim
     n_units = plan.units[p].units
     counter = (mCnt.iterator + (cb + len(plan.phases) + p) * plan.spacing).llvm_ptr
@@ -255,16 +272,20 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
         for c in cutlass.range_constexpr(claim):
             u = base + c
             if u < n_units:
-                _copy_unit(plan, p, mW, wb, u, ring, full, empty, tag, mT, it, bidx, front)
+                tag_hi = seq << TAG_SHIFT if plan.ends == "slots" else 0
+                _copy_unit(plan, p, mW, wb, u, ring, full, empty, tag, mT, it, bidx, front, tag_hi)
                 it = it + 1
         base = after
         after = later
-    for _ in cutlass.range_constexpr(plan.warps):
-        s = it % stages
-        mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
-        tag[s] = Int32(-1)
-        cute.arch.mbarrier_arrive(full + s)
-        it = it + 1
+    if cutlass.const_expr(plan.ends == "slots"):
+        cute.arch.store((ends + seq).llvm_ptr, Int32(it), ss="cta", sem="relaxed", scope="cta")
+    else:
+        for _ in cutlass.range_constexpr(plan.warps):
+            s = it % stages
+            mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
+            tag[s] = Int32(-1)
+            cute.arch.mbarrier_arrive(full + s)
+            it = it + 1
     return it
 
 
@@ -307,6 +328,39 @@ def _prefetch(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot,
                             mT[WATCH + 14] = bidx + 1
                             n = Int32(-1)
                     nvvm.cp_async_bulk_prefetch(mW.iterator + el, ub)
+
+
+@cute.jit
+def _filled_or_ended(bar, parity, end, q, mT: cute.Tensor, bidx) -> Int32:
+    """ends="slots": wait until ring position q is filled (1) or lies at or past the phase's
+    end position once the producer has published it in the shared word `end` (3); every lane
+    polls, as the mbarrier waits do."""
+    state = Int32(0)
+    n = Int32(0)
+    while state == 0:
+        if q >= cute.arch.load(end.llvm_ptr, Int32, sem="relaxed", scope="cta", ss="cta"):
+            state = Int32(3)
+        elif cute.arch.mbarrier_test_wait(bar, parity):
+            state = Int32(1)
+        n, state = tick(n, state)
+    report_stuck(state, mT, 1, bidx)
+    return state
+
+
+@cute.jit
+def _take_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s,
+               max_rows: cutlass.Constexpr, rows: cutlass.Constexpr, vpr: cutlass.Constexpr,
+               sets: cutlass.Constexpr, lane, chunk_el: cutlass.Constexpr,
+               consume: cutlass.Constexpr, mma: cutlass.Constexpr, row_sum: cutlass.Constexpr,
+               mY: cute.Tensor, y0, u):  # fmt: skip
+    """Dynamic units: one warp reduces the unit in stage s and writes its rows of y at once
+    (y0 = the phase's first output)."""
+    consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets, lane, chunk_el, consume,
+                 mma, row_sum)  # fmt: skip
+    cute.arch.sync_warp()
+    if lane < rows:
+        mY[y0 + u * rows + lane] = acc[s * max_rows + lane]
+        acc[s * max_rows + lane] = Float32(0.0)
 
 
 @cute.jit
@@ -385,7 +439,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           rotate: bool = True, sync: str = "red", inflight: int = 0,
           probe: str = "", dynamic: bool = False, claim: int = 2,
           row_sum: str = "atomic", layers: int = 1, prefetch: int = 0,
-          polls: int = 1, spacing: int = 1, gap: int = 0) -> Any:  # fmt: skip
+          polls: int = 1, spacing: int = 1, gap: int = 0,
+          ends: str = "markers") -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -412,6 +467,13 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     `layers` (counters only): that many layers in one launch, as a runtime loop over one layer's
     code (layer l + 1's input is layer l's last output; its weights, outputs and counters follow
     layer l's), so the stream runs on across layer ends and the code does not grow.
+    `prefetch` (bytes, counters only; 0: none) adds a warp that prefetches the weights into L2
+    that far ahead of the producer (`_prefetch`). `polls` (1-4, sync="red"): loads in flight
+    per counter wait, staggered (`poll_staggered`); `gap`: ns of sleep between polls;
+    `spacing`: int32 words between counters (32: one 128-byte line each; the counters argument
+    is then that much longer). `ends` (dynamic units): "markers" closes each phase with one
+    end-marker stage per consumer warp; "slots" publishes the phase's end position in shared
+    memory instead, so the ring holds only weights (`_issue_claimed`).
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -423,6 +485,10 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         raise ValueError("layers > 1: with counters (sync red/atomic)")
     if not 1 <= polls <= 4 or (polls > 1 and sync != "red"):
         raise ValueError(f"polls={polls}: 1 to 4, more than 1 only with sync='red'")
+    if ends not in ("markers", "slots") or (ends == "slots" and not dynamic):
+        raise ValueError(f"ends={ends!r}: 'markers', or 'slots' with dynamic units")
+    if ends == "slots" and (layers * len(phases) >= 1 << 10):
+        raise ValueError(f"ends='slots': {layers * len(phases)} phases per launch, tags hold 1023")
     if prefetch and (flags or prefetch < 16384):
         raise ValueError(f"prefetch={prefetch}: with counters, and at least one 16 KB stage")
     if layers * w_offsets(phases)[-1] >= 2**31:
@@ -445,7 +511,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     yoff, woff = y_offsets(phases), w_offsets(phases)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
                  chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, dynamic, claim,
-                 warps, layers, prefetch, polls, spacing, gap)  # fmt: skip
+                 warps, layers, prefetch, polls, spacing, gap, ends)  # fmt: skip
     stride = plan.stride
     n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
@@ -453,7 +519,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     max_rows = max(u.rows for u in units)
     acc_len = stages * max_rows if dynamic else max(-(-u.units // grid) * u.rows for u in units)
     chunk_el = chunk_bytes // 2
+    ends_mode = ends
     smem = stages * chunk_bytes + 2 * k_max + 4 * acc_len + 20 * stages + 256 + 32
+    smem += 4 * layers * n_ph if ends == "slots" else 0
     if smem > SMEM_LIMIT:
         raise ValueError(f"{smem} B of shared memory per CTA: more than {SMEM_LIMIT}")
 
@@ -474,6 +542,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         epoch = None
         tag = None
         front = None
+        ends = None
+        if cutlass.const_expr(ends_mode == "slots"):
+            ends = alloc.allocate_array(Int32, num_elems=layers * n_ph)  # each phase's end
         if cutlass.const_expr(prefetch):
             front = alloc.allocate_array(Int32, num_elems=1)  # the producer's place (FRONT_EL)
         if cutlass.const_expr(dynamic):
@@ -488,6 +559,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
             if cutlass.const_expr(prefetch):
                 front[0] = Int32(0)
+            if cutlass.const_expr(ends_mode == "slots"):
+                for i in cutlass.range_constexpr(layers * n_ph):
+                    ends[i] = Int32(NOT_YET)
             if bidx == 0:  # the other slot's counters, for the next launch
                 for p in cutlass.range_constexpr(layers * stride):
                     mCnt[1 - slot, p * spacing] = Int32(0)
@@ -506,7 +580,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
             if cutlass.const_expr(side_warps):
                 if warp == CONSUMER_WARPS:
                     _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
-                             bidx, front)  # fmt: skip
+                             bidx, front, ends)  # fmt: skip
                 elif warp == PREFETCH_WARP:
                     _prefetch(plan, mW, mCnt, slot, mT, front, lane, bidx)
                 else:
@@ -514,7 +588,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         probe_l2(mT, mY, probe, yoff[-1])
             else:
                 _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
-                             bidx)  # fmt: skip
+                             bidx, front, ends)  # fmt: skip
         else:
             atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
             it = Int32(0)
@@ -567,26 +641,44 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                         # Position q belongs to warp q % warps; the warp's positions of this phase
                         # hold claimed units until its end marker. A unit's rows go out when done.
                         more = Int32(1)
+                        seq = l * n_ph + p  # the launch's phase number (ends="slots" tags)
                         while more == 1:
                             s = q % stages
-                            mwait(full + s, (q // stages) & 1, wait_kind, mT, 1, bidx)
-                            if lane == 0:
-                                stamp_position(trace, mT, 1, q, bidx)
-                            u = tag[s]
-                            if u < 0:
-                                more = Int32(0)
+                            if cutlass.const_expr(ends_mode == "slots"):
+                                # the phase is over for this warp once its end position is
+                                # published and passed, or its next stage holds a later phase
+                                got = _filled_or_ended(full + s, (q // stages) & 1, ends + seq, q,
+                                                       mT, bidx)  # fmt: skip
+                                u = tag[s] - (seq << TAG_SHIFT)
+                                if got == 1 and u < (1 << TAG_SHIFT):
+                                    if lane == 0:
+                                        stamp_position(trace, mT, 1, q, bidx)
+                                    _take_unit(atom, ring, xs, acc, s, max_rows, rows, vpr, sets,
+                                               lane, chunk_el, consume, mma, row_sum, mY,
+                                               yb + yoff[p], u)  # fmt: skip
+                                    cute.arch.sync_warp()
+                                    if lane == 0:
+                                        stamp_position(trace, mT, 2, q, bidx)
+                                        cute.arch.mbarrier_arrive(empty + s)
+                                    q = q + CONSUMER_WARPS
+                                else:
+                                    more = Int32(0)  # (a later phase's stage stays unreleased)
                             else:
-                                consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets,
-                                              lane, chunk_el, consume, mma, row_sum)  # fmt: skip
+                                mwait(full + s, (q // stages) & 1, wait_kind, mT, 1, bidx)
+                                if lane == 0:
+                                    stamp_position(trace, mT, 1, q, bidx)
+                                u = tag[s]
+                                if u < 0:
+                                    more = Int32(0)
+                                else:
+                                    _take_unit(atom, ring, xs, acc, s, max_rows, rows, vpr, sets,
+                                               lane, chunk_el, consume, mma, row_sum, mY,
+                                               yb + yoff[p], u)  # fmt: skip
                                 cute.arch.sync_warp()
-                                if lane < rows:
-                                    mY[yb + yoff[p] + u * rows + lane] = acc[s * max_rows + lane]
-                                    acc[s * max_rows + lane] = Float32(0.0)
-                            cute.arch.sync_warp()
-                            if lane == 0:
-                                stamp_position(trace, mT, 2, q, bidx)
-                                cute.arch.mbarrier_arrive(empty + s)
-                            q = q + CONSUMER_WARPS
+                                if lane == 0:
+                                    stamp_position(trace, mT, 2, q, bidx)
+                                    cute.arch.mbarrier_arrive(empty + s)
+                                q = q + CONSUMER_WARPS
                     else:
                         # Units go round robin to the consumer warps; a warp owns whole units and
                         # keeps its partial sums in registers until a row (or row block) is done.

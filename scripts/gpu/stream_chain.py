@@ -15,8 +15,8 @@ far above L2) are timed, median of 50 replays.
 
 Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
 Each variant runs in its own process (LIMIT_S); writes $OUT/stream_chain_<variant>.json (the
-device tool returns at most 8 files: keep VARIANTS at 7). The first variant is the reference
-(session 7: 65.92 us, `BEST`): machines differ, so compare within a call.
+device tool returns at most 8 files: keep VARIANTS at 7). Run the reference (session 7: 65.92
+and 65.97 us, `BEST`) in every call: machines differ, so compare within a call.
 """
 
 from __future__ import annotations

@@ -267,3 +267,23 @@ def test_stream_chain_prefetch_staggered_polls_and_poll_sleep() -> None:
         assert not _ops(ptx) & {"ld.local", "st.local"}
     with pytest.raises(ValueError, match="polls=2: 1 to 4, more than 1 only with sync='red'"):
         build(phases, 132, 7168, sync="atomic", polls=2)
+
+
+def test_stream_chain_phase_ends_in_shared_slots_replace_the_end_markers() -> None:
+    """ends="slots": each phase's end position is one shared word (stored by the producer,
+    polled in each phase's consumer loop), not six end-marker stages per phase."""
+    from agentab.kernels.cute.stream_chain import build, compile_chain
+
+    phases = _chain_phases()
+    kw = dict(stages=12, warps=6, mma=True, dynamic=True, row_sum="store")
+    markers = compile_chain(phases, 132, 7168, **kw).__ptx__
+    slots = compile_chain(phases, 132, 7168, ends="slots", **kw).__ptx__
+    assert "st.relaxed.cta.shared::cta.b32" not in markers
+    assert slots.count("st.relaxed.cta.shared::cta.b32") == len(phases)
+    assert slots.count("ld.relaxed.cta.shared::cta.b32") == len(phases)
+    # the markers' plain arrivals on the full barriers (6 per phase) are gone
+    plain = "mbarrier.arrive.shared.b64"
+    assert markers.count(plain) - slots.count(plain) == 6 * len(phases)
+    assert not _ops(slots) & {"ld.local", "st.local"}
+    with pytest.raises(ValueError, match="ends='slots': 'markers', or 'slots' with dynamic"):
+        build(phases, 132, 7168, ends="slots")

@@ -367,6 +367,18 @@ def _take_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s,
 
 
 @cute.jit
+def _release(trace: cutlass.Constexpr, mT: cute.Tensor, q, bidx, lane, empty, s,
+             warps: cutlass.Constexpr):  # fmt: skip
+    """Dynamic units: the warp hands ring position q's stage s back to the producer; returns
+    the warp's next position."""
+    cute.arch.sync_warp()
+    if lane == 0:
+        stamp_position(trace, mT, 2, q, bidx)
+        cute.arch.mbarrier_arrive(empty + s)
+    return q + warps
+
+
+@cute.jit
 def _stage_input(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass.Constexpr,
                  from_x: cutlass.Constexpr, y_vec0, tidx, threads: cutlass.Constexpr):  # fmt: skip
     """Stage k input values into xs as bf16 (layer input or fp32 outputs from vector y_vec0),
@@ -659,11 +671,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                     _take_unit(atom, ring, xs, acc, s, max_rows, rows, vpr, sets,
                                                lane, chunk_el, consume, mma, row_sum, mY,
                                                yb + yoff[p], u)  # fmt: skip
-                                    cute.arch.sync_warp()
-                                    if lane == 0:
-                                        stamp_position(trace, mT, 2, q, bidx)
-                                        cute.arch.mbarrier_arrive(empty + s)
-                                    q = q + CONSUMER_WARPS
+                                    q = _release(trace, mT, q, bidx, lane, empty, s, CONSUMER_WARPS)
                                 else:
                                     more = Int32(0)  # (a later phase's stage stays unreleased)
                             else:
@@ -677,11 +685,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                     _take_unit(atom, ring, xs, acc, s, max_rows, rows, vpr, sets,
                                                lane, chunk_el, consume, mma, row_sum, mY,
                                                yb + yoff[p], u)  # fmt: skip
-                                cute.arch.sync_warp()
-                                if lane == 0:
-                                    stamp_position(trace, mT, 2, q, bidx)
-                                    cute.arch.mbarrier_arrive(empty + s)
-                                q = q + CONSUMER_WARPS
+                                q = _release(trace, mT, q, bidx, lane, empty, s, CONSUMER_WARPS)
                     else:
                         # Units go round robin to the consumer warps; a warp owns whole units and
                         # keeps its partial sums in registers until a row (or row block) is done.

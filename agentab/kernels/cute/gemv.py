@@ -233,7 +233,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
                    mY: cute.Tensor, mRs: cute.Tensor):  # fmt: skip
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
-            alloc = cutlass.utils.SmemAllocator()
+            alloc = cutlass.memory.SmemAllocator()
             red = alloc.allocate_tensor(
                 Float32, cute.make_layout(n_out * ksplit), byte_alignment=16
             )
@@ -267,7 +267,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
                     mQpe: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         red = alloc.allocate_tensor(Float32, cute.make_layout(n_out * ksplit), byte_alignment=16)
         red_ss = alloc.allocate_tensor(Float32, cute.make_layout(m_tok * ksplit), byte_alignment=16)
         red_p = alloc.allocate_tensor(Float32, cute.make_layout(warps), byte_alignment=16)

@@ -102,7 +102,7 @@ def build_gemv_stream(spec: GemvSpec) -> Any:
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         ring = alloc.allocate_tensor(
             BFloat16, cute.make_layout(stages * threads * 8), byte_alignment=128
         )

@@ -100,7 +100,7 @@ def build_prep(spec: PrepSpec) -> Any:
                mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor):  # fmt: skip
         tidx, _, _ = cute.arch.thread_idx()
         b, _, _ = cute.arch.block_idx()
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         red = alloc.allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
         pdl_wait()
         prep_body(spec, THREADS, b, tidx, mQkv, mQ, mPos, mNorm, mCS, mCache, mQpe, red)

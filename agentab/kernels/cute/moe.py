@@ -486,7 +486,7 @@ def build_moe_up(
         _stamp(trace, mSorted, 64 + 4 * bidx, bidx, tidx)
         lane = tidx % 32
         warp = tidx // 32
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         rsm = routing_smem(alloc, spec)
         seg_e, seg_start, seg_len = rsm[6], rsm[7], rsm[8]
         sorted_a = rsm[5]
@@ -714,7 +714,7 @@ def build_moe_down(spec: MoeSpec, rows_per_cta: int, version: int = 9) -> Any:
         bidx, _, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         acc = alloc.allocate_tensor(Float32, cute.make_layout(WARPS * mm * rpc), byte_alignment=16)
         segs = alloc.allocate_tensor(
             Int32, cute.make_layout(n_segs_flat if v9 else 3 * nseg_max), byte_alignment=16

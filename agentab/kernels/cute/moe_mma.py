@@ -105,7 +105,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None, small_list: bool = 
         warp = tidx // 32
         g = lane // 4
         c = lane % 4
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         rsm = routing_smem(alloc, spec)
         sorted_a, seg_e, seg_start, seg_len = rsm[5], rsm[6], rsm[7], rsm[8]
         red = alloc.allocate_tensor(Float32, cute.make_layout(2 * red_n), byte_alignment=16)

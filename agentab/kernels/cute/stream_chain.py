@@ -547,7 +547,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         bidx, _, _ = cute.arch.block_idx()
         warp = tidx // 32
         lane = tidx % 32
-        alloc = cutlass.utils.SmemAllocator()
+        alloc = cutlass.memory.SmemAllocator()
         ring = alloc.allocate_tensor(BFloat16, cute.make_layout(stages * chunk_el),
                                      byte_alignment=128)  # fmt: skip
         xs = alloc.allocate_tensor(BFloat16, cute.make_layout(k_max), byte_alignment=16)

@@ -39,7 +39,13 @@ from agentab.kernels.cute.chain_trace import (
     TRACE_POSITIONS,
     WATCH,
 )
-from agentab.kernels.cute.stream_chain import Phase, compile_chain, w_offsets, y_offsets
+from agentab.kernels.cute.stream_chain import (
+    Phase,
+    compile_chain,
+    counter_words,
+    w_offsets,
+    y_offsets,
+)
 from agentab.kernels.harness import capture, time_replays
 
 OUT = Path(os.environ.get("OUT", "out"))
@@ -186,12 +192,8 @@ def one(vi: int) -> int:
     torch.manual_seed(0)
     flagged = kw.get("sync") == "flags"
     layers = [make_layer(dev, phases, flagged) for _ in range(launches)]
-    cnt = torch.zeros(
-        2,
-        len(phases) * (2 if kw.get("dynamic") else 1) * kw.get("spacing", 1),
-        device=dev,
-        dtype=torch.int32,
-    )  # arrivals (and dynamic units' claims) per phase of every layer
+    words = counter_words(len(phases), kw.get("dynamic", False), kw.get("spacing", 1))
+    cnt = torch.zeros(2, words, device=dev, dtype=torch.int32)  # arrivals (and claims)
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     epoch = torch.zeros(2, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"

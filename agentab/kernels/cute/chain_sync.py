@@ -8,6 +8,8 @@ bug; every wait here gives up after WATCHDOG polls and flags the trace buffer in
 
 # No `from __future__ import annotations`: CuTe DSL reads the kernels' annotations at trace time.
 
+from dataclasses import dataclass
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
@@ -15,6 +17,25 @@ from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
 from agentab.kernels.cute.chain_trace import WATCH
 from agentab.kernels.cute.flagged import ld_flagged2, ld_relaxed_kept
+
+
+@dataclass(frozen=True)
+class Counters:
+    """How the grid's counters are laid out and polled (compile-time): `sync` "red"
+    (arrival by red.release, polls by ld.acquire) or "atomic" (fence + atom.release, polls by
+    atom.add 0); `polls` staggered loads in flight per wait (`poll_staggered`); `spacing` int32
+    words from one counter to the next (32: each in its own 128-byte line); `gap` ns of sleep
+    between polls."""
+
+    sync: str = "red"
+    polls: int = 1
+    spacing: int = 1
+    gap: int = 0
+
+    def words(self, counters: int) -> int:
+        """The int32 words that `counters` counters take."""
+        return counters * self.spacing
+
 
 POLL_GAP_NS = 100  # between staggered polls: a fraction of a loaded round trip (0.2-3 us)
 WATCHDOG = 1 << 22  # polls before a wait gives up and reports (mT[WATCH + code] = 1 + bidx)
@@ -120,28 +141,25 @@ def mwait(bar, parity, kind: cutlass.Constexpr, mT: cute.Tensor, code: cutlass.C
 
 @cute.jit
 def wait_count(mCnt: cute.Tensor, idx, target, mT: cute.Tensor, code: cutlass.Constexpr, bidx,
-                sync: cutlass.Constexpr, polls: cutlass.Constexpr = 1,
-                spacing: cutlass.Constexpr = 1, gap: cutlass.Constexpr = 0):  # fmt: skip
-    """Spin (one thread) until the flat counter `idx` reaches `target`, then acquire: the
-    writes released before the arrivals are visible to this CTA after its next barrier.
-    `polls` > 1: that many staggered loads in flight (`poll_staggered`); `spacing`: int32
-    words from one counter to the next (32: each in its own 128-byte line); `gap`: ns of
-    sleep between polls."""
-    ptr = (mCnt.iterator + idx * spacing).llvm_ptr
-    if cutlass.const_expr(polls > 1):
-        poll_staggered(ptr, target, polls, POLL_GAP_NS, mT, code, bidx)
+                cs: cutlass.Constexpr):  # fmt: skip
+    """Spin (one thread) until counter `idx` (laid out and polled as `cs`, a `Counters`)
+    reaches `target`, then acquire: the writes released before the arrivals are visible to
+    this CTA after its next barrier."""
+    ptr = (mCnt.iterator + idx * cs.spacing).llvm_ptr
+    if cutlass.const_expr(cs.polls > 1):
+        poll_staggered(ptr, target, cs.polls, POLL_GAP_NS, mT, code, bidx)
     else:
-        poll("load" if sync == "red" else "count", ptr, target, mT, code, bidx, gap)
+        poll("load" if cs.sync == "red" else "count", ptr, target, mT, code, bidx, cs.gap)
     cute.arch.fence_acq_rel_gpu()
 
 
 @cute.jit
-def arrive_count(mCnt: cute.Tensor, idx, sync: cutlass.Constexpr, spacing: cutlass.Constexpr = 1):
-    """One thread adds this CTA's arrival to counter `idx` (`spacing` as in `wait_count`),
+def arrive_count(mCnt: cute.Tensor, idx, cs: cutlass.Constexpr):
+    """One thread adds this CTA's arrival to counter `idx` (`cs` as in `wait_count`),
     releasing the CTA's writes (which the preceding named barrier ordered before this
     thread's): red.release needs no reply."""
-    ptr = (mCnt.iterator + idx * spacing).llvm_ptr
-    if cutlass.const_expr(sync == "red"):
+    ptr = (mCnt.iterator + idx * cs.spacing).llvm_ptr
+    if cutlass.const_expr(cs.sync == "red"):
         cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
     else:
         cute.arch.fence_acq_rel_gpu()

@@ -44,6 +44,7 @@ from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 from agentab.kernels.cute.chain_dot import consume_unit
 from agentab.kernels.cute.chain_sync import (
     WATCHDOG,
+    Counters,
     arrive_count,
     mwait,
     report_stuck,
@@ -150,20 +151,44 @@ class _Plan:
     trace: bool
     wait: bool
     sync: str
+    cs: Counters  # the counters' layout and polling (sync "red" / "atomic")
     dynamic: bool = False
     claim: int = 2
     warps: int = 6
     layers: int = 1
     prefetch: int = 0  # bytes of L2 lookahead beyond the producer (0: none)
-    polls: int = 1  # loads in flight per counter wait
-    spacing: int = 1  # int32 words from one counter to the next
-    gap: int = 0  # ns of sleep between a counter's polls
     ends: str = "markers"  # dynamic units: how a phase's end reaches the consumer warps
 
     @property
     def stride(self) -> int:
         """Counters per layer: each phase's arrivals, then (dynamic units) its claims."""
         return len(self.phases) * (2 if self.dynamic else 1)
+
+    def counter_base(self, slot, layer):
+        """Layer `layer`'s first counter in launch slot `slot` (0 / 1)."""
+        return slot * (self.layers * self.stride) + layer * self.stride
+
+    def share(self, p: int, bidx):
+        """This CTA's round-robin share of phase p's units: its first unit (unit u goes to
+        CTA (rot[p] + u) % grid) and how many it takes."""
+        grid = self.grid
+        b = (bidx + grid - self.rot[p] % grid) % grid
+        return b, (self.units[p].units - b + grid - 1) // grid
+
+
+def counter_words(phases_per_launch: int, dynamic: bool, spacing: int) -> int:
+    """The int32 words per slot of the counters argument: each phase's arrivals (and with
+    dynamic units its claims), `spacing` words apart."""
+    return Counters(spacing=spacing).words(phases_per_launch * (2 if dynamic else 1))
+
+
+@cute.jit
+def _wait_gate(plan: cutlass.Constexpr, mCnt: cute.Tensor, cb, p: cutlass.Constexpr,
+               mT: cute.Tensor, bidx):  # fmt: skip
+    """Before streaming phase p's weights: wait for its gate phase (routing) to complete."""
+    g = plan.phases[p].gate
+    if cutlass.const_expr(plan.wait and g >= 0):
+        wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.cs)
 
 
 @cute.jit
@@ -186,13 +211,10 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
         if lane == 0:
             it = Int32(0)
             for l in range(plan.layers):  # noqa: E741
-                cb = slot * (plan.layers * plan.stride) + l * plan.stride  # the layer's counters
+                cb = plan.counter_base(slot, l)
                 wb = l * plan.woff[-1]  # the layer's weights
                 for p in cutlass.range_constexpr(n_ph):
-                    g = plan.phases[p].gate
-                    if cutlass.const_expr(plan.wait and g >= 0):
-                        wait_count(mCnt, cb + g, plan.grid, mT, 2, bidx, plan.sync, plan.polls,
-                                   plan.spacing, plan.gap)  # fmt: skip
+                    _wait_gate(plan, mCnt, cb, p, mT, bidx)
                     if cutlass.const_expr(plan.dynamic):
                         it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
                                             it, bidx, front, l * n_ph + p, ends)  # fmt: skip
@@ -211,11 +233,10 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
     """Lane 0 streams this CTA's units of phase p (of the layer whose weights start at element
     wb) into the ring from position `it` (unit u on CTA (rot[p] + u) % grid); returns the next
     position."""
-    grid = plan.grid
-    b = (bidx + grid - plan.rot[p] % grid) % grid  # this CTA's first unit
-    mine = (plan.units[p].units - b + grid - 1) // grid
+    b, mine = plan.share(p, bidx)
     for j in range(mine):
-        _copy_unit(plan, p, mW, wb, b + j * grid, ring, full, empty, None, mT, it, bidx, front)
+        _copy_unit(plan, p, mW, wb, b + j * plan.grid, ring, full, empty, None, mT, it, bidx,
+                   front)  # fmt: skip
         it = it + 1
     return it
 
@@ -267,7 +288,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
     phase's (up to 15 us from issue to landing)."""
     stages, claim = plan.stages, plan.claim
     n_units = plan.units[p].units
-    counter = (mCnt.iterator + (cb + len(plan.phases) + p) * plan.spacing).llvm_ptr
+    counter = (mCnt.iterator + (cb + len(plan.phases) + p) * plan.cs.spacing).llvm_ptr
     base = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
     after = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
     while base < n_units:
@@ -310,16 +331,12 @@ def _prefetch(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot,
         grid = plan.grid
         ahead = plan.prefetch // (2 * FRONT_EL)
         for l in range(plan.layers):  # noqa: E741
-            cb = slot * (plan.layers * plan.stride) + l * plan.stride
+            cb = plan.counter_base(slot, l)
             wb = l * plan.woff[-1]
             for p in cutlass.range_constexpr(len(plan.phases)):
-                g = plan.phases[p].gate
-                if cutlass.const_expr(plan.wait and g >= 0):
-                    wait_count(mCnt, cb + g, grid, mT, 2, bidx, plan.sync, plan.polls, plan.spacing,
-                               plan.gap)  # fmt: skip
+                _wait_gate(plan, mCnt, cb, p, mT, bidx)
                 ub = plan.units[p].bytes(plan.phases[p].k)
-                b = (bidx + grid - plan.rot[p] % grid) % grid
-                mine = (plan.units[p].units - b + grid - 1) // grid
+                b, mine = plan.share(p, bidx)
                 for j in range(mine):
                     el = wb + plan.woff[p] + (b + j * grid) * (ub // 2)
                     n = Int32(0)
@@ -524,9 +541,10 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     n_ph = len(phases)
     rot = _starts([u.units % grid if rotate else 0 for u in units])  # phase p's first CTA
     yoff, woff = y_offsets(phases), w_offsets(phases)
+    cs = Counters(sync, polls, spacing, gap)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
-                 chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, dynamic, claim,
-                 warps, layers, prefetch, polls, spacing, gap, ends)  # fmt: skip
+                 chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, cs, dynamic, claim,
+                 warps, layers, prefetch, ends)  # fmt: skip
     stride = plan.stride
     n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
@@ -579,7 +597,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                     ends[i] = Int32(NOT_YET)
             if bidx == 0:  # the other slot's counters, for the next launch
                 for p in cutlass.range_constexpr(layers * stride):
-                    mCnt[1 - slot, p * spacing] = Int32(0)
+                    mCnt[1 - slot, cs.words(p)] = Int32(0)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if cutlass.const_expr(trace and n_ph < 16):  # noqa: SIM102 (compile time, then runtime)
@@ -609,26 +627,24 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
             it = Int32(0)
             q = warp  # dynamic units: this warp's next ring position
             for l in range(layers):  # noqa: E741 (a runtime loop: one layer's code, any layers)
-                cb = slot * (layers * stride) + l * stride  # this layer's counters
+                cb = plan.counter_base(slot, l)
                 yb = l * n_y  # this layer's outputs
                 for p in cutlass.range_constexpr(n_ph):
                     ph = phases[p]
                     rows = units[p].rows
                     vpr = ph.k // 8  # 16-byte vectors per row
-                    b = (bidx + grid - rot[p] % grid) % grid  # this CTA's first unit
-                    mine = (units[p].units - b + grid - 1) // grid
+                    b, mine = plan.share(p, bidx)
                     # Wait for the input (counters: one thread polls, the rest wait at the named
                     # barrier; flags: every thread polls its own share of the input words).
                     if cutlass.const_expr(wait and ph.src >= 0 and not flags):
                         if tidx == 0:
-                            wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, sync, polls,
-                                       spacing, gap)  # fmt: skip
+                            wait_count(mCnt, cb + ph.src, grid, mT, 3 + p, bidx, cs)
                         cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if cutlass.const_expr(wait and ph.src < 0 and layers > 1):  # noqa: SIM102
                         if l > 0:  # the previous layer's last output is this layer's input
                             if tidx == 0:
                                 wait_count(mCnt, cb - stride + n_ph - 1, grid, mT, 3 + p, bidx,
-                                            sync, polls, spacing, gap)  # fmt: skip
+                                            cs)  # fmt: skip
                             cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                     if bidx == 0 and tidx == 0:
                         stamp(trace, mT, 3072 + p)
@@ -724,7 +740,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                 mY[yb + yoff[p] + (b + j * grid) * rows + r] = acc[c]
                             cute.arch.barrier(barrier_id=1, number_of_threads=CONSUMERS)
                         if tidx == 0:
-                            arrive_count(mCnt, cb + p, sync, spacing)
+                            arrive_count(mCnt, cb + p, cs)
                     if bidx == 0 and tidx == 0:
                         stamp(trace, mT, 3136 + p)
 
@@ -751,21 +767,19 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
 
 
 def compile_chain(phases: tuple[Phase, ...], grid: int, x_len: int, **kw: Any) -> Any:
-    """Compile once; call as f(W_packed_bf16, x_bf16, Y, counters_i32[2, L P (2 L P dynamic)],
+    """Compile once; call as f(W_packed_bf16, x_bf16, Y, counters_i32[2, `counter_words`],
     slot, trace_i32[TRACE_LEN], epoch_i32[2]) for L = `layers` layers. Y: fp32 outputs, or
     with sync="flags" one int64 {fp32 value, int32 flag} word per output (the epoch is then
     read and advanced)."""
     layers = kw.get("layers", 1)
     n_w = w_offsets(phases)[-1] * layers
     n_y = y_offsets(phases)[-1] * layers
+    n_cnt = counter_words(layers * len(phases), kw.get("dynamic", False), kw.get("spacing", 1))
     args = [
         fake(BFloat16, (n_w,)),
         fake(BFloat16, (x_len,)),
         fake(Int64 if kw.get("sync") == "flags" else Float32, (n_y,)),
-        fake(
-            Int32,
-            (2, layers * len(phases) * (2 if kw.get("dynamic") else 1) * kw.get("spacing", 1)),
-        ),
+        fake(Int32, (2, n_cnt)),
         Int32(0),
         fake(Int32, (TRACE_LEN,)),
         fake(Int32, (2,)),

@@ -287,3 +287,17 @@ def test_stream_chain_phase_ends_in_shared_slots_replace_the_end_markers() -> No
     assert not _ops(slots) & {"ld.local", "st.local"}
     with pytest.raises(ValueError, match="ends='slots': 'markers', or 'slots' with dynamic"):
         build(phases, 132, 7168, ends="slots")
+
+
+def test_stream_chain_probe_warp_compiles_beside_the_producer() -> None:
+    """`probe` (with `trace`) adds a warp timing L2 round trips; it must build with and without
+    the prefetch warp (session 7's prefetch dispatch broke the probe-only build)."""
+    from agentab.kernels.cute.stream_chain import compile_chain
+
+    phases = _chain_phases()
+    kw = dict(stages=12, warps=6, mma=True, trace=True, probe="y")
+    for extra in ({}, {"prefetch": 8 << 20}):
+        ptx = compile_chain(phases, 132, 7168, **kw, **extra).__ptx__
+        assert "%globaltimer" in ptx
+        assert ptx.count("cp.async.bulk.prefetch.L2.global") == (len(phases) if extra else 0)
+        assert not _ops(ptx) & {"ld.local", "st.local"}

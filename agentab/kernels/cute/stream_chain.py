@@ -614,11 +614,13 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                 if warp == CONSUMER_WARPS:
                     _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
                              bidx, front, ends)  # fmt: skip
-                elif warp == PREFETCH_WARP:
-                    _prefetch(plan, mW, mCnt, slot, mT, front, lane, bidx)
+                elif warp == PREFETCH_WARP:  # (-1 without prefetch: never)
+                    if cutlass.const_expr(prefetch):
+                        _prefetch(plan, mW, mCnt, slot, mT, front, lane, bidx)
                 else:
-                    if bidx == 0 and lane == 0:
-                        probe_l2(mT, mY, probe, yoff[-1])
+                    if cutlass.const_expr(probe):  # noqa: SIM102 (compile time, then runtime)
+                        if bidx == 0 and lane == 0:
+                            probe_l2(mT, mY, probe, yoff[-1])
             else:
                 _produce(plan, mW, mY, mCnt, slot, mT, ring, full, empty, tag, flag, lane,
                              bidx, front, ends)  # fmt: skip

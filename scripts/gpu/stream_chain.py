@@ -261,21 +261,34 @@ def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Te
         lay = layers[i % len(layers)]
         f(lay["w"], lay["x"], lay["y"], cnt, i % 2, trace, epoch)
     torch.cuda.synchronize()
-    t = trace.cpu().to(torch.int64)
+    info = pipeline(trace.cpu().to(torch.int64), sms, len(order), kw)
+    doc["trace"] = info
+    long = ("issued_ns", "filled_ns", "released_ns", "cta_entry_ns", "cta_done_ns",
+            "probe_start_ns", "probe_round_trip_ns")  # fmt: skip
+    short = {k: v for k, v in info.items() if k not in long}
+    print(json.dumps(short), flush=True)
+
+
+def pipeline(t: torch.Tensor, sms: int, n_ph: int, kw: dict) -> dict:
+    """The trace buffer (int64 on the host) as times relative to CTA 0's first issue."""
     t0 = int(t[0])
     P = TRACE_POSITIONS
-    issued = t[0:P]
-    n = int((issued != 0).sum())
-    rel = lambda v: [int(x) - t0 for x in v]  # noqa: E731
-    iss, fil, rel_ = rel(t[0:n]), rel(t[P : P + n]), rel(t[2 * P : 2 * P + n])
-    lat = sorted(f - i for f, i in zip(fil, iss, strict=True))
-    gaps = sorted(b - a for a, b in itertools.pairwise(fil))
-    hold = sorted(r - f for f, r in zip(fil, rel_, strict=True))
-    n_ph = len(order)
-    info = {"options": kw, "positions": n, "end_ns": max(rel_),
-            "issue_to_filled_ns_p10_p50_p90": [lat[n // 10], lat[n // 2], lat[9 * n // 10]],
-            "filled_gap_ns_p50_p90": [gaps[len(gaps) // 2], gaps[9 * len(gaps) // 10]],
-            "filled_to_released_ns_p50_p90": [hold[n // 2], hold[9 * n // 10]],
+    # positions up to the last one stamped at all: with dynamic units the end markers have no
+    # issue stamp (and a consumer's held stage no release yet), so count every kind
+    stamped = (t[0:P] != 0) | (t[P : 2 * P] != 0) | (t[2 * P : 3 * P] != 0)
+    n = int(stamped.nonzero().max()) + 1
+    raw = [t[k * P : k * P + n].tolist() for k in range(3)]
+    rel = lambda v: [int(x) - t0 if x else None for x in v]  # noqa: E731 (None: no stamp)
+    iss, fil, rel_ = (rel(r) for r in raw)
+    lat = sorted(f - i for f, i in zip(fil, iss, strict=True) if f is not None and i is not None)
+    landed = [f for f in fil if f is not None]
+    gaps = sorted(b - a for a, b in itertools.pairwise(landed))
+    hold = sorted(r - f for f, r in zip(fil, rel_, strict=True) if f is not None and r is not None)
+    pct = lambda v, *qs: [v[len(v) * q // 100] for q in qs]  # noqa: E731
+    info = {"options": kw, "positions": n, "end_ns": max(r for r in rel_ if r is not None),
+            "issue_to_filled_ns_p10_p50_p90": pct(lat, 10, 50, 90),
+            "filled_gap_ns_p50_p90": pct(gaps, 50, 90),
+            "filled_to_released_ns_p50_p90": pct(hold, 50, 90),
             "phase_ready_ns": rel(t[3072 : 3072 + n_ph]),
             "phase_staged_ns": rel(t[3200 : 3200 + n_ph]),
             "phase_done_ns": rel(t[3264 : 3264 + n_ph]),
@@ -301,11 +314,7 @@ def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Te
         info["probe_median_ns_per_5us"] = {
             w: sorted(v)[len(v) // 2] for w, v in sorted(windows.items())
         }
-    doc["trace"] = info
-    long = ("issued_ns", "filled_ns", "released_ns", "cta_entry_ns", "cta_done_ns",
-            "probe_start_ns", "probe_round_trip_ns")  # fmt: skip
-    short = {k: v for k, v in info.items() if k not in long}
-    print(json.dumps(short), flush=True)
+    return info
 
 
 if __name__ == "__main__":

@@ -137,12 +137,17 @@ ALONE = dict(MMA, consume=False, wait=False)
 DYN = dict(MMA, dynamic=True, row_sum="store")
 DYN4 = dict(DYN, layers=4)
 BEST = dict(DYN4, gap=100)
+ALONE4 = dict(ALONE, layers=4)
 VARIANTS = [
-    # the new one first (the device time left may end the call), then the reference: 65.92 us
-    # in session 7 call 5 (the best); machines differ, so run it every call
-    ("  same, phase ends in shared slots, no end markers", dict(BEST, ends="slots")),
+    # session 8: is the bulk-copy stream (53.4 us alone, session 6) the limit? A plain Triton
+    # read of the same bytes took 43.2 us in session 3.
+    ("triton read, same bytes (2 and 8 programs/SM)", dict(triton=True)),
+    ("stream alone, bulk copies, 4 layers per launch", ALONE4),
+    ("stream alone, cp.async by the producer warp, 4 layers", dict(ALONE4, copy="lsu")),
+    ("stream alone, bulk copies, 66 CTAs", dict(ALONE4, grid=66)),
+    ("stream alone, bulk copies of 32 KB, 6 stages", dict(ALONE4, chunk_bytes=32768, stages=6)),
     ("dynamic units, claims of 2, row sums stored, 4 layers per launch, 100 ns between polls", BEST),
-    ("trace: 1 layer per launch, phase ends in shared slots", dict(DYN, gap=100, ends="slots", trace=True)),
+    ("  same, cp.async by the producer warp", dict(BEST, copy="lsu")),
 ]  # fmt: skip
 
 
@@ -180,6 +185,7 @@ def one(vi: int) -> int:
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     label, kw = VARIANTS[vi]
     kw = dict(kw)
+    grid = kw.pop("grid", sms)
     per_launch = kw.get("layers", 1)  # the kernel's runtime loop over layers
     order_name = kw.pop("order", "routed first")
     order = ORDERS[order_name]
@@ -197,13 +203,17 @@ def one(vi: int) -> int:
     trace = torch.zeros(TRACE_LEN, device=dev, dtype=torch.int32)
     epoch = torch.zeros(2, device=dev, dtype=torch.int32)
     path = OUT / f"stream_chain_{vi}.json"
+    if kw.pop("triton", False):
+        triton_read(layers, total // 2, doc, label)
+        path.write_text(json.dumps(doc, indent=1))
+        return 0
     if kw.pop("trace", False):
         traced(layers, cnt, trace, epoch, sms, kw, doc, order)
         path.write_text(json.dumps(doc, indent=1))
         return 0
     ok = True
     t0 = time.time()
-    f = compile_chain(order, sms, X_LEN, **kw)  # one layer's phases; `phases` = their layout
+    f = compile_chain(order, grid, X_LEN, **kw)  # one layer's phases; `phases` = their layout
     doc["compile_s"] = round(time.time() - t0, 1)
     checked = kw.get("wait", True) and kw.get("consume", True)
     cnt.zero_()
@@ -248,6 +258,45 @@ def one(vi: int) -> int:
     )
     path.write_text(json.dumps(doc, indent=1))
     return 0 if ok else 1
+
+
+def triton_read(layers: list, per_layer: int, doc: dict, label: str) -> None:
+    """The read ceiling of the same buffers: one plain Triton streaming read per launch
+    buffer (session 3's kernel: each program sums a contiguous share), 2 and 8 programs/SM."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_kernel(x_ptr, out_ptr, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        acc = tl.zeros([BLOCK], tl.float32)
+        base = pid.to(tl.int64) * CHUNK
+        for i in tl.range(0, CHUNK, BLOCK):
+            offs = base + i + tl.arange(0, BLOCK)
+            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+        tl.store(out_ptr + pid, tl.sum(acc))
+
+    out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)
+    bufs = [lay["w"] for lay in layers]
+    block = 2048
+    for per_sm in (2, 8):
+        n = bufs[0].numel()
+        chunk = triton.cdiv(triton.cdiv(n, 132 * per_sm), block) * block
+        grid = (triton.cdiv(n, chunk),)
+
+        def step(per_sm=per_sm, chunk=chunk, grid=grid):
+            for b in bufs:
+                read_kernel[grid](b, out, b.numel(), CHUNK=chunk, BLOCK=block, num_warps=8)
+
+        g, _ = capture(step)
+        t = time_replays(g, iters=50, warmup=5)
+        # each buffer holds that variant's layers-per-launch layers (here 1: 182.6 MB)
+        us = t["median"] / len(bufs) / (n // per_layer)
+        tb = per_layer * 2 / us / 1e6
+        doc[f"us_per_layer_{per_sm}_per_sm"] = round(us, 2)
+        print(
+            f"{label:50s} {per_sm}/SM {us:7.2f} us/layer  {tb:5.2f} TB/s  ({tb / 4.3:.2f} of roofline)"
+        )
 
 
 def traced(layers: list, cnt: torch.Tensor, trace: torch.Tensor, epoch: torch.Tensor, sms: int,

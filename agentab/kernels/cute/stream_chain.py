@@ -158,6 +158,13 @@ class _Plan:
     layers: int = 1
     prefetch: int = 0  # bytes of L2 lookahead beyond the producer (0: none)
     ends: str = "markers"  # dynamic units: how a phase's end reaches the consumer warps
+    copy: str = "bulk"  # how the producer fills a stage: "bulk" (one cp.async.bulk) or "lsu"
+
+    @property
+    def lsu(self) -> bool:
+        """The whole producer warp copies (cp.async, 16 bytes a lane) instead of lane 0's bulk
+        copy: each full barrier then expects 32 asynchronous arrivals and lane 0's one."""
+        return self.copy == "lsu"
 
     @property
     def stride(self) -> int:
@@ -208,35 +215,54 @@ def _produce(plan: cutlass.Constexpr, mW: cute.Tensor, mY: cute.Tensor, mCnt: cu
             if lane == 0:
                 it = _issue(plan, p, mW, 0, ring, full, empty, mT, it, bidx)
     else:
-        if lane == 0:
-            it = Int32(0)
-            for l in range(plan.layers):  # noqa: E741
-                cb = plan.counter_base(slot, l)
-                wb = l * plan.woff[-1]  # the layer's weights
-                for p in cutlass.range_constexpr(n_ph):
+        if cutlass.const_expr(plan.lsu):  # the whole warp copies, lane 0 alone signals
+            _stream_layers(plan, mW, mCnt, slot, mT, ring, full, empty, tag, lane, bidx, front,
+                           ends)  # fmt: skip
+        else:
+            if lane == 0:
+                _stream_layers(plan, mW, mCnt, slot, mT, ring, full, empty, tag, lane, bidx,
+                               front, ends)  # fmt: skip
+
+
+@cute.jit
+def _stream_layers(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot,
+                   mT: cute.Tensor, ring: cute.Tensor, full, empty, tag, lane, bidx, front,
+                   ends):  # fmt: skip
+    """Counters: every layer's phases in order, each after its gate (lane 0 polls)."""
+    n_ph = len(plan.phases)
+    it = Int32(0)
+    for l in range(plan.layers):  # noqa: E741
+        cb = plan.counter_base(slot, l)
+        wb = l * plan.woff[-1]  # the layer's weights
+        for p in cutlass.range_constexpr(n_ph):
+            if cutlass.const_expr(plan.lsu):
+                if lane == 0:
                     _wait_gate(plan, mCnt, cb, p, mT, bidx)
-                    if cutlass.const_expr(plan.dynamic):
-                        it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT,
-                                            it, bidx, front, l * n_ph + p, ends)  # fmt: skip
-                    else:
-                        it = _issue(plan, p, mW, wb, ring, full, empty, mT, it, bidx, front)
-            if cutlass.const_expr(front is not None):
-                # done: release the prefetch warp (with claimed units this CTA's last unit may
-                # lie well before the stream's end)
-                cute.arch.store(front.llvm_ptr, Int32(1 << 30), ss="cta", sem="relaxed",
-                                scope="cta")  # fmt: skip
+                cute.arch.sync_warp()
+            else:
+                _wait_gate(plan, mCnt, cb, p, mT, bidx)
+            if cutlass.const_expr(plan.dynamic):
+                it = _issue_claimed(plan, p, mW, wb, mCnt, cb, ring, full, empty, tag, mT, it,
+                                    bidx, front, l * n_ph + p, ends, lane)  # fmt: skip
+            else:
+                it = _issue(plan, p, mW, wb, ring, full, empty, mT, it, bidx, front, lane)
+    if cutlass.const_expr(front is not None):
+        # done: release the prefetch warp (with claimed units this CTA's last unit may lie well
+        # before the stream's end)
+        cute.arch.store(front.llvm_ptr, Int32(1 << 30), ss="cta", sem="relaxed", scope="cta")
 
 
 @cute.jit
 def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
-           ring: cute.Tensor, full, empty, mT: cute.Tensor, it, bidx, front=None):  # fmt: skip
+           ring: cute.Tensor, full, empty, mT: cute.Tensor, it, bidx, front=None,
+           lane=0):  # fmt: skip
     """Lane 0 streams this CTA's units of phase p (of the layer whose weights start at element
     wb) into the ring from position `it` (unit u on CTA (rot[p] + u) % grid); returns the next
     position."""
     b, mine = plan.share(p, bidx)
     for j in range(mine):
         _copy_unit(plan, p, mW, wb, b + j * plan.grid, ring, full, empty, None, mT, it, bidx,
-                   front)  # fmt: skip
+                   front, 0, lane)  # fmt: skip
         it = it + 1
     return it
 
@@ -244,10 +270,11 @@ def _issue(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
 @cute.jit
 def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb, u,
                ring: cute.Tensor, full, empty, tag, mT: cute.Tensor, it, bidx,
-               front=None, tag_hi=0):  # fmt: skip
+               front=None, tag_hi=0, lane=0):  # fmt: skip
     """Ring position `it` gets unit u of phase p: wait until its stage is free (and, with an
     in-flight cap, until copy it - inflight has landed), tag the stage (dynamic units), start
-    the bulk copy with the stage's full barrier expecting its bytes. With an L2 lookahead,
+    the bulk copy with the stage's full barrier expecting its bytes (copy="lsu": every lane
+    copies its 16-byte pieces with cp.async instead). With an L2 lookahead,
     publish the unit's place in the launch's weight stream to the prefetch warp (`front`)."""
     stages, inflight, wait_kind = plan.stages, plan.inflight, plan.wait_kind
     ub = plan.units[p].bytes(plan.phases[p].k)
@@ -257,12 +284,28 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
         if it >= inflight:
             q = it - inflight
             mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
-    stamp_position(plan.trace, mT, 0, it, bidx)
-    if cutlass.const_expr(tag is not None):
-        tag[s] = u + tag_hi  # published by the arrive's release, read after the consumer's wait
-    cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
-    src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
-    nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src, full + s, ub)
+    if cutlass.const_expr(plan.lsu):
+        src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
+        # every lane copies 16-byte pieces lane, lane + 32, ...; its cp.async arrival fires when
+        # they have landed; lane 0's plain arrival publishes the tag (release)
+        dst = ring.iterator + s * plan.chunk_el
+        for i in cutlass.range_constexpr(ub // 512):
+            nvvm.cp_async_shared_global(dst + (i * 32 + lane) * 8, src + (i * 32 + lane) * 8, 16,
+                                        "cg")  # fmt: skip
+        nvvm.cp_async_mbarrier_arrive(full + s, noinc=True)
+        if lane == 0:
+            stamp_position(plan.trace, mT, 0, it, bidx)
+            if cutlass.const_expr(tag is not None):
+                tag[s] = u + tag_hi
+            cute.arch.mbarrier_arrive(full + s)
+    else:
+        stamp_position(plan.trace, mT, 0, it, bidx)
+        if cutlass.const_expr(tag is not None):
+            tag[s] = u + tag_hi  # published by the arrive's release, read after the consumer's wait
+        cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
+        src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
+        nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src, full + s,
+                                                 ub)  # fmt: skip
     if cutlass.const_expr(front is not None):
         cute.arch.store(front.llvm_ptr, Int32((wb + plan.woff[p] + u * (ub // 2)) // FRONT_EL),
                         ss="cta", sem="relaxed", scope="cta")  # fmt: skip
@@ -271,7 +314,7 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
 @cute.jit
 def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, wb,
                    mCnt: cute.Tensor, cb, ring: cute.Tensor, full, empty, tag, mT: cute.Tensor,
-                   it, bidx, front=None, seq=0, ends=None):  # fmt: skip
+                   it, bidx, front=None, seq=0, ends=None, lane=0):  # fmt: skip
     """Dynamic units: lane 0 claims phase p's units `plan.claim` at a time from the phase's
     claim counter (two claims in flight while a third's copies go out: an atomic's round trip
     under the stream is 0.2-3 us, a 16 KB unit streams in ~0.6 us), tags each
@@ -289,15 +332,16 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
     stages, claim = plan.stages, plan.claim
     n_units = plan.units[p].units
     counter = (mCnt.iterator + (cb + len(plan.phases) + p) * plan.cs.spacing).llvm_ptr
-    base = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
-    after = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
+    base = _claim(plan, counter, lane)
+    after = _claim(plan, counter, lane)
     while base < n_units:
-        later = cute.arch.atomic_add(counter, Int32(claim), scope="gpu")
+        later = _claim(plan, counter, lane)
         for c in cutlass.range_constexpr(claim):
             u = base + c
             if u < n_units:
                 tag_hi = seq << TAG_SHIFT if plan.ends == "slots" else 0
-                _copy_unit(plan, p, mW, wb, u, ring, full, empty, tag, mT, it, bidx, front, tag_hi)
+                _copy_unit(plan, p, mW, wb, u, ring, full, empty, tag, mT, it, bidx, front, tag_hi,
+                           lane)  # fmt: skip
                 it = it + 1
         base = after
         after = later
@@ -307,10 +351,23 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
         for _ in cutlass.range_constexpr(plan.warps):
             s = it % stages
             mwait(empty + s, ((it // stages) & 1) ^ 1, plan.wait_kind, mT, 0, bidx)
-            tag[s] = Int32(-1)
-            cute.arch.mbarrier_arrive(full + s)
+            if lane == 0:
+                tag[s] = Int32(-1)
+                # (lsu: the arrivals of the 32 lanes' copies and lane 0's, all at once)
+                cute.arch.mbarrier_arrive(full + s, arrive_count=33 if plan.lsu else 1)
             it = it + 1
     return it
+
+
+@cute.jit
+def _claim(plan: cutlass.Constexpr, counter, lane):
+    """Claim `plan.claim` units: lane 0's atomic (lsu: handed to the whole warp)."""
+    if cutlass.const_expr(plan.lsu):
+        got = Int32(0)
+        if lane == 0:
+            got = cute.arch.atomic_add(counter, Int32(plan.claim), scope="gpu")
+        return cute.arch.shuffle_sync(got, 0)
+    return cute.arch.atomic_add(counter, Int32(plan.claim), scope="gpu")
 
 
 @cute.jit
@@ -472,7 +529,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           probe: str = "", dynamic: bool = False, claim: int = 2,
           row_sum: str = "atomic", layers: int = 1, prefetch: int = 0,
           polls: int = 1, spacing: int = 1, gap: int = 0,
-          ends: str = "markers") -> Any:  # fmt: skip
+          ends: str = "markers", copy: str = "bulk") -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -505,7 +562,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     `spacing`: int32 words between counters (32: one 128-byte line each; the counters argument
     is then that much longer). `ends` (dynamic units): "markers" closes each phase with one
     end-marker stage per consumer warp; "slots" publishes the phase's end position in shared
-    memory instead, so the ring holds only weights (`_issue_claimed`).
+    memory instead, so the ring holds only weights (`_issue_claimed`). `copy`: how the
+    producer fills a stage: "bulk" (lane 0's cp.async.bulk, the TMA engine) or "lsu" (the
+    whole warp's 16-byte cp.async through the load-store units, `_copy_unit`).
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -521,6 +580,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
         raise ValueError(f"ends={ends!r}: 'markers', or 'slots' with dynamic units")
     if ends == "slots" and (layers * len(phases) >= 1 << 10):
         raise ValueError(f"ends='slots': {layers * len(phases)} phases per launch, tags hold 1023")
+    if copy not in ("bulk", "lsu") or (copy == "lsu" and (flags or prefetch or ends != "markers")):
+        raise ValueError(f"copy={copy!r}: 'bulk', or 'lsu' with counters, end markers, no prefetch")
     if prefetch and (flags or prefetch < 16384):
         raise ValueError(f"prefetch={prefetch}: with counters, and at least one 16 KB stage")
     if layers * w_offsets(phases)[-1] >= 2**31:
@@ -544,7 +605,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     cs = Counters(sync, polls, spacing, gap)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
                  chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, cs, dynamic, claim,
-                 warps, layers, prefetch, ends)  # fmt: skip
+                 warps, layers, prefetch, ends, copy)  # fmt: skip
     stride = plan.stride
     n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
@@ -588,7 +649,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
             if cutlass.const_expr(flags):
                 epoch[0] = mE[0]
             for s in cutlass.range_constexpr(stages):
-                cute.arch.mbarrier_init(full + s, 1)
+                cute.arch.mbarrier_init(full + s, 33 if copy == "lsu" else 1)
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
             if cutlass.const_expr(prefetch):
                 front[0] = Int32(0)

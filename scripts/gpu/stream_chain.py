@@ -138,16 +138,17 @@ DYN = dict(MMA, dynamic=True, row_sum="store")
 DYN4 = dict(DYN, layers=4)
 BEST = dict(DYN4, gap=100)
 ALONE4 = dict(ALONE, layers=4)
+BIG = dict(BEST, chunk_bytes=32768, stages=6, rolled=True)  # 32 KB stages (compiles rolled)
 VARIANTS = [
-    # session 8: is the bulk-copy stream (53.4 us alone, session 6) the limit? A plain Triton
-    # read of the same bytes took 43.2 us in session 3.
-    ("triton read, same bytes (2 and 8 programs/SM)", dict(triton=True)),
-    ("stream alone, bulk copies, 4 layers per launch", ALONE4),
-    ("stream alone, cp.async by the producer warp, 4 layers", dict(ALONE4, copy="lsu")),
-    ("stream alone, bulk copies, 66 CTAs", dict(ALONE4, grid=66)),
-    ("stream alone, bulk copies of 32 KB, 6 stages", dict(ALONE4, chunk_bytes=32768, stages=6)),
+    # session 8 call 1: a plain Triton read of these bytes 44.7 us, the bulk stream alone 53.3
+    # with 16 KB copies, 50.2 with 32 KB; cp.async 47.4 alone but 82.7 in the chain
     ("dynamic units, claims of 2, row sums stored, 4 layers per launch, 100 ns between polls", BEST),
-    ("  same, cp.async by the producer warp", dict(BEST, copy="lsu")),
+    ("  same, consumer loops rolled", dict(BEST, rolled=True)),
+    ("  same, 32 KB stages x 6 (rolled)", BIG),
+    ("  same, 32 KB stages x 6, claims of 1", dict(BIG, claim=1)),
+    ("  same, 32 KB stages x 6, evict-first", dict(BIG, evict_first=True)),
+    ("stream alone, bulk copies of 64 KB, 3 stages", dict(ALONE4, chunk_bytes=65536, stages=3, warps=3)),
+    ("stream alone, bulk copies of 16 KB, evict-first", dict(ALONE4, evict_first=True)),
 ]  # fmt: skip
 
 

@@ -13,7 +13,7 @@ every poll. Not `.volatile`: that is system scope (LDG.STRONG.SYS), and such loa
 under the weight stream where GPU-scope ones take ~0.3 us (session 6, calls 3-5).
 """
 
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Int64
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -73,3 +73,12 @@ def ld_relaxed_kept(ptr, *, loc=None, ip=None) -> Int32:
     several polls of one word can then be in flight at once (`chain_sync.poll_staggered`;
     plain relaxed loads of the same address were merged into one)."""
     return Int32(_asm(T.i32(), [ptr], "ld.relaxed.gpu.global.b32 $0, [$1];", "=r,l", loc, ip))
+
+
+@dsl_user_op
+def l2_evict_first_policy(*, loc=None, ip=None) -> Int64:
+    """An L2 cache policy marking every line a copy brings in as evict-first (for bulk copies'
+    `l2_cache_hint`): weights streamed once should not displace the counters and outputs."""
+    return Int64(
+        _asm(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l", loc, ip)
+    )

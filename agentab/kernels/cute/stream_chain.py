@@ -61,7 +61,7 @@ from agentab.kernels.cute.chain_trace import (
     stamp_position,
 )
 from agentab.kernels.cute.common import compile_tvm_ffi, fake
-from agentab.kernels.cute.flagged import ld_flagged2, st_flagged
+from agentab.kernels.cute.flagged import l2_evict_first_policy, ld_flagged2, st_flagged
 
 SMEM_LIMIT = 227 * 1024  # Hopper's largest dynamic shared memory per CTA
 FRONT_EL = 128  # the prefetch front's unit: 256 bytes of weights (int32 covers 512 GB)
@@ -159,6 +159,7 @@ class _Plan:
     prefetch: int = 0  # bytes of L2 lookahead beyond the producer (0: none)
     ends: str = "markers"  # dynamic units: how a phase's end reaches the consumer warps
     copy: str = "bulk"  # how the producer fills a stage: "bulk" (one cp.async.bulk) or "lsu"
+    evict_first: bool = False  # bulk copies: mark the weights' L2 lines evict-first
 
     @property
     def lsu(self) -> bool:
@@ -304,8 +305,13 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
             tag[s] = u + tag_hi  # published by the arrive's release, read after the consumer's wait
         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
         src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
-        nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src, full + s,
-                                                 ub)  # fmt: skip
+        if cutlass.const_expr(plan.evict_first):
+            hint = l2_evict_first_policy()
+            dst = ring.iterator + s * plan.chunk_el
+            nvvm.cp_async_bulk_shared_cluster_global(dst, src, full + s, ub, l2_cache_hint=hint)
+        else:
+            nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src,
+                                                     full + s, ub)  # fmt: skip
     if cutlass.const_expr(front is not None):
         cute.arch.store(front.llvm_ptr, Int32((wb + plan.woff[p] + u * (ub // 2)) // FRONT_EL),
                         ss="cta", sem="relaxed", scope="cta")  # fmt: skip
@@ -429,11 +435,11 @@ def _take_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s,
                max_rows: cutlass.Constexpr, rows: cutlass.Constexpr, vpr: cutlass.Constexpr,
                sets: cutlass.Constexpr, lane, chunk_el: cutlass.Constexpr,
                consume: cutlass.Constexpr, mma: cutlass.Constexpr, row_sum: cutlass.Constexpr,
-               mY: cute.Tensor, y0, u):  # fmt: skip
+               mY: cute.Tensor, y0, u, rolled: cutlass.Constexpr = False):  # fmt: skip
     """Dynamic units: one warp reduces the unit in stage s and writes its rows of y at once
     (y0 = the phase's first output)."""
     consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets, lane, chunk_el, consume,
-                 mma, row_sum)  # fmt: skip
+                 mma, row_sum, rolled)  # fmt: skip
     cute.arch.sync_warp()
     if lane < rows:
         mY[y0 + u * rows + lane] = acc[s * max_rows + lane]
@@ -529,7 +535,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
           probe: str = "", dynamic: bool = False, claim: int = 2,
           row_sum: str = "atomic", layers: int = 1, prefetch: int = 0,
           polls: int = 1, spacing: int = 1, gap: int = 0,
-          ends: str = "markers", copy: str = "bulk") -> Any:  # fmt: skip
+          ends: str = "markers", copy: str = "bulk", evict_first: bool = False,
+          rolled: bool = False) -> Any:  # fmt: skip
     """Trace the persistent kernel for `phases` on `grid` CTAs; returns the @cute.jit host.
 
     `wait=False` drops the grid barriers (every phase then reads whatever its source holds):
@@ -564,7 +571,9 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     end-marker stage per consumer warp; "slots" publishes the phase's end position in shared
     memory instead, so the ring holds only weights (`_issue_claimed`). `copy`: how the
     producer fills a stage: "bulk" (lane 0's cp.async.bulk, the TMA engine) or "lsu" (the
-    whole warp's 16-byte cp.async through the load-store units, `_copy_unit`).
+    whole warp's 16-byte cp.async through the load-store units, `_copy_unit`). `evict_first`
+    (bulk): the copies carry an evict-first L2 policy. `rolled`: the tensor-core consumers'
+    row blocks and steps as runtime loops (`unit_mma`), for stages above 16 KB.
     """
     validate(phases)
     if sync not in ("flags", "red", "atomic"):
@@ -605,7 +614,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     cs = Counters(sync, polls, spacing, gap)
     plan = _Plan(phases, tuple(units), tuple(rot), tuple(woff), tuple(yoff), grid, stages,
                  chunk_bytes // 2, inflight, wait_kind, trace, wait, sync, cs, dynamic, claim,
-                 warps, layers, prefetch, ends, copy)  # fmt: skip
+                 warps, layers, prefetch, ends, copy, evict_first)  # fmt: skip
     stride = plan.stride
     n_y = yoff[-1]
     k_max = max(max(ph.k for ph in phases), x_len)
@@ -749,7 +758,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                         stamp_position(trace, mT, 1, q, bidx)
                                     _take_unit(atom, ring, xs, acc, s, max_rows, rows, vpr, sets,
                                                lane, chunk_el, consume, mma, row_sum, mY,
-                                               yb + yoff[p], u)  # fmt: skip
+                                               yb + yoff[p], u, rolled)  # fmt: skip
                                     q = _release(trace, mT, q, bidx, lane, empty, s, CONSUMER_WARPS)
                                 else:
                                     more = Int32(0)  # (a later phase's stage stays unreleased)
@@ -763,7 +772,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                                 else:
                                     _take_unit(atom, ring, xs, acc, s, max_rows, rows, vpr, sets,
                                                lane, chunk_el, consume, mma, row_sum, mY,
-                                               yb + yoff[p], u)  # fmt: skip
+                                               yb + yoff[p], u, rolled)  # fmt: skip
                                 q = _release(trace, mT, q, bidx, lane, empty, s, CONSUMER_WARPS)
                     else:
                         # Units go round robin to the consumer warps; a warp owns whole units and
@@ -775,7 +784,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
                             if lane == 0:
                                 stamp_position(trace, mT, 1, it + j, bidx)
                             consume_unit(atom, ring, xs, acc, s, j * rows, rows, vpr, sets, lane,
-                                          chunk_el, consume, mma, row_sum)  # fmt: skip
+                                          chunk_el, consume, mma, row_sum, rolled)  # fmt: skip
                             cute.arch.sync_warp()
                             if lane == 0:
                                 stamp_position(trace, mT, 2, it + j, bidx)

@@ -140,15 +140,16 @@ BEST = dict(DYN4, gap=100)
 ALONE4 = dict(ALONE, layers=4)
 BIG = dict(BEST, chunk_bytes=32768, stages=6, rolled=True)  # 32 KB stages (compiles rolled)
 VARIANTS = [
-    # session 8 call 1: a plain Triton read of these bytes 44.7 us, the bulk stream alone 53.3
-    # with 16 KB copies, 50.2 with 32 KB; cp.async 47.4 alone but 82.7 in the chain
+    # session 8: a plain Triton read of these bytes 44.7 us; the bulk stream alone 53.3 with
+    # 16 KB copies, 50.2 with 32 KB, 49.8 with 64 KB, 50.8 with 16 KB evict-first; cp.async
+    # 47.4 alone but 82.7 in the chain
     ("dynamic units, claims of 2, row sums stored, 4 layers per launch, 100 ns between polls", BEST),
+    ("  same, evict-first", dict(BEST, evict_first=True)),
     ("  same, consumer loops rolled", dict(BEST, rolled=True)),
     ("  same, 32 KB stages x 6 (rolled)", BIG),
-    ("  same, 32 KB stages x 6, claims of 1", dict(BIG, claim=1)),
     ("  same, 32 KB stages x 6, evict-first", dict(BIG, evict_first=True)),
-    ("stream alone, bulk copies of 64 KB, 3 stages", dict(ALONE4, chunk_bytes=65536, stages=3, warps=3)),
-    ("stream alone, bulk copies of 16 KB, evict-first", dict(ALONE4, evict_first=True)),
+    ("  same, 32 KB stages x 6, evict-first, claims of 1", dict(BIG, evict_first=True, claim=1)),
+    ("stream alone, bulk copies of 32 KB, evict-first", dict(ALONE4, chunk_bytes=32768, stages=6, evict_first=True)),
 ]  # fmt: skip
 
 

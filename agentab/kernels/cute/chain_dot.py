@@ -86,7 +86,7 @@ def _row_block(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, wvec0
     g = lane // 4
     t = lane % 4
     steps = vpr // (4 * per_row)  # chunk steps per group and row block
-    if rolled and steps % sets:
+    if cutlass.const_expr(rolled and steps % sets):
         raise ValueError(f"rolled: {steps} steps per row block, not a multiple of sets={sets}")
     d1 = []
     d2 = []

@@ -441,9 +441,15 @@ def _take_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s,
     consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets, lane, chunk_el, consume,
                  mma, row_sum, rolled)  # fmt: skip
     cute.arch.sync_warp()
-    if lane < rows:
-        mY[y0 + u * rows + lane] = acc[s * max_rows + lane]
-        acc[s * max_rows + lane] = Float32(0.0)
+    if cutlass.const_expr(rows <= 32):
+        if lane < rows:
+            mY[y0 + u * rows + lane] = acc[s * max_rows + lane]
+            acc[s * max_rows + lane] = Float32(0.0)
+    else:  # (stages above 16 KB: units of up to 64 rows)
+        for r in cutlass.range_constexpr((rows + 31) // 32):
+            if r * 32 + lane < rows:
+                mY[y0 + u * rows + r * 32 + lane] = acc[s * max_rows + r * 32 + lane]
+                acc[s * max_rows + r * 32 + lane] = Float32(0.0)
 
 
 @cute.jit

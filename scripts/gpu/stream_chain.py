@@ -140,18 +140,17 @@ BEST = dict(DYN4, gap=100)
 ALONE4 = dict(ALONE, layers=4)
 BIG = dict(BEST, chunk_bytes=32768, stages=6, rolled=True)  # 32 KB stages (compiles rolled)
 BIGF = dict(BIG, evict_first=True)
-EF = dict(BEST, evict_first=True, rolled=True)  # session 8's best: 65.22 us (call 4)
+EF = dict(BEST, evict_first=True, rolled=True)  # 65.19 us (session 8 call 5)
+EF4 = dict(EF, warps=4)  # session 8's best: 64.80 us (call 5)
 VARIANTS = [
     # session 8: a plain Triton read of these bytes 44.7 us; the bulk stream alone 53.3 with
     # 16 KB copies, 50.8 with 16 KB evict-first, 47.4 with 32 KB evict-first; cp.async 47.4
-    # alone but 82.7 in the chain; 32 KB stages 75-83 in the chain. Fewer consumer warps:
-    # fewer end markers per phase (they hold ring stages), fewer bytes queued per SM.
-    ("dynamic units, claims of 2, row sums stored, 4 layers per launch, 100 ns between polls", BEST),
-    ("  same, evict-first, consumer loops rolled", EF),
-    ("  same, evict-first, rolled, 4 consumer warps", dict(EF, warps=4)),
-    ("  same, evict-first, rolled, 3 consumer warps", dict(EF, warps=3)),
-    ("  same, evict-first, rolled, 4 consumer warps, 8 stages", dict(EF, warps=4, stages=8)),
-    ("  same, evict-first, rolled, 50 ns between polls", dict(EF, gap=50)),
+    # alone but 82.7 in the chain; 32 KB stages 75-83 in the chain. What do the boundaries
+    # cost in the best configuration (no input waits: the floor), and where (trace)?
+    ("evict-first, rolled, 4 consumer warps (dynamic, stored, 4 layers, 100 ns)", EF4),
+    ("  same, no input waits (the boundaries' cost)", dict(EF4, wait=False)),
+    ("  same, claims of 1", dict(EF4, claim=1)),
+    ("trace: evict-first, rolled, 4 consumer warps, 1 layer per launch", dict(EF4, layers=1, trace=True)),
 ]  # fmt: skip
 
 

@@ -15,8 +15,9 @@ far above L2) are timed, median of 50 replays.
 
 Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
 Each variant runs in its own process (LIMIT_S); writes $OUT/stream_chain_<variant>.json (the
-device tool returns at most 8 files: keep VARIANTS at 7). Run the reference (session 7: 65.92
-and 65.97 us, `BEST`) in every call: machines differ, so compare within a call.
+device tool returns at most 8 files: keep VARIANTS at 7). Run a reference in every call
+(`BEST`: 65.92 us in session 7, 66.0-66.3 in session 8; `EF4`, session 8's best: 64.80 / 64.83
+us): machines differ, so compare within a call.
 """
 
 from __future__ import annotations

@@ -301,3 +301,36 @@ def test_stream_chain_probe_warp_compiles_beside_the_producer() -> None:
         assert "%globaltimer" in ptx
         assert ptx.count("cp.async.bulk.prefetch.L2.global") == (len(phases) if extra else 0)
         assert not _ops(ptx) & {"ld.local", "st.local"}
+
+
+def test_stream_chain_stream_options_of_session_8() -> None:
+    """copy="lsu": the producer warp's 16-byte cp.async (each lane's arrival on the stage's
+    full barrier, which then expects 32 + 1 arrivals) instead of one bulk copy; evict_first:
+    the bulk copies carry an evict-first L2 policy; rolled: the tensor-core consumers loop at
+    run time (one step group per phase in the code), which 32 KB stages need to compile."""
+    from agentab.kernels.cute.stream_chain import build, compile_chain, plan_units
+
+    phases = _chain_phases()
+    kw = dict(stages=12, warps=6, mma=True, sets=4)
+    bulk = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+    lsu = compile_chain(phases, 132, 7168, copy="lsu", **kw).__ptx__
+    pieces = sum(plan_units(ph, 16384).bytes(ph.k) // 512 for ph in phases)
+    assert lsu.count("cp.async.cg.shared.global") == pieces
+    assert lsu.count("cp.async.mbarrier.arrive.noinc.shared.b64") == len(phases)
+    assert bulk not in lsu
+    assert ", 33;" in lsu  # the full barriers' expected arrivals
+    hinted = compile_chain(phases, 132, 7168, evict_first=True, **kw).__ptx__
+    assert "createpolicy.fractional.L2::evict_first.b64" in hinted
+    # (every bulk copy in the code carries it; the compiler may peel a phase's loop)
+    assert hinted.count(f"{bulk}.L2::cache_hint") == hinted.count(bulk) >= len(phases)
+    hmma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    rolled = compile_chain(phases, 132, 7168, rolled=True, **kw).__ptx__
+    assert rolled.count(hmma) == 2 * 4 * len(phases)  # two MMAs per step, sets steps a group
+    big = compile_chain(
+        phases, 132, 7168, chunk_bytes=32768, stages=6, rolled=True, dynamic=True,
+        row_sum="store", **{k: v for k, v in kw.items() if k != "stages"},
+    ).__ptx__  # fmt: skip
+    for ptx in (lsu, hinted, rolled, big):
+        assert not _ops(ptx) & {"ld.local", "st.local"}
+    with pytest.raises(ValueError, match="copy='lsu': 'bulk', or 'lsu' with counters"):
+        build(phases, 132, 7168, copy="lsu", sync="flags")

@@ -47,28 +47,9 @@ def save() -> None:
 def read_ceilings() -> None:
     """Stage A: what one streaming read of N bytes costs in a graph, alone and chained."""
     import torch
-    import triton
-    import triton.language as tl
 
     from agentab.kernels.harness import capture, time_replays
-
-    @triton.jit
-    def read_kernel(x_ptr, out_ptr, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        acc = tl.zeros([BLOCK], tl.float32)
-        base = pid.to(tl.int64) * CHUNK
-        for i in tl.range(0, CHUNK, BLOCK):
-            offs = base + i + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-        tl.store(out_ptr + pid, tl.sum(acc))
-
-    def launcher(x: torch.Tensor, out: torch.Tensor, per_sm: int):
-        n = x.numel()
-        block = 2048
-        progs = 132 * per_sm
-        chunk = triton.cdiv(triton.cdiv(n, progs), block) * block
-        grid = (triton.cdiv(n, chunk),)
-        return lambda: read_kernel[grid](x, out, n, CHUNK=chunk, BLOCK=block, num_warps=8)
+    from agentab.kernels.read_ceiling import plain_read as launcher
 
     out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)
     mb = 1 << 20

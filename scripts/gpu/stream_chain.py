@@ -148,9 +148,9 @@ VARIANTS = [
     # 16 KB copies, 50.8 with 16 KB evict-first, 47.4 with 32 KB evict-first; cp.async 47.4
     # alone but 82.7 in the chain; 32 KB stages 75-83 in the chain. What do the boundaries
     # cost in the best configuration (no input waits: the floor), and where (trace)?
+    ("triton read, same bytes (2 and 8 programs/SM)", dict(triton=True)),
     ("evict-first, rolled, 4 consumer warps (dynamic, stored, 4 layers, 100 ns)", EF4),
     ("  same, no input waits (the boundaries' cost)", dict(EF4, wait=False)),
-    ("  same, claims of 1", dict(EF4, claim=1)),
     ("trace: evict-first, rolled, 4 consumer warps, 1 layer per launch", dict(EF4, layers=1, trace=True)),
 ]  # fmt: skip
 
@@ -267,30 +267,17 @@ def one(vi: int) -> int:
 def triton_read(layers: list, per_layer: int, doc: dict, label: str) -> None:
     """The read ceiling of the same buffers: one plain Triton streaming read per launch
     buffer (session 3's kernel: each program sums a contiguous share), 2 and 8 programs/SM."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def read_kernel(x_ptr, out_ptr, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        acc = tl.zeros([BLOCK], tl.float32)
-        base = pid.to(tl.int64) * CHUNK
-        for i in tl.range(0, CHUNK, BLOCK):
-            offs = base + i + tl.arange(0, BLOCK)
-            acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
-        tl.store(out_ptr + pid, tl.sum(acc))
+    from agentab.kernels.read_ceiling import plain_read
 
     out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)
     bufs = [lay["w"] for lay in layers]
-    block = 2048
+    n = bufs[0].numel()
     for per_sm in (2, 8):
-        n = bufs[0].numel()
-        chunk = triton.cdiv(triton.cdiv(n, 132 * per_sm), block) * block
-        grid = (triton.cdiv(n, chunk),)
+        reads = [plain_read(b, out, per_sm) for b in bufs]
 
-        def step(per_sm=per_sm, chunk=chunk, grid=grid):
-            for b in bufs:
-                read_kernel[grid](b, out, b.numel(), CHUNK=chunk, BLOCK=block, num_warps=8)
+        def step(reads=reads):
+            for r in reads:
+                r()
 
         g, _ = capture(step)
         t = time_replays(g, iters=50, warmup=5)

@@ -1,0 +1,37 @@
+"""A plain streaming read of a buffer (Triton): the HBM read ceiling the kernels are measured
+against (NOTES.md: 43.2 us for the batch-1 layer's 182.6 MB in session 3, 44.7 in session 8).
+
+Each program sums its own contiguous share of the buffer; `per_sm` programs per SM set how
+many loads are in flight (2 per SM leaves the HBM half idle, 8 reaches ~95% of 4.3 TB/s).
+For the GPU scripts only: it imports triton.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 2048  # bf16 elements per program per loop step (4 KB)
+
+
+@triton.jit
+def _read_kernel(x_ptr, out_ptr, n, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    base = pid.to(tl.int64) * CHUNK
+    for i in tl.range(0, CHUNK, BLOCK):
+        offs = base + i + tl.arange(0, BLOCK)
+        acc += tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(out_ptr + pid, tl.sum(acc))
+
+
+def plain_read(x: torch.Tensor, out: torch.Tensor, per_sm: int, sms: int = 132) -> Callable:
+    """A launch reading all of x (bf16) with `per_sm` programs per SM; `out` takes one fp32
+    partial sum per program (at least sms * per_sm entries)."""
+    n = x.numel()
+    chunk = triton.cdiv(triton.cdiv(n, sms * per_sm), BLOCK) * BLOCK
+    grid = (triton.cdiv(n, chunk),)
+    return lambda: _read_kernel[grid](x, out, n, CHUNK=chunk, BLOCK=BLOCK, num_warps=8)

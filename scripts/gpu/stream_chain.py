@@ -144,14 +144,13 @@ BIGF = dict(BIG, evict_first=True)
 EF = dict(BEST, evict_first=True, rolled=True)  # 65.19 us (session 8 call 5)
 EF4 = dict(EF, warps=4)  # session 8's best: 64.80 us (call 5)
 VARIANTS = [
-    # session 8: a plain Triton read of these bytes 44.7 us; the bulk stream alone 53.3 with
-    # 16 KB copies, 50.8 with 16 KB evict-first, 47.4 with 32 KB evict-first; cp.async 47.4
-    # alone but 82.7 in the chain; 32 KB stages 75-83 in the chain. What do the boundaries
-    # cost in the best configuration (no input waits: the floor), and where (trace)?
-    ("triton read, same bytes (2 and 8 programs/SM)", dict(triton=True)),
+    # session 8 call 8: do fewer copies in flight per SM shorten the boundaries (a poll's reply
+    # waits behind the SM's queued copies: issue-to-filled 1.5 us median, trace of call 6)?
     ("evict-first, rolled, 4 consumer warps (dynamic, stored, 4 layers, 100 ns)", EF4),
-    ("  same, no input waits (the boundaries' cost)", dict(EF4, wait=False)),
-    ("trace: evict-first, rolled, 4 consumer warps, 1 layer per launch", dict(EF4, layers=1, trace=True)),
+    ("  same, at most 8 copies in flight", dict(EF4, inflight=8)),
+    ("  same, at most 6 copies in flight", dict(EF4, inflight=6)),
+    ("  same, at most 4 copies in flight", dict(EF4, inflight=4)),
+    ("  same, at most 6 in flight, no input waits", dict(EF4, inflight=6, wait=False)),
 ]  # fmt: skip
 
 

@@ -590,8 +590,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     if sync not in ("flags", "red", "atomic"):
         raise ValueError(f"sync={sync!r}: one of flags, red, atomic")
     flags = sync == "flags"
-    if dynamic and (flags or inflight):
-        raise ValueError("dynamic units: with counters (sync red/atomic) and no inflight cap")
+    if dynamic and (flags or (inflight and ends == "slots")):
+        raise ValueError("dynamic units: with counters (sync red/atomic), inflight with markers")
     if layers > 1 and flags:
         raise ValueError("layers > 1: with counters (sync red/atomic)")
     if not 1 <= polls <= 4 or (polls > 1 and sync != "red"):

@@ -334,3 +334,8 @@ def test_stream_chain_stream_options_of_session_8() -> None:
         assert not _ops(ptx) & {"ld.local", "st.local"}
     with pytest.raises(ValueError, match="copy='lsu': 'bulk', or 'lsu' with counters"):
         build(phases, 132, 7168, copy="lsu", sync="flags")
+    # claimed units take an in-flight cap with end markers (measured slower, session 8)
+    capped = compile_chain(phases, 132, 7168, dynamic=True, inflight=6, **kw).__ptx__
+    assert capped.count(bulk) >= len(phases)
+    with pytest.raises(ValueError, match="inflight with markers"):
+        build(phases, 132, 7168, dynamic=True, inflight=6, ends="slots")

@@ -563,7 +563,8 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     atom.release, polling by atom.add 0 with acquire). `inflight` (0: the whole ring) caps the
     copies in flight: every global load a consumer makes (its phase's input) queues behind
     the SM's in-flight weight bytes (12 x 16 KB at ~25 GB/s per SM: ~7 us), while ~4 copies
-    already keep the HBM busy; the rest of the ring then only buffers landed stages. `probe`
+    already keep the HBM busy; the rest of the ring then only buffers landed stages (measured:
+    no shorter boundaries; with dynamic units any cap costs ~9 us, session 8). `probe`
     (with `trace`: "word" or "y") adds a warp to CTA 0 that times L2 round trips during the
     launch (`probe_l2`). `dynamic` (counters only): CTAs claim each phase's units at run
     time, `claim` per claim (`_issue_claimed`), instead of a fixed round robin. `row_sum`

@@ -170,6 +170,12 @@ class _Plan:
         return self.copy == "lsu"
 
     @property
+    def full_arrivals(self) -> int:
+        """Arrivals that complete a stage's full barrier: lane 0's (bulk: with the copy's
+        bytes), or (lsu) each lane's cp.async arrival and lane 0's."""
+        return 33 if self.lsu else 1
+
+    @property
     def stride(self) -> int:
         """Counters per layer: each phase's arrivals, then (dynamic units) its claims."""
         return len(self.phases) * (2 if self.dynamic else 1)
@@ -307,13 +313,9 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
             tag[s] = u + tag_hi  # published by the arrive's release, read after the consumer's wait
         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
         src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
-        if cutlass.const_expr(plan.evict_first):
-            hint = l2_evict_first_policy()
-            dst = ring.iterator + s * plan.chunk_el
-            nvvm.cp_async_bulk_shared_cluster_global(dst, src, full + s, ub, l2_cache_hint=hint)
-        else:
-            nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src,
-                                                     full + s, ub)  # fmt: skip
+        hint = l2_evict_first_policy() if plan.evict_first else None
+        nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src,
+                                                 full + s, ub, l2_cache_hint=hint)  # fmt: skip
     if cutlass.const_expr(front is not None):
         cute.arch.store(front.llvm_ptr, Int32((wb + plan.woff[p] + u * (ub // 2)) // FRONT_EL),
                         ss="cta", sem="relaxed", scope="cta")  # fmt: skip
@@ -362,7 +364,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
             if lane == 0:
                 tag[s] = Int32(-1)
                 # (lsu: the arrivals of the 32 lanes' copies and lane 0's, all at once)
-                cute.arch.mbarrier_arrive(full + s, arrive_count=33 if plan.lsu else 1)
+                cute.arch.mbarrier_arrive(full + s, arrive_count=plan.full_arrivals)
             it = it + 1
     return it
 
@@ -443,15 +445,10 @@ def _take_unit(atom, ring: cute.Tensor, xs: cute.Tensor, acc: cute.Tensor, s,
     consume_unit(atom, ring, xs, acc, s, s * max_rows, rows, vpr, sets, lane, chunk_el, consume,
                  mma, row_sum, rolled)  # fmt: skip
     cute.arch.sync_warp()
-    if cutlass.const_expr(rows <= 32):
-        if lane < rows:
-            mY[y0 + u * rows + lane] = acc[s * max_rows + lane]
-            acc[s * max_rows + lane] = Float32(0.0)
-    else:  # (stages above 16 KB: units of up to 64 rows)
-        for r in cutlass.range_constexpr((rows + 31) // 32):
-            if r * 32 + lane < rows:
-                mY[y0 + u * rows + r * 32 + lane] = acc[s * max_rows + r * 32 + lane]
-                acc[s * max_rows + r * 32 + lane] = Float32(0.0)
+    for r in cutlass.range_constexpr((rows + 31) // 32):  # (above 16 KB: units of 64 rows)
+        if r * 32 + lane < rows:
+            mY[y0 + u * rows + r * 32 + lane] = acc[s * max_rows + r * 32 + lane]
+            acc[s * max_rows + r * 32 + lane] = Float32(0.0)
 
 
 @cute.jit
@@ -670,7 +667,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
             if cutlass.const_expr(flags):
                 epoch[0] = mE[0]
             for s in cutlass.range_constexpr(stages):
-                cute.arch.mbarrier_init(full + s, 33 if copy == "lsu" else 1)
+                cute.arch.mbarrier_init(full + s, plan.full_arrivals)
                 cute.arch.mbarrier_init(empty + s, 1)  # the owning consumer warp
             if cutlass.const_expr(prefetch):
                 front[0] = Int32(0)

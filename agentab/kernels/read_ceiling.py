@@ -8,12 +8,16 @@ For the GPU scripts only: it imports triton.
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+HBM_TB_S = 4.3  # the roofline the issue measures against
 BLOCK = 2048  # bf16 elements per program per loop step (4 KB)
 
 
@@ -35,3 +39,20 @@ def plain_read(x: torch.Tensor, out: torch.Tensor, per_sm: int, sms: int = 132) 
     chunk = triton.cdiv(triton.cdiv(n, sms * per_sm), BLOCK) * BLOCK
     grid = (triton.cdiv(n, chunk),)
     return lambda: _read_kernel[grid](x, out, n, CHUNK=chunk, BLOCK=BLOCK, num_warps=8)
+
+
+def record_row(doc: dict, path: Path, label: str, replay_us: dict, layers: int, total_bytes: int,
+               started: float, **extra: object) -> dict:  # fmt: skip
+    """Append one timed variant (`time_replays` of a graph of `layers` layers) to doc["rows"],
+    print it and rewrite `path`, so a later variant's crash loses nothing measured before."""
+    us = replay_us["median"] / layers
+    row = {"variant": label, "us_per_layer": round(us, 2),
+           "p10": round(replay_us["p10"] / layers, 2), "p90": round(replay_us["p90"] / layers, 2),
+           "tb_s": round(total_bytes / us / 1e6, 3),
+           "roofline": round(total_bytes / us / 1e6 / HBM_TB_S, 3), **extra,
+           "s": round(time.time() - started, 1)}  # fmt: skip
+    doc["rows"].append(row)
+    print(f"{label:58s} {us:7.2f} us/layer  {row['tb_s']:5.2f} TB/s  ({row['roofline']:.2f} of "
+          f"roofline, p10 {row['p10']}, p90 {row['p90']})", flush=True)  # fmt: skip
+    path.write_text(json.dumps(doc, indent=1))
+    return row

@@ -22,7 +22,6 @@ Writes $OUT/pdl_ceiling.json.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ import triton
 import triton.language as tl
 
 from agentab.kernels.harness import capture, time_replays
-from agentab.kernels.read_ceiling import plain_read
+from agentab.kernels.read_ceiling import plain_read, record_row
 
 OUT = Path(os.environ.get("OUT", "out"))
 SMS = 132
@@ -229,20 +228,9 @@ def main() -> None:
             print(f"{label:46s} FAILED: {type(exc).__name__}: {exc}", flush=True)
             doc["rows"].append({"variant": label, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        us = t["median"] / LAYERS
-        routed_ok = (
-            all(bool(torch.equal(lay.ids, lay.ids_in)) for lay in layers) if structure else True
-        )
-        row = {"variant": label, "kernels_per_layer": len(fns) // LAYERS, "us_per_layer": round(us, 2),
-               "p10": round(t["p10"] / LAYERS, 2), "p90": round(t["p90"] / LAYERS, 2),
-               "roofline": round(TOTAL / us / 1e6 / 4.3, 3), "routing_written": routed_ok,
-               "s": round(time.time() - t0, 1)}  # fmt: skip
-        doc["rows"].append(row)
-        print(
-            f"{label:46s} {us:7.2f} us/layer ({row['roofline']:.2f} of roofline, p10 {row['p10']}, p90 {row['p90']})",
-            flush=True,
-        )
-        (OUT / "pdl_ceiling.json").write_text(json.dumps(doc, indent=1))
+        routed = all(bool(torch.equal(lay.ids, lay.ids_in)) for lay in layers)
+        record_row(doc, OUT / "pdl_ceiling.json", label, t, LAYERS, TOTAL, t0,
+                   kernels_per_layer=len(fns) // LAYERS, routing_written=routed)  # fmt: skip
 
 
 if __name__ == "__main__":

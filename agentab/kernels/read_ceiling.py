@@ -36,9 +36,15 @@ def plain_read(x: torch.Tensor, out: torch.Tensor, per_sm: int, sms: int = 132) 
     """A launch reading all of x (bf16) with `per_sm` programs per SM; `out` takes one fp32
     partial sum per program (at least sms * per_sm entries)."""
     n = x.numel()
+    chunk, grid = share(n, per_sm, sms)
+    return lambda: _read_kernel[(grid,)](x, out, n, CHUNK=chunk, BLOCK=BLOCK, num_warps=8)
+
+
+def share(n: int, per_sm: int, sms: int = 132) -> tuple[int, int]:
+    """(elements per program, programs) to read n elements with about `per_sm` programs per
+    SM, each taking whole BLOCKs of one contiguous share."""
     chunk = triton.cdiv(triton.cdiv(n, sms * per_sm), BLOCK) * BLOCK
-    grid = (triton.cdiv(n, chunk),)
-    return lambda: _read_kernel[grid](x, out, n, CHUNK=chunk, BLOCK=BLOCK, num_warps=8)
+    return chunk, triton.cdiv(n, chunk)
 
 
 def record_row(doc: dict, path: Path, label: str, replay_us: dict, layers: int, total_bytes: int,

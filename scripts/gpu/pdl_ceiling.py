@@ -32,11 +32,10 @@ import triton
 import triton.language as tl
 
 from agentab.kernels.harness import capture, time_replays
-from agentab.kernels.read_ceiling import plain_read, record_row
+from agentab.kernels.read_ceiling import BLOCK, plain_read, record_row, share
 
 OUT = Path(os.environ.get("OUT", "out"))
 SMS = 132
-BLOCK = 2048  # bf16 elements per program per loop step (4 KB)
 LAYERS = 4  # per graph: 4 x 182.6 MB read per replay, far above the L2
 # routed experts allocated per layer (8 chosen): the count does not change the bytes read
 EXPERTS = 16
@@ -145,12 +144,6 @@ def _variant(spec: str) -> tuple[str, str | None, bool, int, int]:
     return f"{structure} kernels, {how}, {per_sm}/SM", structure, pdl == "1", int(pre), int(per_sm)
 
 
-def _share(n: int, per_sm: int) -> tuple[int, int]:
-    """(chunk elements per program, grid) for n elements over SMS * per_sm programs."""
-    chunk = triton.cdiv(triton.cdiv(n, SMS * per_sm), BLOCK) * BLOCK
-    return chunk, triton.cdiv(n, chunk)
-
-
 class Layer:
     """One layer's buffers: the dense groups in one flat buffer, the experts, the routing."""
 
@@ -175,7 +168,7 @@ def launches(layer: Layer, prev: torch.Tensor, structure: str, pdl: bool, pre: i
     for k, g in enumerate(groups):
         lo, hi = offsets[g[0]], offsets[g[-1] + 1]
         n = hi - lo
-        chunk, grid = _share(n, per_sm)
+        chunk, grid = share(n, per_sm, SMS)
         w, out, p = layer.dense[lo:hi], layer.outs[k], prev
         router = 6 in g
         args = (w, n, chunk, p, out, layer.ids_in, layer.ids)
@@ -187,7 +180,7 @@ def launches(layer: Layer, prev: torch.Tensor, structure: str, pdl: bool, pre: i
     for j, (up, down) in enumerate(expert_parts):
         col0 = 0 if up else EXPERT_UP // 2
         ncols = (EXPERT_UP // 2 if up else 0) + (EXPERT_DOWN // 2 if down else 0)
-        chunk, grid = _share(ncols, per_sm)
+        chunk, grid = share(ncols, per_sm, SMS)
         out, p = layer.outs[len(groups) + j], prev
         ids_early = not up  # the down kernel of the nine: routing known two kernels back
         args = (layer.shared, layer.experts, layer.ids, layer.row, col0, ncols, chunk, p, out)

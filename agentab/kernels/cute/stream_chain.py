@@ -184,6 +184,12 @@ class _Plan:
         """Layer `layer`'s first counter in launch slot `slot` (0 / 1)."""
         return slot * (self.layers * self.stride) + layer * self.stride
 
+    def unit_el(self, p: int, wb, u):
+        """The first weight element of unit u of phase p in the layer whose weights start at
+        element wb (each caller computes it where it uses it, so the measured kernels'
+        instruction order stays as it was)."""
+        return wb + self.woff[p] + u * (self.units[p].bytes(self.phases[p].k) // 2)
+
     def share(self, p: int, bidx):
         """This CTA's round-robin share of phase p's units: its first unit (unit u goes to
         CTA (rot[p] + u) % grid) and how many it takes."""
@@ -294,7 +300,7 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
             q = it - inflight
             mwait(full + q % stages, (q // stages) & 1, wait_kind, mT, 0, bidx)
     if cutlass.const_expr(plan.lsu):
-        src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
+        src = mW.iterator + plan.unit_el(p, wb, u)
         # every lane copies 16-byte pieces lane, lane + 32, ...; its cp.async arrival fires when
         # they have landed; lane 0's plain arrival publishes the tag (release)
         dst = ring.iterator + s * plan.chunk_el
@@ -312,13 +318,13 @@ def _copy_unit(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tensor, w
         if cutlass.const_expr(tag is not None):
             tag[s] = u + tag_hi  # published by the arrive's release, read after the consumer's wait
         cute.arch.mbarrier_arrive_and_expect_tx(full + s, ub)
-        src = mW.iterator + (wb + plan.woff[p] + u * (ub // 2))
+        src = mW.iterator + plan.unit_el(p, wb, u)
         hint = l2_evict_first_policy() if plan.evict_first else None
         nvvm.cp_async_bulk_shared_cluster_global(ring.iterator + s * plan.chunk_el, src,
                                                  full + s, ub, l2_cache_hint=hint)  # fmt: skip
     if cutlass.const_expr(front is not None):
-        cute.arch.store(front.llvm_ptr, Int32((wb + plan.woff[p] + u * (ub // 2)) // FRONT_EL),
-                        ss="cta", sem="relaxed", scope="cta")  # fmt: skip
+        cute.arch.store(front.llvm_ptr, Int32(plan.unit_el(p, wb, u) // FRONT_EL), ss="cta",
+                        sem="relaxed", scope="cta")  # fmt: skip
 
 
 @cute.jit
@@ -405,7 +411,7 @@ def _prefetch(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot,
                 ub = plan.units[p].bytes(plan.phases[p].k)
                 b, mine = plan.share(p, bidx)
                 for j in range(mine):
-                    el = wb + plan.woff[p] + (b + j * grid) * (ub // 2)
+                    el = plan.unit_el(p, wb, b + j * grid)
                     n = Int32(0)
                     while n >= 0 and el // FRONT_EL > ahead + cute.arch.load(
                         front.llvm_ptr, Int32, sem="relaxed", scope="cta", ss="cta"

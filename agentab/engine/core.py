@@ -6,6 +6,10 @@ the loop time of the step that produced them and reach the client no earlier tha
 request's last event (and its FinalUsage) is delivered at exactly its time, so whatever the
 client does next (the replay's next turn) happens at the right moment.
 
+The executor is either priced (the simulator: the loop sleeps for each step's price) or
+measured (a real model: the step runs in a worker thread, so the loop keeps serving HTTP while
+the device works, and the step takes as long as it takes); see agentab.engine.executor.
+
 Speed on the virtual clock: while nothing changes but decode progress, the engine prices a whole
 window of steps at once (Scheduler.plan_window) and sleeps to the window's end, or until a new
 request or an abort arrives. Then it commits only the steps that had started before the arrival
@@ -24,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from agentab.clock import is_virtual
-from agentab.engine.executor import SimExecutor
+from agentab.engine.executor import Executor
+from agentab.engine.outputs import StepOutput
 from agentab.engine.scheduler import Req, Scheduler, StepPlan, WindowPlan
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 
@@ -53,7 +58,7 @@ class Engine:
     def __init__(
         self,
         scheduler: Scheduler,
-        executor: SimExecutor,
+        executor: Executor,
         *,
         describe: dict[str, Any] | None = None,
         fast_forward: bool = True,
@@ -69,6 +74,7 @@ class Engine:
         self._wakeup: asyncio.Future[None] | None = None
         self._aborts: list[str] = []
         self._step_no = 0
+        self._worker: Any = None  # the thread a measured executor's steps run in
 
     # -- public API ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -77,12 +83,18 @@ class Engine:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine-loop")
 
     async def stop(self) -> None:
-        """Stop the loop; requests still in flight end with finish_reason "abort"."""
+        """Stop the loop; requests still in flight end with finish_reason "abort".
+
+        A step already running on the device completes first (its thread cannot be cancelled).
+        """
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.shutdown(wait=True)
         for rid in list(self.scheduler.requests):
             req = self.scheduler.abort(rid)
             if req is not None:
@@ -137,11 +149,14 @@ class Engine:
             "agentab:kv_cache_evicted_blocks_total": float(pool.evictions),
             "agentab:steps_standard_total": c["steps_standard"],
             "agentab:steps_specialized_total": c["steps_specialized"],
+            "agentab:decode_steps_standard_total": c["decode_steps_standard"],
+            "agentab:decode_steps_specialized_total": c["decode_steps_specialized"],
+            **self.executor.metrics(),
         }
 
     def describe(self) -> dict[str, Any]:
         """What a run manifest records about this engine."""
-        return dict(self._describe)
+        return {**self._describe, **self.executor.describe()}
 
     # -- the loop -----------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -183,19 +198,34 @@ class Engine:
             if plan.total_tokens == 0:
                 await asyncio.sleep(0)  # everything was preempted: the next step re-admits
                 continue
-            end = t0 + self.executor.step_seconds(plan)
-            delay = end - loop.time()
-            await asyncio.sleep(delay if delay > 0 else 0)
-            t = loop.time() if not virtual else max(loop.time(), end)
+            if self.executor.measured:
+                output = await self._run_measured(loop, plan)
+                t = loop.time()
+            else:
+                output = self.executor.execute(plan)
+                end = t0 + output.duration_s
+                delay = end - loop.time()
+                await asyncio.sleep(delay if delay > 0 else 0)
+                t = loop.time() if not virtual else max(loop.time(), end)
             if self.step_observer is not None:
-                self._observe_step(plan, t0, t)
-            reqs, counts, finished = sched.update(plan)
+                self._observe_step(plan, t0, t, output)
+            reqs, counts, finished = sched.update(plan, output)
             for req, n in zip(reqs, counts, strict=True):
                 ch: _Channel = req.sink  # type: ignore[assignment]
-                ch.items.append(TokenEvent(t, n))
+                ch.items.append(TokenEvent(t, n, sched.output_ids(req, n)))
                 ch.wake()
             for req in finished:
                 self._finish(req)
+
+    async def _run_measured(self, loop: asyncio.AbstractEventLoop, plan: StepPlan) -> StepOutput:
+        """Run one step of a real model in the worker thread (inputs built on the loop thread,
+        where the scheduler lives)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        inputs = self.scheduler.model_inputs(plan) if self.executor.needs_inputs else None
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentab-step")
+        return await loop.run_in_executor(self._worker, self.executor.execute, plan, inputs)
 
     async def _run_window(self, loop: asyncio.AbstractEventLoop, w: WindowPlan, t0: float) -> None:
         ends = t0 + np.cumsum(self.executor.window_seconds(w))
@@ -212,9 +242,17 @@ class Engine:
         if self.step_observer is not None:
             self._observe_window(w, m, t0, times)
         reqs, finished = self.scheduler.commit_window(w, m)
+        output_ids = self.scheduler.output_ids
         for req, col in zip(reqs, w.emitted[:m].T.tolist(), strict=True):
             ch: _Channel = req.sink  # type: ignore[assignment]
-            ch.items.extend([TokenEvent(t, n) for t, n in zip(times, col, strict=True) if n])
+            ids = output_ids(req, sum(col))
+            at = 0
+            events = []
+            for t, n in zip(times, col, strict=True):
+                if n:
+                    events.append(TokenEvent(t, n, ids[at : at + n]))
+                    at += n
+            ch.items.extend(events)
             ch.wake()
         for req in finished:
             self._finish(req)
@@ -242,7 +280,7 @@ class Engine:
                 self._finish(req)
 
     # -- step records (engine trace) ----------------------------------------------------------
-    def _observe_step(self, plan: StepPlan, t0: float, t: float) -> None:
+    def _observe_step(self, plan: StepPlan, t0: float, t: float, output: StepOutput) -> None:
         slot_req = self.scheduler.slot_req
         rows = [
             {"id": slot_req[s].id, "tokens": n, "cached_tokens": max(slot_req[s].cached_tokens, 0)}  # type: ignore[union-attr]

@@ -1,4 +1,14 @@
-"""SimExecutor: the duration of a scheduled step, from a HardwareProfile.
+"""The executor side of the engine: the protocol, and SimExecutor (a step's price, no model).
+
+An executor takes a scheduled step and returns what it produced (`outputs.StepOutput`); the
+scheduler updates its requests from that output only. Two kinds exist:
+- `measured = False` (the simulator): `execute` returns at once with the step's *price*; the
+  engine sleeps for it on its clock (virtual or real).
+- `measured = True` (a real model, `agentab.engine.local`): `execute` runs the step on the
+  device and returns the measured duration and the sampled tokens; the engine runs it in a
+  worker thread so the server keeps streaming while the device works.
+
+SimExecutor prices a step from a HardwareProfile.
 
 Decode-only steps (every row decoding or verifying) run on the step's path:
     fixed[path] + layers * layer_time[path](padded tokens) + context tokens * kv_read + drafter.
@@ -11,18 +21,41 @@ decoding row when speculative decoding is on.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
 
+from agentab.engine.outputs import StepInputs, StepOutput
 from agentab.engine.profile import HardwareProfile
-from agentab.engine.scheduler import StepPlan, WindowPlan
+from agentab.engine.scheduler import StepPlan, WindowPlan, synthetic_outcome
+from agentab.engine.spec_decode import SpecConfig
+
+
+class Executor(Protocol):
+    """Runs scheduled steps (see the module docstring for `measured` and `needs_inputs`)."""
+
+    measured: bool  # True: execute() does real work and measures it
+    needs_inputs: bool  # True: execute() needs the step's StepInputs (a real model)
+
+    def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def metrics(self) -> dict[str, float]: ...
 
 
 class SimExecutor:
     """Prices steps; holds no state, so one profile can price any number of engines."""
 
-    def __init__(self, profile: HardwareProfile, num_draft_tokens: int = 0) -> None:
+    measured = False
+    needs_inputs = False
+
+    def __init__(
+        self, profile: HardwareProfile, num_draft_tokens: int = 0, spec: SpecConfig | None = None
+    ) -> None:
         self.profile = profile
         self.k = num_draft_tokens
+        self.spec = spec if spec is not None else SpecConfig()
         self.kv_us = profile.kv_read_us_per_context_token()
         self.prefill_us_per_token = 1e6 / (profile.prefill_tokens_per_s_per_gpu * profile.gpu_count)
         self.attn_us_per_pair = (
@@ -44,6 +77,16 @@ class SimExecutor:
                 base += self.profile.drafter_step_us
             self._base_cache[key] = base
         return base
+
+    def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput:
+        """The step's price and its synthetic outcome (accepted drafts; output ids are fixed)."""
+        return synthetic_outcome(plan, self.spec, self.step_seconds(plan))
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
     def step_seconds(self, plan: StepPlan) -> float:
         if plan.total_tokens == 0:

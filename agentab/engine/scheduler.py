@@ -25,6 +25,7 @@ import numpy as np
 
 from agentab.engine.hashing import chain_hashes, output_ids_from_seed, prompt_seed
 from agentab.engine.kv_cache import BlockPool
+from agentab.engine.outputs import StepInputs, StepOutput
 from agentab.engine.paths import padded_tokens, specialized_ok
 from agentab.engine.spec_decode import SpecConfig, request_key
 from agentab.errors import AgentabError
@@ -46,6 +47,10 @@ class SchedulerConfig:
     specialized_max_requests_by_q: tuple[int, ...] = (64, 32, 19, 16, 12, 10, 8, 8)
     cuda_graph_max_tokens: int = 512
     vocab_size: int = 32000
+    # True: a request's output is the simulator's synthetic ids, fixed at admission, so its
+    # blocks are hashed up front. False: the executor samples the output (a real model) and
+    # each block is hashed when its last token is known.
+    synthetic_output: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -69,6 +74,7 @@ class Req:
         "num_output",
         "num_preemptions",
         "prompt_len",
+        "raw_hash",
         "sink",
         "slot",
         "spec_index",
@@ -78,8 +84,9 @@ class Req:
     def __init__(self, request_id: str, tokens: np.ndarray, prompt_len: int, max_tokens: int):
         self.id = request_id
         self.key = request_key(request_id)
-        self.tokens = tokens  # prompt followed by the synthetic output ids
-        self.hashes: np.ndarray = np.zeros(0, dtype=np.uint64)
+        self.tokens = tokens  # prompt, then the output (synthetic ids, or as sampled)
+        self.hashes: np.ndarray = np.zeros(0, dtype=np.uint64)  # keys of the full blocks known
+        self.raw_hash = 0  # the chained hash value after the last hashed block
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
         self.num_output = 0
@@ -100,6 +107,8 @@ class StepPlan:
     computed_before: np.ndarray
     is_decode: np.ndarray
     drafts: np.ndarray
+    keys: np.ndarray  # rows' request keys (a synthetic acceptance draws from them)
+    spec_index: np.ndarray  # rows' verify-step counters
     path: str
     total_tokens: int
     padded_tokens: int
@@ -175,6 +184,8 @@ class Scheduler:
                 "request_abort",
                 "steps_standard",
                 "steps_specialized",
+                "decode_steps_standard",
+                "decode_steps_specialized",
             ),
             0.0,
         )
@@ -250,12 +261,18 @@ class Scheduler:
         bs = self.bs
         n_full = len(prompt) // bs
         keys, raw = chain_hashes(prompt, bs)
-        seed = prompt_seed(prompt, raw, n_full * bs)
-        out = output_ids_from_seed(seed, max_tokens, self.cfg.vocab_size)
-        tokens = np.concatenate([prompt.astype(_I64, copy=False), out])
-        rest, _ = chain_hashes(tokens[n_full * bs :], bs, n_full, raw)
+        if self.cfg.synthetic_output:
+            seed = prompt_seed(prompt, raw, n_full * bs)
+            out = output_ids_from_seed(seed, max_tokens, self.cfg.vocab_size)
+            tokens = np.concatenate([prompt.astype(_I64, copy=False), out])
+            rest, raw = chain_hashes(tokens[n_full * bs :], bs, n_full, raw)
+            keys = np.concatenate([keys, rest]) if len(keys) else rest
+        else:  # room for the output the executor will sample (and k drafts past it)
+            tokens = np.zeros(len(prompt) + max_tokens + self.k, dtype=_I64)
+            tokens[: len(prompt)] = prompt
         req = Req(request_id, tokens, len(prompt), max_tokens)
-        req.hashes = np.concatenate([keys, rest]) if len(keys) else rest
+        req.hashes = keys
+        req.raw_hash = raw
         self.requests[request_id] = req
         self.waiting.append(req)
         self.counters["prompt_tokens"] += len(prompt)
@@ -384,6 +401,8 @@ class Scheduler:
             computed_before=comp,
             is_decode=is_decode,
             drafts=drafts,
+            keys=self.keys[rows],
+            spec_index=self.spec_idx[rows],
             path=path,
             total_tokens=total,
             padded_tokens=padded,
@@ -470,20 +489,35 @@ class Scheduler:
             new_sched.append(n)
             budget -= n
 
-    def update(self, plan: StepPlan) -> tuple[list[Req], list[int], list[Req]]:
-        """Apply a finished step: advance rows, sample, count; returns (reqs that emitted
-        tokens, how many each, reqs that finished). Finished requests are freed."""
+    def update(
+        self, plan: StepPlan, output: StepOutput | None = None
+    ) -> tuple[list[Req], list[int], list[Req]]:
+        """Apply an executed step from its output alone: advance rows, take the sampled tokens
+        and accepted drafts, count; returns (reqs that emitted tokens, how many each, reqs that
+        finished). Finished requests are freed.
+
+        Without an output (tools and tests that drive the scheduler alone) the step's outcome
+        is the simulator's: synthetic acceptance (`SpecConfig.accepted`), planned tokens.
+        """
         s = plan.slots
         if len(s) == 0:
             return [], [], []
-        self.counters["steps_" + plan.path] += 1
-        comp = plan.computed_before + plan.num_sched
+        if output is None:
+            output = synthetic_outcome(plan, self.cfg.spec, 0.0)
+        c = self.counters
+        c["steps_" + plan.path] += 1
         dec = plan.is_decode
+        if dec.all():
+            c["decode_steps_" + plan.path] += 1
+        comp = plan.computed_before + plan.num_sched
         emitted = np.zeros(len(s), dtype=_I64)
         if dec.any():
             ds = s[dec]
             drafts = plan.drafts[dec]
-            acc = self.cfg.spec.accepted(self.keys[ds], self.spec_idx[ds], drafts)
+            if output.accepted is None:
+                acc = np.zeros(len(ds), dtype=_I64)
+            else:
+                acc = np.minimum(np.asarray(output.accepted, dtype=_I64)[dec], drafts)
             comp[dec] -= drafts - acc
             emitted[dec] = acc + 1
             verified = drafts > 0
@@ -501,6 +535,8 @@ class Scheduler:
         self.computed[s] = comp
         out = self.output[s]
         emitted = np.minimum(emitted, self.maxtok[s] - out)
+        if output.sampled is not None:
+            self._take_sampled(s, emitted, np.asarray(output.sampled))
         self.output[s] = out + emitted
         self.ntokens[s] += emitted
         self.counters["generation_tokens"] += int(emitted.sum())
@@ -511,6 +547,72 @@ class Scheduler:
         fin_mask = self.output[s] >= self.maxtok[s]
         finished = self._finish(s[fin_mask]) if fin_mask.any() else []
         return reqs, counts, finished  # type: ignore[return-value]
+
+    def _take_sampled(self, slots: np.ndarray, emitted: np.ndarray, sampled: np.ndarray) -> None:
+        """Write each row's sampled tokens after its known ones and hash the blocks they fill.
+
+        Only an executor-sampled output gets here (`synthetic_output=False`); the hashes are the
+        ones the synthetic path computes up front for the same tokens, so a preempted request
+        finds its own blocks again on readmission.
+        """
+        if self.cfg.synthetic_output:
+            raise AgentabError(
+                "the executor sampled tokens, but this scheduler plans synthetic output"
+            )
+        if sampled.ndim == 1:
+            sampled = sampled[:, None]
+        bs = self.bs
+        for i in np.flatnonzero(emitted).tolist():
+            slot = int(slots[i])
+            req = self.slot_req[slot]
+            assert req is not None
+            n = int(emitted[i])
+            known = int(self.ntokens[slot])
+            req.tokens[known : known + n] = sampled[i, :n]
+            done = len(req.hashes)
+            full = (known + n) // bs
+            if full > done:
+                keys, req.raw_hash = chain_hashes(
+                    req.tokens[done * bs : full * bs], bs, done, req.raw_hash
+                )
+                req.hashes = np.concatenate([req.hashes, keys])
+                if full > self._cols:
+                    self._grow(self._cap, max(full, 2 * self._cols))
+                self.hash_table[slot, done:full] = keys
+
+    def output_ids(self, req: Req, n: int) -> np.ndarray:
+        """The last `n` output tokens of a request (what its latest event emitted)."""
+        known = req.prompt_len + (int(self.output[req.slot]) if req.slot >= 0 else req.num_output)
+        return req.tokens[known - n : known]
+
+    def model_inputs(self, plan: StepPlan) -> StepInputs:
+        """The step as a model runs it: flat tokens, positions, block tables, KV slots."""
+        s = plan.slots
+        n = plan.num_sched
+        comp = plan.computed_before
+        starts = np.zeros(len(s) + 1, dtype=_I64)
+        np.cumsum(n, out=starts[1:])
+        row_of = np.repeat(np.arange(len(s)), n)
+        positions = np.arange(int(starts[-1]), dtype=_I64) - starts[row_of] + comp[row_of]
+        token_ids = np.empty(len(positions), dtype=_I64)
+        for i, slot in enumerate(s.tolist()):
+            req = self.slot_req[slot]
+            assert req is not None
+            token_ids[starts[i] : starts[i + 1]] = req.tokens[comp[i] : comp[i] + n[i]]
+        ctx = comp + n
+        width = max(1, int(self._blocks_for(int(ctx.max())))) if len(s) else 1
+        tables = self.block_table[s, :width].copy()
+        slot_mapping = tables[row_of, positions // self.bs] * self.bs + positions % self.bs
+        return StepInputs(
+            token_ids=token_ids,
+            positions=positions,
+            starts=starts,
+            context_lens=ctx,
+            block_tables=tables,
+            slot_mapping=slot_mapping,
+            is_decode=plan.is_decode.copy(),
+            block_size=self.bs,
+        )
 
     def _finish(self, slots: np.ndarray) -> list[Req]:
         out: list[Req] = []
@@ -632,6 +734,7 @@ class Scheduler:
         self.ntokens[s] += emitted
         c = self.counters
         c["steps_" + w.path] += m
+        c["decode_steps_" + w.path] += m
         c["generation_tokens"] += int(emitted.sum())
         if k:
             self.spec_idx[s] += m
@@ -652,3 +755,13 @@ def _ragged(
     rep = np.repeat(np.arange(len(rows)), counts)
     offs = np.arange(total, dtype=_I64) - np.repeat(np.cumsum(counts) - counts, counts)
     return rows[rep], starts[rep] + offs
+
+
+def synthetic_outcome(plan: StepPlan, spec: SpecConfig, duration_s: float) -> StepOutput:
+    """The simulator's outcome of a step: drafts accepted by the synthetic acceptance model
+    (drawn per request and verify step, so independent of batching), no sampled tokens (the
+    output ids were fixed at admission)."""
+    accepted = None
+    if spec.enabled and plan.is_decode.any():
+        accepted = spec.accepted(plan.keys, plan.spec_index, plan.drafts)
+    return StepOutput(duration_s=duration_s, accepted=accepted)

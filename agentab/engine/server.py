@@ -15,7 +15,8 @@ Bad requests get vLLM-shaped errors: `{"object": "error", "message", "type", "pa
 
 Text prompts are tokenized one token per whitespace-separated word (a stable hash of the word),
 so identical text prefixes are identical token prefixes and hit the prefix cache; generated
-tokens are the engine's deterministic synthetic ids, rendered as short words.
+tokens are the ids the engine produced (a real model's samples, or the simulator's synthetic
+ids), streamed as `token_ids` and rendered as short words.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from agentab.engine.hashing import synthetic_output_ids
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
 
@@ -230,26 +230,24 @@ class EngineServer:
                 msg = _context_message(limit, len(ids), max_tokens) if limit else text
                 return error_response(f"{msg} ({text})" if limit else text)
             return error_response(text)
-        out_ids = synthetic_output_ids(ids, max_tokens, VOCAB_SIZE)
         meta = {"id": rid, "created": int(time.time()), "model": self.model}
         if stream:
             return await self._stream(
-                request, gen, first, out_ids, meta, chat, include_usage, client_id
+                request, gen, first, max_tokens, meta, chat, include_usage, client_id
             )
-        return await self._whole(gen, first, out_ids, meta, chat)
+        return await self._whole(gen, first, meta, chat)
 
-    async def _whole(
-        self, gen: Any, first: Any, out_ids: np.ndarray, meta: dict[str, Any], chat: bool
-    ) -> web.Response:
+    async def _whole(self, gen: Any, first: Any, meta: dict[str, Any], chat: bool) -> web.Response:
         usage: FinalUsage | None = None
+        parts: list[np.ndarray] = []
         item = first
         while True:
             if isinstance(item, FinalUsage):
                 usage = item
                 break
+            parts.append(_event_ids(item))
             item = await gen.__anext__()
-        n = usage.completion_tokens
-        text = detokenize(out_ids[:n])
+        text = detokenize(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
         finish = usage.finish_reason
         if chat:
             choice: dict[str, Any] = {
@@ -269,7 +267,7 @@ class EngineServer:
         request: web.Request,
         gen: Any,
         first: Any,
-        out_ids: np.ndarray,
+        max_tokens: int,
         meta: dict[str, Any],
         chat: bool,
         include_usage: bool,
@@ -296,9 +294,9 @@ class EngineServer:
         try:
             while True:
                 if isinstance(item, TokenEvent):
-                    ids = out_ids[done : done + item.num_tokens]
+                    ids = _event_ids(item)
                     done += item.num_tokens
-                    finish = "length" if done >= len(out_ids) else None
+                    finish = "length" if done >= max_tokens else None
                     text = detokenize(ids)
                     if chat:
                         choice: dict[str, Any] = {
@@ -330,6 +328,13 @@ class EngineServer:
             raise
         await resp.write_eof()
         return resp
+
+
+def _event_ids(event: TokenEvent) -> np.ndarray:
+    """The ids an event carries (every agentab engine sets them; a bare count is a bug)."""
+    if event.token_ids is None or len(event.token_ids) != event.num_tokens:
+        raise RuntimeError("the engine emitted a token event without its token ids")
+    return event.token_ids
 
 
 def _sse(head: bytes, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:

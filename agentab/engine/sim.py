@@ -85,7 +85,7 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
     }
     return Engine(
         Scheduler(cfg),
-        SimExecutor(prof, k),
+        SimExecutor(prof, k, spec),
         describe=describe,
         fast_forward=bool(options.get("fast_forward", True)),
     )

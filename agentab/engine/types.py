@@ -28,12 +28,15 @@ class EngineRequest:
 class TokenEvent:
     """`num_tokens` tokens emitted at loop time `t` (spec decode may emit several at once).
 
+    `token_ids` are the ids the engine produced (a real model's samples, or the simulator's
+    synthetic ids): a read-only view of the request's token buffer.
     Read-only by convention, not `frozen`: the simulator creates millions of these and a frozen
     dataclass costs four times as much to construct.
     """
 
     t: float
     num_tokens: int
+    token_ids: np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)

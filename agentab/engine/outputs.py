@@ -1,0 +1,58 @@
+"""What crosses the seam between the scheduler and an executor, in both directions.
+
+The scheduler decides what a step runs (`scheduler.StepPlan`); an executor runs it and says what
+came out (`StepOutput`); the scheduler then updates its requests from that output alone
+(`Scheduler.update`), as vLLM's `update_from_output` does. An executor that runs a real model
+also needs the step's tokens, positions and KV block tables (`StepInputs`), which the scheduler
+builds on request, so the simulator pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class StepOutput:
+    """What one executed step produced.
+
+    `sampled[i, j]` is the j-th token sampled for row i of the plan (j < 1 + drafts accepted);
+    only the rows that emit tokens this step (decoding rows, and rows whose prompt the step
+    completes) are read. None means the executor samples nothing itself: the request's output
+    was fixed when it was admitted (the simulator's synthetic ids). `accepted[i]` is the number
+    of draft tokens row i accepted (None: no speculative decoding). `duration_s` is the step's
+    duration: priced by a cost model (the simulator) or measured on the device (a real model).
+    """
+
+    duration_s: float
+    sampled: np.ndarray | None = None
+    accepted: np.ndarray | None = None
+    device_s: float | None = None  # measured device busy time of the step, where known
+    idle_s: float | None = None  # device idle time between the previous step and this one
+
+
+@dataclass
+class StepInputs:
+    """A model's view of one step: the flat token batch and each row's slice of the KV cache.
+
+    Rows are in the plan's order. Row i's tokens are `token_ids[starts[i]:starts[i+1]]`, at
+    positions `positions[...]` (the same slice); the row attends over its first
+    `context_lens[i]` cached positions (earlier tokens plus this step's), which live in the
+    blocks `block_tables[i, :ceil(context_lens[i] / block_size)]`. `slot_mapping` says where
+    each new token's KV entry goes (block id * block size + offset).
+    """
+
+    token_ids: np.ndarray  # (T,) int64
+    positions: np.ndarray  # (T,) int64
+    starts: np.ndarray  # (rows + 1,) int64
+    context_lens: np.ndarray  # (rows,) int64
+    block_tables: np.ndarray  # (rows, max blocks) int64
+    slot_mapping: np.ndarray  # (T,) int64
+    is_decode: np.ndarray  # (rows,) bool
+    block_size: int
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.context_lens)

@@ -1,0 +1,167 @@
+"""One engine step through the model: the standard forward for any step, and the CPU
+implementation of the specialized decode for pure-decode steps.
+
+The standard forward takes the step as vLLM's model runner does: every scheduled token of every
+row in one flat batch (prefill chunks, decode tokens, mixed), each layer writing the new tokens'
+latent entries into the paged cache first, then each row attending over its own cached context
+(causal within a prefill chunk) in MLA's absorbed form. The MoE routes every token with the
+same grouped top-k as the kernels' standard path.
+
+`specialized_decode_cpu` is what the `latency_specialized` backend runs on a machine without a
+GPU: the fused decoder's math as `agentab.kernels.reference` defines it (the fp32 oracle every
+CuTe DSL kernel is checked against), one decode token per row. It is a different implementation
+of the same layer (per-sequence attention loop, per-expert dispatch, fp32 throughout), so the
+routing, fallback and token-equality tests exercise two code paths; its speed means nothing and
+the manifest labels it `cpu-torch`, never as the fused decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from agentab.engine.local.config import ModelConfig
+from agentab.engine.local.kv_cache import PagedLatentCache
+from agentab.engine.local.model import ModelWeights
+from agentab.engine.outputs import StepInputs
+from agentab.kernels import reference
+from agentab.kernels.config import LayerConfig
+from agentab.kernels.standard import grouped_topk
+from agentab.kernels.weights import DecodeState, LayerWeights
+
+
+@dataclass
+class DeviceBatch:
+    """StepInputs as device tensors, plus the host-side row bounds the loops need."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_tables: torch.Tensor
+    starts: list[int]
+    context_lens: list[int]
+    last_token: torch.Tensor  # (rows,) index of each row's last token in the flat batch
+    block_size: int
+
+    @staticmethod
+    def of(inputs: StepInputs, device: torch.device) -> DeviceBatch:
+        def dev(a) -> torch.Tensor:
+            return torch.from_numpy(a).to(device, non_blocking=True)
+
+        return DeviceBatch(
+            token_ids=dev(inputs.token_ids),
+            positions=dev(inputs.positions),
+            slot_mapping=dev(inputs.slot_mapping),
+            block_tables=dev(inputs.block_tables),
+            starts=inputs.starts.tolist(),
+            context_lens=inputs.context_lens.tolist(),
+            last_token=dev(inputs.starts[1:] - 1),
+            block_size=inputs.block_size,
+        )
+
+
+def embed(cfg: ModelConfig, w: ModelWeights, token_ids: torch.Tensor) -> torch.Tensor:
+    """Rank-local embedding lookup (an id maps to row id mod vocab_rows)."""
+    return w.embed.index_select(0, token_ids % cfg.vocab_rows)
+
+
+def greedy(cfg: ModelConfig, w: ModelWeights, x: torch.Tensor) -> torch.Tensor:
+    """Final norm, LM head over the vocabulary shard (fp32 logits), argmax: (rows,) int64."""
+    h = F.rms_norm(x.float(), (x.shape[-1],), w.final_norm.float(), cfg.layer.rms_eps)
+    logits = h @ w.lm_head.float().t()
+    return logits.argmax(dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return reference.apply_rope(x, cos, sin).to(x.dtype)
+
+
+def standard_attention(
+    cfg: LayerConfig, w: LayerWeights, x: torch.Tensor, b: DeviceBatch, kv: torch.Tensor
+) -> torch.Tensor:
+    """Input norm, MLA over the paged cache (absorbed form), output projection, residual."""
+    t, nh, kvl, eps = x.shape[0], cfg.n_heads, cfg.kv_lora, cfg.rms_eps
+    dt = x.dtype
+    hn = F.rms_norm(x, (cfg.hidden,), w.attn_norm.to(dt), eps)
+    qkv = F.linear(hn, w.w_qkv_a.to(dt))
+    q_c, kv_c, k_pe = qkv.split([cfg.q_lora, kvl, cfg.qk_rope], dim=-1)
+    q_c = F.rms_norm(q_c, (cfg.q_lora,), w.q_a_norm.to(dt), eps)
+    kv_c = F.rms_norm(kv_c, (kvl,), w.kv_a_norm.to(dt), eps)
+    q = F.linear(q_c, w.w_q_b.to(dt)).view(t, nh, cfg.qk_head)
+    cos, sin = reference.rope_cos_sin(cfg, b.positions)
+    q_pe = _rope(q[..., cfg.qk_nope :], cos, sin)
+    k_pe = _rope(k_pe, cos, sin)
+    kv[b.slot_mapping] = torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype)
+    q_lat = torch.einsum("thd,hcd->thc", q[..., : cfg.qk_nope], w.w_uk_t.to(dt))
+    o_lat = torch.empty(t, nh, kvl, device=x.device, dtype=dt)
+    for i in range(len(b.context_lens)):
+        lo, hi, n_ctx = b.starts[i], b.starts[i + 1], b.context_lens[i]
+        ctx = kv[PagedLatentCache.slots(b.block_tables[i], n_ctx, b.block_size)].to(dt)
+        s = torch.einsum("nhc,lc->nhl", q_lat[lo:hi], ctx[:, :kvl])
+        s = (s + torch.einsum("nhr,lr->nhl", q_pe[lo:hi], ctx[:, kvl:])) * cfg.softmax_scale
+        keys = torch.arange(n_ctx, device=x.device)
+        future = keys[None, :] > b.positions[lo:hi, None]  # causal within the chunk
+        s = s.float().masked_fill(future[:, None, :], float("-inf"))
+        p = torch.softmax(s, dim=-1).to(dt)
+        o_lat[lo:hi] = torch.einsum("nhl,lc->nhc", p, ctx[:, :kvl])
+    o = torch.einsum("thc,hvc->thv", o_lat, w.w_uv.to(dt)).reshape(t, nh * cfg.v_head)
+    return x + F.linear(o, w.w_o.to(dt))
+
+
+def standard_moe(cfg: LayerConfig, w: LayerWeights, h1: torch.Tensor) -> torch.Tensor:
+    """Post-attention norm, router (fp32 logits), grouped top-k, shared + routed experts."""
+    dt = h1.dtype
+    hn = F.rms_norm(h1, (cfg.hidden,), w.ffn_norm.to(dt), cfg.rms_eps)
+    logits = hn.float() @ w.w_gate.float().t()
+    ids, weights = grouped_topk(cfg, logits, w.gate_bias.float())
+    out = torch.zeros_like(hn)
+    for s in range(cfg.n_shared):
+        out += _swiglu(hn, w.ws13[s], w.ws2[s])
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        y = _swiglu(hn[tok], w.w13_all[e], w.w2_all[e])
+        out.index_add_(0, tok, y * weights[tok, slot][:, None].to(dt))
+    return h1 + out
+
+
+def _swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    inter = w13.shape[0] // 2
+    gu = F.linear(x, w13.to(x.dtype))
+    return F.linear(F.silu(gu[..., :inter]) * gu[..., inter:], w2.to(x.dtype))
+
+
+def standard_forward(
+    cfg: ModelConfig, w: ModelWeights, cache: PagedLatentCache, b: DeviceBatch, dtype: torch.dtype
+) -> torch.Tensor:
+    """Any step (prefill, mixed, decode) on the standard path: the rows' last hidden states."""
+    x = embed(cfg, w, b.token_ids).to(dtype)
+    for layer in range(cfg.num_layers):
+        lw = w.layer(layer)
+        h1 = standard_attention(cfg.layer, lw, x, b, cache.layer(layer))
+        x = standard_moe(cfg.layer, lw, h1)
+    return x.index_select(0, b.last_token)
+
+
+def specialized_decode_cpu(
+    cfg: ModelConfig, w: ModelWeights, cache: PagedLatentCache, b: DeviceBatch
+) -> torch.Tensor:
+    """A pure-decode step (one token per row) through the reference layer, fp32."""
+    x = embed(cfg, w, b.token_ids).float()
+    pos = b.positions.to(torch.int32)
+    width = max(b.context_lens)
+    earlier = [
+        PagedLatentCache.slots(b.block_tables[i], n - 1, b.block_size)
+        for i, n in enumerate(b.context_lens)
+    ]
+    for layer in range(cfg.num_layers):
+        lw = w.layer(layer)
+        kv = cache.layer(layer)
+        ctx = torch.zeros(len(earlier), width, cache.kv_width, dtype=kv.dtype)
+        for i, sl in enumerate(earlier):
+            ctx[i, : len(sl)] = kv[sl]
+        a = reference.attention_stage(cfg.layer, lw, x, DecodeState(cache=ctx, positions=pos))
+        kv[b.slot_mapping] = a.cache_entry
+        x = reference.moe_stage(cfg.layer, lw, a.h1).out
+    return x

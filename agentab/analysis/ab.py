@@ -116,7 +116,36 @@ def run_arm(
             manifest_extra=extra,
             progress=progress,
         )
+    if kind == "local":
+        return _run_local_arm(experiment, arm, replay, workload, run_dir, extra, progress=progress)
     return _run_vllm_arm(experiment, arm, replay, workload, run_dir, extra, progress=progress)
+
+
+def _run_local_arm(
+    experiment: Experiment,
+    arm: Arm,
+    replay: Any,
+    workload: Any,
+    run_dir: Path,
+    extra: dict[str, Any],
+    *,
+    progress: bool,
+) -> Path:
+    """A local-engine arm: its own `agentab serve --engine local` process, stopped after the
+    run; the server's own facts (/agentab/describe) go into the manifest."""
+    from agentab.engine.local.launch import launched_local_server
+
+    with launched_local_server(
+        experiment.engine, decode_backend=arm.decode_backend, log_dir=run_dir
+    ) as server:
+        return replay_to_dir(
+            workload,
+            url=server.url,
+            replay=replay,
+            out_dir=run_dir,
+            manifest_extra={"gpu_ids": list(experiment.gpu_ids), **extra},
+            progress=progress,
+        )
 
 
 def _run_vllm_arm(

@@ -22,7 +22,7 @@ from typing import Any
 from agentab.engine.sim import OPTIONS as SIMULATOR_OPTIONS
 from agentab.errors import AgentabError
 
-ENGINE_KINDS = ("simulator", "http", "vllm")
+ENGINE_KINDS = ("simulator", "http", "vllm", "local")
 # The simulator's own option list; its seed comes from the experiment's seed (+ repeat).
 SIMULATOR_KEYS = ("profile", *(key for key in SIMULATOR_OPTIONS if key != "seed"))
 HTTP_KEYS = ("model", "api_key_env")  # also the [engine] keys of vLLM attach mode
@@ -303,6 +303,18 @@ def _check_engine(
         _check_keys(engine, SIMULATOR_KEYS, "engine", where)
         if not isinstance(engine.get("profile"), str):
             raise AgentabError(f"{where('engine')}: a simulator [engine] needs profile (a name)")
+    elif kind == "local":
+        from agentab.engine.local.launch import serve_args
+
+        try:
+            serve_args(engine, "auto", 0)
+        except AgentabError as exc:
+            raise AgentabError(f"{where('engine')}: {exc}") from None
+        if (len(gpus) if isinstance(gpus, list) else gpus) != 1:
+            raise AgentabError(
+                f"{where('gpus')}: the local engine runs on one device (TP1); [gpus] count "
+                f"must be 1 (got {gpus})"
+            )
     elif kind == "http" or attach:
         _check_keys(engine, HTTP_KEYS, "engine", where)
     else:  # vllm launch: the launcher owns its keys and names unknown ones itself

@@ -45,10 +45,16 @@ SIMULATOR_FLAGS = tuple(
 )
 
 
-def simulator_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def simulator_options(
+    command: Callable[..., Any], *, profile_required: bool = True
+) -> Callable[..., Any]:
     """Add the simulator's flags (profile, decode backend, spec decode, limits) to a command."""
     options = [
-        click.option("--profile", required=True, help="Hardware profile name or TOML path."),
+        click.option(
+            "--profile",
+            required=profile_required,
+            help="Hardware profile name or TOML path (the simulator's).",
+        ),
         click.option(
             "--decode-backend",
             type=click.Choice(BACKENDS),

@@ -14,8 +14,13 @@ from typing import Any
 import click
 
 from agentab.engine.cli import simulator_flags, simulator_options
+from agentab.errors import AgentabError
 
-ENGINES = ("sim",)
+ENGINES = ("sim", "local")
+
+
+def _with_simulator_options(command: Any) -> Any:
+    return simulator_options(command, profile_required=False)
 
 
 @click.command("serve")
@@ -25,17 +30,30 @@ ENGINES = ("sim",)
     type=click.Choice(ENGINES),
     default="sim",
     show_default=True,
-    help="Which engine serves (sim: the simulator, real clock).",
+    help="Which engine serves: sim (the simulator on the real clock, needs --profile) or "
+    "local (the torch model with both decode backends, needs --preset).",
 )
-@simulator_options
+@_with_simulator_options
+@click.option(
+    "--preset",
+    default=None,
+    help="Local engine: the model preset (tiny: CPU; k2-tp8-shard: one TP8 rank of Kimi-K2).",
+)
+@click.option("--num-layers", type=int, default=None, help="Local engine: decoder layers.")
+@click.option(
+    "--weight-sets",
+    type=int,
+    default=None,
+    help="Local engine: distinct layer weight sets cycled over the layers.",
+)
+@click.option("--device", default=None, help="Local engine: cpu (default where no GPU).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True, help="0 picks a free port.")
 @click.option(
     "--model",
     "model_name",
-    default="agentab-sim",
-    show_default=True,
-    help="Model name served at /v1/models.",
+    default=None,
+    help="Model name served at /v1/models [default: agentab-sim, or agentab-local-PRESET].",
 )
 @click.option(
     "--max-model-len",
@@ -51,20 +69,54 @@ ENGINES = ("sim",)
 )
 def serve(**kw: Any) -> None:
     """Serve an agentab engine over the OpenAI API (completions, chat, /metrics)."""
-    from agentab.engine import build_simulator
     from agentab.engine.server import EngineServer
 
-    options = simulator_flags(kw)
-    if kw["seed"] is not None:
-        options["seed"] = kw["seed"]
-    engine = build_simulator(kw["profile"], kw["decode_backend"], **options)
+    engine = _local_engine(kw) if kw["engine_kind"] == "local" else _simulator(kw)
     server = EngineServer(
         engine,
-        model=kw["model_name"],
+        model=kw["model_name"] or _default_model(kw),
         max_model_len=kw["max_model_len"],
         record_emissions=kw["record_emissions"],
     )
     asyncio.run(_run(server, kw["host"], kw["port"]))
+
+
+def _default_model(kw: dict[str, Any]) -> str:
+    return f"agentab-local-{kw['preset']}" if kw["engine_kind"] == "local" else "agentab-sim"
+
+
+_LOCAL_ONLY = ("preset", "num_layers", "weight_sets", "device")
+_SIM_ONLY = ("profile", "num_draft_tokens", "acceptance_length", "acceptance_probs")
+
+
+def _given(kw: dict[str, Any], names: tuple[str, ...]) -> list[str]:
+    return ["--" + n.replace("_", "-") for n in names if kw.get(n) is not None]
+
+
+def _simulator(kw: dict[str, Any]) -> Any:
+    from agentab.engine import build_simulator
+
+    if kw["profile"] is None:
+        raise AgentabError("--engine sim needs --profile (a hardware profile name or TOML)")
+    if extra := _given(kw, _LOCAL_ONLY):
+        raise AgentabError(f"{', '.join(extra)}: local-engine options; add --engine local")
+    options = simulator_flags(kw)
+    if kw["seed"] is not None:
+        options["seed"] = kw["seed"]
+    return build_simulator(kw["profile"], kw["decode_backend"], **options)
+
+
+def _local_engine(kw: dict[str, Any]) -> Any:
+    from agentab.engine.local import build_local_engine
+
+    if kw["preset"] is None:
+        raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
+    if extra := _given(kw, _SIM_ONLY):
+        raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
+    names = ("num_layers", "weight_sets", "kv_blocks", "max_num_seqs", "max_num_batched_tokens")
+    options = {n: kw[n] for n in (*names, "seed", "device") if kw.get(n) is not None}
+    click.echo(f"agentab serve: building the local engine (preset {kw['preset']})", err=True)
+    return build_local_engine(kw["preset"], kw["decode_backend"], **options)
 
 
 async def _run(server: Any, host: str, port: int) -> None:
@@ -77,13 +129,16 @@ async def _run(server: Any, host: str, port: int) -> None:
     try:
         runner, bound = await start_server(server, host, port)
     except OSError as exc:
-        from agentab.errors import AgentabError
-
         raise AgentabError(f"--host {host} --port {port}: cannot listen: {exc}") from None
     facts = server.engine.describe()
+    what = (
+        f"preset {facts.get('preset')}, decoder {facts.get('decoder_impl')}"
+        if facts.get("engine") == "agentab-local"
+        else f"profile {facts.get('profile')}"
+    )
     click.echo(
         f"agentab serve: listening on http://{host}:{bound} (engine {facts.get('engine')}, "
-        f"profile {facts.get('profile')}, decode_backend {facts.get('decode_backend')})",
+        f"{what}, decode_backend {facts.get('decode_backend')})",
     )
     try:
         await stop.wait()

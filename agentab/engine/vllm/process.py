@@ -154,7 +154,9 @@ class ServerProcess:
         host: str,
         port: int,
         stop_grace_s: float,
+        label: str = "vLLM server",
     ) -> None:
+        self.label = label
         self.args = list(args)
         self.log_path = log_path
         self.host = host
@@ -176,7 +178,7 @@ class ServerProcess:
                 )
         except OSError as exc:
             self._signals.restore()
-            raise AgentabError(f"vllm launch: cannot run {self.args[0]!r}: {exc}") from None
+            raise AgentabError(f"{label}: cannot run {self.args[0]!r}: {exc}") from None
         self.pgid = self.proc.pid
         try:
             self.guard = subprocess.Popen(
@@ -205,7 +207,7 @@ class ServerProcess:
         while True:
             code = self.proc.poll()
             if code is not None:
-                raise self.failure(f"vLLM server exited with status {code} before it was healthy")
+                raise self.failure(f"{self.label} exited with status {code} before it was healthy")
             try:
                 http_get(f"{self.url}/health", timeout_s=2.0)
                 return time.monotonic() - self.started
@@ -213,7 +215,7 @@ class ServerProcess:
                 pass
             if time.monotonic() > deadline:
                 raise self.failure(
-                    f"vLLM server not healthy within {timeout_s:g} s (startup_timeout_s)"
+                    f"{self.label} not healthy within {timeout_s:g} s (startup_timeout_s)"
                 )
             time.sleep(0.25)
 

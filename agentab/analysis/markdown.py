@@ -103,6 +103,19 @@ def _manifest_value(comparison: Comparison, key: str) -> Any:
     return values.pop() if len(values) == 1 else " / ".join(sorted(values))
 
 
+def _decoder_note(comparison: Comparison) -> str:
+    """Which implementation the specialized decoder is, where the engine says (the local
+    engine on a CPU runs a reference implementation whose timings say nothing about the fused
+    kernels, and the report must not let them pass for those)."""
+    impl = _manifest_value(comparison, "decoder_impl")
+    if impl == "None":
+        return ""
+    note = f"; specialized decoder implementation {impl}"
+    if impl == "cpu-torch":
+        note += " (a CPU reference of the fused decoder's math: its timings are not the kernels')"
+    return note
+
+
 def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]:
     """What was compared: arms, runs, GPUs, engine, workload, replay window, bootstrap."""
     first = comparison.runs_a[0].run.manifest if comparison.runs_a else {}
@@ -113,7 +126,7 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         f"**B = {comparison.arm_b}** ({len(comparison.runs_b)} run(s)); ratios are B/A.",
         f"- GPUs: {gpus} x {_manifest_value(comparison, 'gpu_name')} in both arms, "
         f"TP {_manifest_value(comparison, 'tp')}; model {_manifest_value(comparison, 'model')}; "
-        f"engine {_manifest_value(comparison, 'engine')}.",
+        f"engine {_manifest_value(comparison, 'engine')}" + _decoder_note(comparison) + ".",
         f"- Workload {str(_manifest_value(comparison, 'workload_hash'))[:12]}; "
         f"{comparison.sessions} sessions played; replay concurrency "
         f"{replay.get('concurrency', '?')}, profiling window "
@@ -199,6 +212,7 @@ def server_rows(comparison: Comparison) -> list[list[str]]:
     for key, label in (
         ("spec_acceptance_length", "spec-decode acceptance length (server)"),
         ("server_cache_hit_ratio", "prefix-cache hit ratio (server)"),
+        ("specialized_decode_share", "decode steps on the specialized path (server)"),
     ):
         a = [s.values.get(key) for s in comparison.runs_a]
         b = [s.values.get(key) for s in comparison.runs_b]

@@ -211,9 +211,16 @@ def summarize_requests(
 
 
 def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[str, Any]:
-    """Cache-hit ratio and spec-decode acceptance length from the scraped vLLM counters."""
+    """Cache-hit ratio, spec-decode acceptance length and the specialized decode share from
+    the scraped counters."""
     if metrics is None or metrics.is_empty():
-        return {"server_cache_hit_ratio": None, "spec_acceptance_length": None}
+        return {
+            "server_cache_hit_ratio": None,
+            "spec_acceptance_length": None,
+            "specialized_decode_share": None,
+        }
+    special = counter_delta(metrics, "agentab:decode_steps_specialized_total", since_s)
+    standard = counter_delta(metrics, "agentab:decode_steps_standard_total", since_s)
     hits = counter_delta(metrics, "vllm:prefix_cache_hits_total", since_s)
     queries = counter_delta(metrics, "vllm:prefix_cache_queries_total", since_s)
     drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
@@ -222,6 +229,11 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
     return {
         "server_cache_hit_ratio": _ratio(hits, queries),
         "spec_acceptance_length": None if acceptance is None else 1.0 + acceptance,
+        # agentab engines count their pure-decode steps by path: the share the specialized
+        # decoder served (the rest fell back to the standard forward)
+        "specialized_decode_share": (
+            None if special is None or standard is None else _ratio(special, special + standard)
+        ),
     }
 
 

@@ -113,7 +113,7 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         "engine": "agentab-local",
         "model": f"agentab-local-{cfg.name}",
         **cfg.describe(),
-        "gpu_name": None,
+        "gpu_name": "none (CPU)",
         "gpu_count": 1,
         "tp": 1,
         "decode_backend": decode_backend,

@@ -83,7 +83,7 @@ class TorchExecutor:
             "device": str(self.device),
             "activation_dtype": str(self.dtype).removeprefix("torch."),
             "kv_cache_dtype": "bfloat16",
-            "weight_dtype": "bfloat16",
+            "weight_dtype": "bfloat16",  # values; the CPU holds them as float32
             "torch_version": torch.__version__,
         }
 

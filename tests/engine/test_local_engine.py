@@ -1,0 +1,142 @@
+"""The local engine on the CPU (tiny preset): real model steps driven by the shared scheduler.
+
+Steps are driven one at a time here (schedule -> execute -> update, the engine loop's body),
+so every count is exact; the HTTP tests drive the same engine through `agentab serve`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from agentab.engine.local import build_local_engine  # noqa: E402
+from agentab.errors import AgentabError  # noqa: E402
+
+
+def engine(backend: str = "auto", **options):
+    return build_local_engine("tiny", backend, device="cpu", seed=3, **options)
+
+
+def prompt(n: int, start: int) -> np.ndarray:
+    return (np.arange(n, dtype=np.int64) * 7919 + start) % 31999 + 1
+
+
+def step(eng) -> None:
+    s = eng.scheduler
+    plan = s.schedule()
+    out = eng.executor.execute(plan, s.model_inputs(plan))
+    reqs, counts, _ = s.update(plan, out)
+    for req, n in zip(reqs, counts, strict=True):
+        eng.outputs.setdefault(req.id, []).extend(s.output_ids(req, n).tolist())
+
+
+def run(eng, arrivals: dict[int, list[tuple[str, np.ndarray, int]]]) -> dict[str, list[int]]:
+    """Add requests before the step numbers given, step until idle; the tokens of each."""
+    eng.outputs = {}
+    i = 0
+    while True:
+        for rid, p, n in arrivals.get(i, []):
+            eng.scheduler.add(rid, p, n)
+        if not eng.scheduler.has_work() and i >= max(arrivals):
+            return eng.outputs
+        if eng.scheduler.has_work():
+            step(eng)
+        i += 1
+
+
+def counters(eng) -> dict[str, float]:
+    m = eng.metrics()
+    return {
+        k.removeprefix("agentab:").removesuffix("_total"): v
+        for k, v in m.items()
+        if "steps" in k or "computed" in k
+    }
+
+
+HAND_TRACE = {0: [("A", prompt(40, 1), 4)], 1: [("B", prompt(30, 5), 3)]}
+
+
+def test_step_paths_counted_exactly_on_a_hand_built_trace():
+    # step 0: A's prefill (standard); step 1: A decodes while B prefills (mixed -> standard);
+    # steps 2-3: A and B both decode (pure decode -> specialized); A and B then finish.
+    spec = engine("latency_specialized")
+    out_spec = run(spec, HAND_TRACE)
+    assert counters(spec) == {
+        "steps_standard": 2,
+        "steps_specialized": 2,
+        "decode_steps_standard": 0,
+        "decode_steps_specialized": 2,
+        "prefill_tokens_computed": 70,
+        "decode_tokens_computed": 5,
+    }
+    seconds = spec.metrics()
+    assert seconds["agentab:step_seconds_specialized_total"] > 0
+    assert seconds["agentab:step_seconds_standard_total"] > 0
+    auto = engine("auto")
+    out_auto = run(auto, HAND_TRACE)
+    c = counters(auto)
+    assert (c["steps_standard"], c["steps_specialized"], c["decode_steps_standard"]) == (4, 0, 2)
+    assert auto.metrics()["agentab:step_seconds_specialized_total"] == 0
+    # the two backends' greedy tokens are identical, and lengths are exactly max_tokens
+    assert out_spec == out_auto
+    assert [len(out_auto["A"]), len(out_auto["B"])] == [4, 3]
+
+
+def test_a_cached_prefix_gives_the_same_tokens_and_skips_its_prefill():
+    eng = engine("latency_specialized")
+    first = run(eng, {0: [("X", prompt(40, 11), 30)]})["X"]
+    # Y continues X's conversation: X's prompt and its first 25 generated tokens. The first 64
+    # tokens (4 blocks of 16, 24 of them generated and hashed as they were sampled) are cached.
+    y_prompt = np.concatenate([prompt(40, 11), np.array(first[:25])])
+    before = counters(eng)["prefill_tokens_computed"]
+    out = run(eng, {0: [("Y", y_prompt, 5)]})["Y"]
+    computed = counters(eng)["prefill_tokens_computed"] - before
+    assert eng.scheduler.counters["prefix_cache_hits"] == 64
+    fresh = engine("latency_specialized")
+    scratch = run(fresh, {0: [("Y", y_prompt, 5)]})["Y"]
+    assert out == scratch == first[25:30]
+    assert (computed, counters(fresh)["prefill_tokens_computed"]) == (65 - 64, 65)
+
+
+@pytest.mark.parametrize("backend", ["auto", "latency_specialized"])
+def test_preempted_requests_recompute_to_the_same_tokens(backend):
+    reqs = {0: [("P", prompt(60, 21), 40), ("Q", prompt(60, 33), 40)]}
+    roomy = run(engine(backend), reqs)
+    tight = engine(backend, kv_blocks=10)  # 160 slots: both cannot hold 100 tokens each
+    squeezed = run(tight, reqs)
+    assert tight.scheduler.counters["num_preemptions"] >= 1
+    assert squeezed == roomy
+    assert [len(v) for v in squeezed.values()] == [40, 40]
+
+
+def test_a_model_that_does_not_fit_is_refused_before_allocation():
+    with pytest.raises(AgentabError) as err:
+        build_local_engine("k2-tp8-shard", "auto", device="cpu", kv_blocks=16)
+    msg = str(err.value)
+    assert msg.startswith("preset k2-tp8-shard: ")
+    assert "GiB of weights (8 weight sets)" in msg and "do not fit cpu" in msg
+
+
+def test_bad_options_are_named():
+    with pytest.raises(AgentabError, match="unknown warp_factor"):
+        build_local_engine("tiny", "auto", warp_factor=9)
+    with pytest.raises(AgentabError, match="unknown local-engine preset 'huge'"):
+        build_local_engine("huge", "auto")
+    with pytest.raises(AgentabError, match="weight_sets: 5 is more than num_layers 4"):
+        build_local_engine("tiny", "auto", weight_sets=5)
+
+
+def test_manifest_facts_name_the_decoder_implementation():
+    facts = engine("latency_specialized").describe()
+    assert facts["decoder_impl"] == "cpu-torch"
+    assert (facts["engine"], facts["preset"], facts["num_layers"], facts["weight_sets"]) == (
+        "agentab-local",
+        "tiny",
+        4,
+        2,
+    )
+    assert facts["gpu_count"] == 1 and facts["tp"] == 1
+    a, b = engine("auto").describe(), facts
+    assert {k for k in a if a[k] != b[k]} == {"decode_backend"}

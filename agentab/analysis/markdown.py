@@ -217,7 +217,7 @@ def server_rows(comparison: Comparison) -> list[list[str]]:
         a = [s.values.get(key) for s in comparison.runs_a]
         b = [s.values.get(key) for s in comparison.runs_b]
         if any(v is not None for v in a + b):
-            unit = "" if "ratio" in key else "x"
+            unit = "x" if key == "spec_acceptance_length" else ""  # the others are shares
             rows.append([label, _spread(a, unit), _spread(b, unit)])
     return rows
 

@@ -14,6 +14,7 @@ on CPU (tests) the same math in torch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -48,13 +49,16 @@ def _build_triton() -> tuple:
 
     @triton.jit
     def split_kernel(
-        q_lat, q_pe, cache, pos, part_o, part_ml, scale, split_len,
-        s_qb, s_qh, s_pb, s_ph, s_cb, s_cs, s_ob, s_os, s_oh, s_mb, s_ms,
+        q_lat, q_pe, cache, pos, part_o, part_ml, scale, split_len, block_table, split_len_ptr,
+        s_qb, s_qh, s_pb, s_ph, s_cb, s_cs, s_ob, s_os, s_oh, s_mb, s_ms, s_bt,
         NH, KVL: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+        PAGE: tl.constexpr, DYN_SPLIT: tl.constexpr,
     ):  # fmt: skip
         b = tl.program_id(0)
         sp = tl.program_id(1)
         n = tl.load(pos + b) + 1
+        if DYN_SPLIT:  # set per step on the device, so one captured graph serves any context
+            split_len = tl.load(split_len_ptr)
         start = sp * split_len
         end = tl.minimum(start + split_len, n)
         offs_h = tl.arange(0, BLOCK_H)
@@ -73,7 +77,12 @@ def _build_triton() -> tuple:
         for s0 in range(start, end, BLOCK_N):
             offs_n = s0 + tl.arange(0, BLOCK_N)
             mn = offs_n < end
-            base = cache + b * s_cb + offs_n[:, None] * s_cs
+            if PAGE > 0:  # paged cache: token n lives in block block_table[b, n // PAGE]
+                blk = tl.load(block_table + b * s_bt + offs_n // PAGE, mask=mn, other=0)
+                row = blk.to(tl.int64) * PAGE + offs_n % PAGE
+                base = cache + row[:, None] * s_cs
+            else:
+                base = cache + b * s_cb + offs_n[:, None] * s_cs
             c = tl.load(base + offs_c[None, :], mask=mn[:, None], other=0.0)
             kp = tl.load(base + KVL + offs_r[None, :], mask=mn[:, None], other=0.0)
             qk = tl.dot(ql, tl.trans(c)) + tl.dot(qp, tl.trans(kp))
@@ -179,12 +188,34 @@ def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132,
     return ct
 
 
+@dataclass
+class PagedKV:
+    """Where a batch's latent cache lives when it is paged (the local engine's KV cache).
+
+    `cache` is one layer's (slots, kv_width) bf16 slots; sequence b's token n is in slot
+    `block_table[b, n // block_size] * block_size + n % block_size`, and this step's new token
+    goes to `new_slots[b]` (also row 1 of `positions_and_slots`, the CuTe preparation's form).
+    `max_len` bounds every sequence's length (it sizes the split grid); `split_len` is a
+    one-element int32 device tensor with the tokens per split for this step (`split_plan` of
+    the step's longest sequence), so a graph captured once serves any length.
+    """
+
+    cache: torch.Tensor
+    block_table: torch.Tensor  # (batch, max blocks) int32
+    new_slots: torch.Tensor  # (batch,) int64
+    positions_and_slots: torch.Tensor  # (2, batch) int32: positions, then new_slots
+    block_size: int
+    max_len: int
+    split_len: torch.Tensor  # (1,) int32
+
+
 def mla_decode_triton(
     cfg: LayerConfig,
     q_lat: torch.Tensor,
     q_pe: torch.Tensor,
     cache: torch.Tensor,
     positions: torch.Tensor,
+    paged: PagedKV | None = None,
 ) -> torch.Tensor:
     """Split-KV flash decoding on the GPU; two kernels (split, combine)."""
     global _triton_kernels
@@ -193,17 +224,24 @@ def mla_decode_triton(
     split_kernel, combine_kernel = _triton_kernels
     b, nh, kvl = q_lat.shape
     block_n, _min_tiles, warps, stages = split_config()
-    n_splits, split_len = split_plan(b, cache.shape[1])
+    if paged is None:
+        n_splits, split_len = split_plan(b, cache.shape[1])
+        table, split_ptr, page, s_bt = positions, positions, 0, 0
+    else:
+        n_splits, split_len = split_plan(b, paged.max_len)
+        table, split_ptr, page = paged.block_table, paged.split_len, paged.block_size
+        s_bt = table.stride(0)
     part_o = torch.empty(b, n_splits, nh, kvl, device=q_lat.device, dtype=torch.float32)
     part_ml = torch.empty(b, n_splits, nh, 2, device=q_lat.device, dtype=torch.float32)
     block_h = max(16, 1 << (nh - 1).bit_length())
     split_kernel[(b, n_splits)](
-        q_lat, q_pe, cache, positions, part_o, part_ml, cfg.softmax_scale, split_len,
+        q_lat, q_pe, cache, positions, part_o, part_ml, cfg.softmax_scale, split_len, table,
+        split_ptr,
         q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
         cache.stride(0), cache.stride(1),
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
-        nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=block_n, num_warps=warps,
-        num_stages=stages,
+        s_bt, nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page,
+        DYN_SPLIT=paged is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     out = torch.empty(b, nh, kvl, device=q_lat.device, dtype=torch.bfloat16)
     ct = combine_tile(b, nh, kvl)
@@ -223,12 +261,18 @@ def mla_decode(
     q_pe: torch.Tensor,
     cache: torch.Tensor,
     positions: torch.Tensor,
+    paged: PagedKV | None = None,
 ) -> torch.Tensor:
     """o_lat (batch, n_heads, kv_lora) bf16 for the absorbed queries; the cache holds the new token.
 
     q_lat: (batch, n_heads, kv_lora) bf16, q_pe: (batch, n_heads, qk_rope) bf16 (already rotated),
-    cache: (batch, max_len, kv_width) bf16, positions: (batch,) int32.
+    cache: (batch, max_len, kv_width) bf16, or with `paged` its (slots, kv_width) layer slots;
+    positions: (batch,) int32.
     """
     if q_lat.is_cuda:
-        return mla_decode_triton(cfg, q_lat, q_pe, cache, positions)
+        return mla_decode_triton(cfg, q_lat, q_pe, cache, positions, paged)
+    if paged is not None:
+        idx = torch.arange(paged.max_len, device=cache.device)
+        rows = paged.block_table.long()[:, idx // paged.block_size] * paged.block_size
+        cache = cache[rows + idx % paged.block_size]  # (batch, max_len, kv_width)
     return mla_decode_torch(cfg, q_lat, q_pe, cache, positions)

@@ -114,8 +114,11 @@ def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dict[str, Any]:
-    """Compile (or fetch) every CuTe DSL kernel the path needs at this batch size."""
+def compile_all(
+    cfg: LayerConfig, batch: int, max_len: int, max_pos: int, paged: bool = False
+) -> dict[str, Any]:
+    """Compile (or fetch) every CuTe DSL kernel the path needs at this batch size (`paged`:
+    the MLA preparation writes a paged cache of `max_len` slots, see `cute.mla_prep`)."""
     from agentab.kernels.cute.gemv import compile_gemv
     from agentab.kernels.cute.gemv_stream import compile_gemv_stream, stream_plan
     from agentab.kernels.cute.mla_prep import PrepSpec, compile_prep
@@ -144,7 +147,7 @@ def compile_all(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> dic
         ),
     )
     if batch <= SMALL:
-        pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos)
+        pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos, paged)
         for name, spec in gemv_specs(cfg, batch).items():
             if name == "absorb" and FUSE_PREP:
                 fn = _cached(("gemv+prep", spec, pspec), lambda s=spec: compile_gemv(s, pspec))
@@ -170,7 +173,10 @@ class SpecializedPath:
         max_position: int,
         batch: int,
         max_len: int,
+        paged: bool = False,
     ) -> None:
+        """`paged`: steps get a DecodeState with `paged` set (a serving engine's block-table
+        cache of `max_len` slots per layer) instead of one contiguous cache per sequence."""
         from agentab.kernels.cute.moe import alloc_buffers
 
         if not weights.shared_fused:
@@ -179,7 +185,7 @@ class SpecializedPath:
             raise ValueError(f"batch {batch}: the specialized path serves 1..{M_MAX}")
         self.cfg, self.w, self.b = cfg, weights, batch
         dev = weights.w_o.device
-        self.k = compile_all(cfg, batch, max_len, max_position + 1)
+        self.k = compile_all(cfg, batch, max_len, max_position + 1, paged)
         bf16, f32, i32 = torch.bfloat16, torch.float32, torch.int32
         nh, h = cfg.n_heads, cfg.hidden
         pos = torch.arange(max_position + 1, device=dev)
@@ -229,19 +235,20 @@ class SpecializedPath:
         gemv("qkv_a", w.w_qkv_a, x, w.attn_norm, dr, self.qkv)
         gemv("q_b", w.w_q_b, self.qkv, w.q_a_norm, dr, self.q)
         w_uk = w.w_uk_t.view(-1, cfg.qk_nope)
+        # the preparation's positions: (2, batch) positions and slots for a paged cache
+        pos = state.positions if state.paged is None else state.paged.positions_and_slots
         if FUSE_PREP:
             _spec, absorb = k["absorb"]
-            absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, self.qkv, state.positions,
+            absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, self.qkv, pos,
                    w.kv_a_norm, self.cos_sin, state.cache, self.q_pe)  # fmt: skip
         else:
             k["prep"](
-                self.qkv, self.q, state.positions, w.kv_a_norm, self.cos_sin, state.cache,
-                self.q_pe,
+                self.qkv, self.q, pos, w.kv_a_norm, self.cos_sin, state.cache, self.q_pe,
             )  # fmt: skip
             gemv("absorb", w_uk, self.q, dv, dr, self.q_lat)
         o_lat = mla_decode(
             cfg, self.q_lat.view(b, cfg.n_heads, cfg.kv_lora), self.q_pe, state.cache,
-            state.positions,
+            state.positions, state.paged,
         )  # fmt: skip
         gemv("uv", w.w_uv.view(-1, cfg.kv_lora), o_lat.view(b, -1), dv, dr, self.o)
         gemv("o_proj", w.w_o, self.o, dv, x, self.h1[:b])

@@ -108,10 +108,16 @@ class StandardPath:
         cos, sin = cs[:, :half], cs[:, half:]
         q_pe = _rope(q[..., cfg.qk_nope :].float(), cos[:, None], sin[:, None]).to(x.dtype)
         k_pe = _rope(k_pe.float(), cos, sin).to(x.dtype)
-        rows = torch.arange(b, device=x.device)
-        state.cache[rows, state.positions.long()] = torch.cat([kv_c, k_pe], dim=-1)
+        entry = torch.cat([kv_c, k_pe], dim=-1)
+        if state.paged is None:
+            rows = torch.arange(b, device=x.device)
+            state.cache[rows, state.positions.long()] = entry
+        else:  # the serving engine's paged cache: the slot its scheduler assigned
+            state.cache.index_copy_(0, state.paged.new_slots, entry)
         q_lat = torch.bmm(q[..., : cfg.qk_nope].transpose(0, 1), w.w_uk_t.transpose(1, 2))
-        o_lat = mla_decode(cfg, q_lat.transpose(0, 1), q_pe, state.cache, state.positions)
+        o_lat = mla_decode(
+            cfg, q_lat.transpose(0, 1), q_pe, state.cache, state.positions, state.paged
+        )
         o = torch.bmm(o_lat.transpose(0, 1), w.w_uv.transpose(1, 2))  # (nh, b, v_head)
         attn = F.linear(o.transpose(0, 1).reshape(b, nh * cfg.v_head), w.w_o)
         return x + attn

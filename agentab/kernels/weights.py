@@ -192,14 +192,17 @@ class DecodeState:
     """The latent KV cache of a batch and where each sequence's new token goes.
 
     `cache[b, :positions[b]]` holds earlier tokens; the step writes its token at `positions[b]`
-    and attends over `[0, positions[b]]` inclusive.
+    and attends over `[0, positions[b]]` inclusive. With `paged` (an
+    `agentab.kernels.attention.PagedKV`, the serving engine's block-table cache) `cache` is one
+    layer's (slots, kv_width) slots and the new token goes to `paged.new_slots[b]`.
     """
 
-    cache: torch.Tensor  # (batch, max_len, kv_width) bf16
+    cache: torch.Tensor  # (batch, max_len, kv_width) bf16, or (slots, kv_width) when paged
     positions: torch.Tensor  # (batch,) int32
+    paged: object = None  # agentab.kernels.attention.PagedKV
 
     def clone(self) -> DecodeState:
-        return DecodeState(self.cache.clone(), self.positions.clone())
+        return DecodeState(self.cache.clone(), self.positions.clone(), self.paged)
 
 
 def init_state(

@@ -54,6 +54,24 @@ def test_mla_prep_compiles_alone_and_fused_into_the_absorb_gemv(k2) -> None:
     assert not ops & {"ld.local", "st.local"}
 
 
+def test_mla_prep_writes_a_paged_cache_through_its_slot_row(k2) -> None:
+    """The serving engine's variant: positions and slots in a (2, batch) tensor, the cache as
+    (slots, width); it compiles alone and fused, stores bf16 entries and keeps 128-bit loads."""
+    from agentab.kernels.cute.gemv import compile_gemv
+    from agentab.kernels.cute.mla_prep import PrepSpec, compile_prep
+    from agentab.kernels.specialized import gemv_specs
+
+    pspec = PrepSpec.from_config(k2, 1, 16 * 4096, 8193, paged=True)
+    assert pspec.cache_shape() == (16 * 4096, 576) and pspec.positions_shape() == (2, 1)
+    alone = compile_prep(pspec).__ptx__
+    contiguous = compile_prep(PrepSpec.from_config(k2, 1, 4097, 8193)).__ptx__
+    assert "griddepcontrol.wait" in _ops(alone) and "st.global" in alone
+    assert alone != contiguous
+    fused = compile_gemv(gemv_specs(k2, 1)["absorb"], pspec).__ptx__
+    assert {"ld.global.v4.b32", "griddepcontrol.wait"} <= _ops(fused) and "st.global" in fused
+    assert not _ops(fused) & {"ld.local", "st.local"}
+
+
 def test_moe_kernels_compile(k2) -> None:
     from agentab.kernels.cute.moe import MoeSpec, compile_moe
 

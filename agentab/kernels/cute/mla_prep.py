@@ -3,6 +3,10 @@
 Per token (one CTA each): RMSNorm of the compressed kv (kv_a_layernorm), RoPE of the shared rope
 key, both written as the token's latent cache entry; RoPE of every head's q_pe into the attention
 input. The standard path spends about ten torch kernels on the same work.
+
+With `paged` the cache is a serving engine's paged one: `mCache` is one layer's
+(slots, kv_width) slots and `mPos` is (2, batch) int32, row 0 the tokens' positions (for RoPE)
+and row 1 the slots their entries go to (the engine's block table decides them).
 """
 
 # No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.
@@ -28,14 +32,23 @@ class PrepSpec:
     rope: int
     n_heads: int
     qk_nope: int
-    max_len: int  # cache rows per sequence
+    max_len: int  # cache rows per sequence (paged: slots in the layer's cache)
     max_pos: int  # rows of the cos/sin table
     eps: float
+    paged: bool = False
 
     @staticmethod
-    def from_config(cfg: LayerConfig, batch: int, max_len: int, max_pos: int) -> "PrepSpec":
+    def from_config(cfg: LayerConfig, batch: int, max_len: int, max_pos: int,
+                    paged: bool = False) -> "PrepSpec":  # fmt: skip
         return PrepSpec(batch, cfg.q_lora, cfg.kv_lora, cfg.qk_rope, cfg.n_heads, cfg.qk_nope,
-                        max_len, max_pos, cfg.rms_eps)  # fmt: skip
+                        max_len, max_pos, cfg.rms_eps, paged)  # fmt: skip
+
+    def cache_shape(self) -> tuple[int, ...]:
+        width = self.kv_lora + self.rope
+        return (self.max_len, width) if self.paged else (self.batch, self.max_len, width)
+
+    def positions_shape(self) -> tuple[int, ...]:
+        return (2, self.batch) if self.paged else (self.batch,)
 
 
 @cute.jit
@@ -52,7 +65,12 @@ def prep_body(spec: PrepSpec, nthreads: int, b, tidx, mQkv: cute.Tensor, mQ: cut
     pairs = (nh + 1) * half
     lane = tidx % 32
     warp = tidx // 32
-    pos = mPos[b]
+    if cutlass.const_expr(spec.paged):
+        pos = mPos[0, b]
+        slot = mPos[1, b]
+    else:
+        pos = mPos[b]
+        slot = pos
     ss = Float32(0.0)
     for i in cutlass.range_constexpr(per_thread):
         v = mQkv[b, spec.q_lora + tidx * per_thread + i].to(Float32)
@@ -68,7 +86,10 @@ def prep_body(spec: PrepSpec, nthreads: int, b, tidx, mQkv: cute.Tensor, mQ: cut
     for i in cutlass.range_constexpr(per_thread):
         c = tidx * per_thread + i
         v = mQkv[b, spec.q_lora + c].to(Float32) * rs * mNorm[c].to(Float32)
-        mCache[b, pos, c] = v.to(BFloat16)
+        if cutlass.const_expr(spec.paged):
+            mCache[slot, c] = v.to(BFloat16)
+        else:
+            mCache[b, pos, c] = v.to(BFloat16)
     for p in range(tidx, pairs, nthreads):
         vec = p // half
         i = p % half
@@ -77,8 +98,14 @@ def prep_body(spec: PrepSpec, nthreads: int, b, tidx, mQkv: cute.Tensor, mQ: cut
         if vec == nh:
             x1 = mQkv[b, qkv_cols - rope + i].to(Float32)
             x2 = mQkv[b, qkv_cols - rope + half + i].to(Float32)
-            mCache[b, pos, kvl + i] = (x1 * cos - x2 * sin).to(BFloat16)
-            mCache[b, pos, kvl + half + i] = (x2 * cos + x1 * sin).to(BFloat16)
+            r1 = (x1 * cos - x2 * sin).to(BFloat16)
+            r2 = (x2 * cos + x1 * sin).to(BFloat16)
+            if cutlass.const_expr(spec.paged):
+                mCache[slot, kvl + i] = r1
+                mCache[slot, kvl + half + i] = r2
+            else:
+                mCache[b, pos, kvl + i] = r1
+                mCache[b, pos, kvl + half + i] = r2
         else:
             base = vec * qkh + spec.qk_nope
             x1 = mQ[b, base + i].to(Float32)
@@ -122,10 +149,10 @@ def prep_fakes(spec: PrepSpec) -> list:
     b, kvl, rope = spec.batch, spec.kv_lora, spec.rope
     return [
         fake(BFloat16, (b, spec.q_lora + kvl + rope)),
-        fake(Int32, (b,)),
+        fake(Int32, spec.positions_shape()),
         fake(BFloat16, (kvl,)),
         fake(Float32, (spec.max_pos, rope)),
-        fake(BFloat16, (b, spec.max_len, kvl + rope)),
+        fake(BFloat16, spec.cache_shape()),
         fake(BFloat16, (b, spec.n_heads, rope)),
     ]
 
@@ -137,9 +164,9 @@ def compile_prep(spec: PrepSpec) -> Any:
         build_prep(spec),
         fake(BFloat16, (b, spec.q_lora + kvl + rope)),
         fake(BFloat16, (b, spec.n_heads * (spec.qk_nope + rope))),
-        fake(Int32, (b,)),
+        fake(Int32, spec.positions_shape()),
         fake(BFloat16, (kvl,)),
         fake(Float32, (spec.max_pos, rope)),
-        fake(BFloat16, (b, spec.max_len, kvl + rope)),
+        fake(BFloat16, spec.cache_shape()),
         fake(BFloat16, (b, spec.n_heads, rope)),
     )

@@ -46,7 +46,10 @@ def _with_simulator_options(command: Any) -> Any:
     default=None,
     help="Local engine: distinct layer weight sets cycled over the layers.",
 )
-@click.option("--device", default=None, help="Local engine: cpu (default where no GPU).")
+@click.option(
+    "--device", default=None, help="Local engine: cpu or cuda [default: cuda where there is one]."
+)
+@click.option("--block-size", type=int, default=None, help="Local engine: KV block tokens (16).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True, help="0 picks a free port.")
 @click.option(
@@ -61,7 +64,12 @@ def _with_simulator_options(command: Any) -> Any:
     default=None,
     help="Refuse prompt + max_tokens above this (vLLM-style 400).",
 )
-@click.option("--seed", type=int, default=None, help="Engine seed (spec-decode acceptance).")
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Engine seed (simulator: spec-decode acceptance; local engine: the weights).",
+)
 @click.option(
     "--record-emissions",
     is_flag=True,
@@ -75,7 +83,7 @@ def serve(**kw: Any) -> None:
     server = EngineServer(
         engine,
         model=kw["model_name"] or _default_model(kw),
-        max_model_len=kw["max_model_len"],
+        max_model_len=kw["max_model_len"] or engine.describe().get("max_model_len"),
         record_emissions=kw["record_emissions"],
     )
     asyncio.run(_run(server, kw["host"], kw["port"]))
@@ -85,7 +93,7 @@ def _default_model(kw: dict[str, Any]) -> str:
     return f"agentab-local-{kw['preset']}" if kw["engine_kind"] == "local" else "agentab-sim"
 
 
-_LOCAL_ONLY = ("preset", "num_layers", "weight_sets", "device")
+_LOCAL_ONLY = ("preset", "num_layers", "weight_sets", "device", "block_size")
 _SIM_ONLY = ("profile", "num_draft_tokens", "acceptance_length", "acceptance_probs")
 
 
@@ -114,7 +122,8 @@ def _local_engine(kw: dict[str, Any]) -> Any:
     if extra := _given(kw, _SIM_ONLY):
         raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
     names = ("num_layers", "weight_sets", "kv_blocks", "max_num_seqs", "max_num_batched_tokens")
-    options = {n: kw[n] for n in (*names, "seed", "device") if kw.get(n) is not None}
+    names += ("seed", "device", "max_model_len", "block_size")
+    options = {n: kw[n] for n in names if kw.get(n) is not None}
     click.echo(f"agentab serve: building the local engine (preset {kw['preset']})", err=True)
     return build_local_engine(kw["preset"], kw["decode_backend"], **options)
 

@@ -26,9 +26,13 @@ OPTIONS = (
     "max_num_batched_tokens",
     "seed",
     "device",
+    "max_model_len",
 )
-DEFAULT_KV_BLOCKS = {"cpu": 4096}  # CPU: 65,536 tokens of 16; CUDA: what memory allows
+CPU_KV_BLOCKS = 4096  # 65,536 tokens of 16; on the GPU, what memory allows
 GPU_MEMORY_FRACTION = 0.9
+GPU_RESERVE_BYTES = 8 << 30  # graphs' pools, activations, per-batch-size kernel buffers
+DEFAULT_MAX_MODEL_LEN = {"cpu": 16384, "cuda": 131072}
+DEFAULT_MAX_NUM_SEQS = {"cpu": 256, "cuda": 64}  # the GPU captures a graph per padded size
 
 
 def _available_bytes(device: Any) -> tuple[int, str]:
@@ -47,12 +51,20 @@ def _available_bytes(device: Any) -> tuple[int, str]:
     return 1 << 62, "unknown"
 
 
-def check_fits(cfg: ModelConfig, kv_blocks: int, block_size: int, device: Any) -> dict[str, int]:
-    """Refuse, before anything is allocated, a model + cache larger than the device's memory."""
+def check_fits(
+    cfg: ModelConfig, kv_blocks: int | None, block_size: int, device: Any
+) -> dict[str, int]:
+    """Refuse, before anything is allocated, a model + cache larger than the device's memory.
+
+    `kv_blocks` None (the GPU's default) takes what is left after the weights and a reserve.
+    """
     scale = 2 if device.type == "cpu" else 1  # CPU weights are held in fp32
     weights = cfg.weight_bytes() * scale
-    kv = PagedLatentCache.bytes_for(cfg.num_layers, kv_blocks, block_size, cfg.layer.kv_width)
+    per_block = PagedLatentCache.bytes_for(cfg.num_layers, 1, block_size, cfg.layer.kv_width)
     have, source = _available_bytes(device)
+    if kv_blocks is None:  # rounded down, so two starts on the same GPU agree
+        kv_blocks = max(1, (have - weights - GPU_RESERVE_BYTES) // per_block // 4096 * 4096)
+    kv = kv_blocks * per_block
     if weights + kv > have:
         raise AgentabError(
             f"preset {cfg.name}: {weights / 2**30:.1f} GiB of weights ({cfg.weight_sets} weight "
@@ -60,7 +72,7 @@ def check_fits(cfg: ModelConfig, kv_blocks: int, block_size: int, device: Any) -
             f"not fit {device}: {have / 2**30:.1f} GiB available ({source}); lower weight_sets "
             "or kv_blocks"
         )
-    return {"weight_bytes": weights, "kv_cache_bytes": kv}
+    return {"weight_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": kv_blocks}
 
 
 def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any) -> Engine:
@@ -83,37 +95,48 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         preset, num_layers=options.get("num_layers"), weight_sets=options.get("weight_sets")
     )
     device = torch.device(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        raise AgentabError(
-            "device: the local engine runs on the CPU only so far (the CUDA decode paths, with "
-            'the CuTe DSL decoder, are not wired into it yet); pass device = "cpu"'
-        )
-    if device.type != "cpu":
-        raise AgentabError(f"device: {device} is not supported (cpu)")
+    if device.type not in ("cpu", "cuda"):
+        raise AgentabError(f"device: {device} is not supported (cpu or cuda)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AgentabError("device: cuda was asked for, but torch sees no GPU")
+    kind = device.type
     block_size = int(options.get("block_size") or 16)
-    kv_blocks = int(options.get("kv_blocks") or DEFAULT_KV_BLOCKS["cpu"])
-    sizes = check_fits(cfg, kv_blocks, block_size, device)
+    asked = options.get("kv_blocks")
+    sizes = check_fits(cfg, int(asked) if asked else (CPU_KV_BLOCKS if kind == "cpu" else None),
+                       block_size, device)  # fmt: skip
+    kv_blocks = sizes.pop("kv_blocks")
     seed = int(options.get("seed") or 0)
-    dtype = torch.float32
+    max_model_len = int(options.get("max_model_len") or DEFAULT_MAX_MODEL_LEN[kind])
+    max_num_seqs = int(options.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS[kind])
+    dtype = torch.float32 if kind == "cpu" else torch.bfloat16
+    _say(f"weights: {cfg.weight_bytes() / 2**30:.1f} GiB ({cfg.weight_sets} sets) on {device}")
     weights = build_weights(cfg, device, seed, dtype)
-    cache = PagedLatentCache(cfg.num_layers, kv_blocks, block_size, cfg.layer.kv_width, device)
+    # one block past the scheduler's: the scratch block that graph padding rows write
+    cache = PagedLatentCache(cfg.num_layers, kv_blocks + 1, block_size, cfg.layer.kv_width, device)
     sched_cfg = SchedulerConfig(
         num_blocks=kv_blocks,
         block_size=block_size,
-        max_num_seqs=int(options.get("max_num_seqs") or 256),
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=int(options.get("max_num_batched_tokens") or 2048),
         specialized=decode_backend == "latency_specialized",
         vocab_size=cfg.vocab_size,
         synthetic_output=False,
     )
-    executor = TorchExecutor(
-        cfg, weights, cache, device=device, dtype=dtype, decoder_impl="cpu-torch"
-    )
+    if kind == "cpu":
+        executor = TorchExecutor(
+            cfg, weights, cache, device=device, dtype=dtype, decoder_impl="cpu-torch"
+        )
+        gpu_name = "none (CPU)"
+    else:
+        executor = _cuda_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
+                                  max_model_len, kv_blocks)  # fmt: skip
+        gpu_name = torch.cuda.get_device_name(device)
     describe = {
         "engine": "agentab-local",
         "model": f"agentab-local-{cfg.name}",
         **cfg.describe(),
-        "gpu_name": "none (CPU)",
+        "gpu_name": gpu_name,
+        "max_model_len": max_model_len,
         "gpu_count": 1,
         "tp": 1,
         "decode_backend": decode_backend,
@@ -130,3 +153,45 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         "seed": seed,
     }
     return Engine(Scheduler(sched_cfg), executor, describe=describe, fast_forward=False)
+
+
+def _say(line: str) -> None:
+    """Startup progress on stderr (the server's log)."""
+    import sys
+
+    print(f"agentab local engine: {line}", file=sys.stderr, flush=True)
+
+
+def _cuda_executor(
+    cfg: ModelConfig,
+    weights: Any,
+    cache: PagedLatentCache,
+    device: Any,
+    decode_backend: str,
+    sched_cfg: SchedulerConfig,
+    max_model_len: int,
+    scratch_block: int,
+) -> Any:
+    """The GPU executor: decode graphs for every padded batch size the scheduler can form.
+
+    Under `latency_specialized` the specialized decoder's graphs cover the sizes its path
+    serves (at most 64 rows); any larger pure-decode step falls back to standard graphs.
+    """
+    from agentab.engine.local.cuda import DecodeGraphs, graph_sizes
+    from agentab.engine.local.executor import TorchExecutor
+    from agentab.kernels.standard import StandardPath
+
+    standard = [StandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
+    sizes = graph_sizes(sched_cfg.max_num_seqs, sched_cfg.cuda_graph_max_tokens)
+    limit = sched_cfg.specialized_max_padded if decode_backend == "latency_specialized" else 0
+    by_path = {"specialized": [b for b in sizes if b <= limit]}
+    by_path["standard"] = [b for b in sizes if b > limit]
+    graphs = {}
+    for path, path_sizes in by_path.items():
+        if path_sizes:
+            _say(f"capturing {path} decode graphs for batch sizes {path_sizes}")
+            graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
+                                        scratch_block, standard)  # fmt: skip
+    _say("ready")
+    return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
+                         decoder_impl="cute-dsl", graphs=graphs, grouped=standard)  # fmt: skip

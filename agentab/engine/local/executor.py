@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from agentab.engine.local.config import ModelConfig
+from agentab.engine.local.cuda import greedy_cuda
 from agentab.engine.local.forward import (
     DeviceBatch,
     greedy,
@@ -43,19 +44,32 @@ class TorchExecutor:
         device: torch.device,
         dtype: torch.dtype,
         decoder_impl: str,
+        graphs: dict[str, Any] | None = None,
+        grouped: list[Any] | None = None,
     ) -> None:
+        """`graphs`: on the GPU, each decode path's `cuda.DecodeGraphs`; `grouped`: the weight
+        sets' `StandardPath`s, whose grouped MoE the GPU's eager steps use."""
         self.cfg = cfg
         self.w = weights
         self.cache = cache
         self.device = device
         self.dtype = dtype
         self.decoder_impl = decoder_impl
+        self.graphs = graphs or {}
+        self.grouped = grouped
+        self._last_end: Any = None  # the previous step's end event (device idle time)
         self.counters: dict[str, float] = dict.fromkeys(
             (
                 "prefill_tokens_computed",
                 "decode_tokens_computed",
                 "step_seconds_standard",
                 "step_seconds_specialized",
+                "graph_steps",
+                "eager_steps",
+                "device_busy_seconds",
+                "device_idle_seconds",
+                "decode_device_busy_seconds",
+                "decode_device_idle_seconds",
             ),
             0.0,
         )
@@ -63,19 +77,56 @@ class TorchExecutor:
     def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput:
         assert inputs is not None
         t0 = time.perf_counter()
+        cuda = self.device.type == "cuda"
         with torch.inference_mode():
-            b = DeviceBatch.of(inputs, self.device)
-            if plan.path == "specialized":
-                x = specialized_decode_cpu(self.cfg, self.w, self.cache, b)
+            if cuda:
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+            graphs = self.graphs.get(plan.path)
+            size = graphs.size_for(inputs.num_rows) if graphs is not None else None
+            if cuda and size is not None and bool(plan.is_decode.all()):
+                graphs.load(inputs, size)
+                start.record()
+                ids = graphs.replay(size)[: inputs.num_rows]
+                self.counters["graph_steps"] += 1
             else:
-                x = standard_forward(self.cfg, self.w, self.cache, b, self.dtype)
-            sampled = greedy(self.cfg, self.w, x).cpu().numpy().astype(np.int64)
+                if plan.path == "specialized" and not cuda:
+                    b = DeviceBatch.of(inputs, self.device)
+                    x = specialized_decode_cpu(self.cfg, self.w, self.cache, b)
+                else:
+                    if cuda:
+                        start.record()
+                    b = DeviceBatch.of(inputs, self.device)
+                    x = standard_forward(self.cfg, self.w, self.cache, b, self.dtype, self.grouped)
+                ids = (greedy_cuda if cuda else greedy)(self.cfg, self.w, x)
+                self.counters["eager_steps"] += 1
+            if cuda:
+                end.record()
+            sampled = ids.cpu().numpy().astype(np.int64)
         duration = time.perf_counter() - t0
         c = self.counters
         c["prefill_tokens_computed"] += plan.num_prefill_tokens
         c["decode_tokens_computed"] += plan.num_decode_tokens
         c["step_seconds_" + plan.path] += duration
-        return StepOutput(duration_s=duration, sampled=sampled)
+        out = StepOutput(duration_s=duration, sampled=sampled)
+        if cuda:
+            self._device_times(out, start, end, decode=bool(plan.is_decode.all()))
+        return out
+
+    def _device_times(self, out: StepOutput, start: Any, end: Any, *, decode: bool) -> None:
+        """Device busy time of the step and the device's idle gap since the previous step
+        (host overhead: scheduling, input copies, the sampled ids' return)."""
+        c = self.counters
+        out.device_s = start.elapsed_time(end) / 1e3
+        c["device_busy_seconds"] += out.device_s
+        if decode:
+            c["decode_device_busy_seconds"] += out.device_s
+        if self._last_end is not None:
+            out.idle_s = max(self._last_end.elapsed_time(start) / 1e3, 0.0)
+            c["device_idle_seconds"] += out.idle_s
+            if decode:
+                c["decode_device_idle_seconds"] += out.idle_s
+        self._last_end = end
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -94,4 +145,10 @@ class TorchExecutor:
             "agentab:decode_tokens_computed_total": c["decode_tokens_computed"],
             "agentab:step_seconds_standard_total": c["step_seconds_standard"],
             "agentab:step_seconds_specialized_total": c["step_seconds_specialized"],
+            "agentab:graph_steps_total": c["graph_steps"],
+            "agentab:eager_steps_total": c["eager_steps"],
+            "agentab:device_busy_seconds_total": c["device_busy_seconds"],
+            "agentab:device_idle_seconds_total": c["device_idle_seconds"],
+            "agentab:decode_device_busy_seconds_total": c["decode_device_busy_seconds"],
+            "agentab:decode_device_idle_seconds_total": c["decode_device_idle_seconds"],
         }

@@ -28,8 +28,10 @@ from agentab.engine.local.model import ModelWeights
 from agentab.engine.outputs import StepInputs
 from agentab.kernels import reference
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.standard import grouped_topk
+from agentab.kernels.standard import StandardPath, grouped_topk
 from agentab.kernels.weights import DecodeState, LayerWeights
+
+QUERY_SLICE = 256  # prefill queries attended at once
 
 
 @dataclass
@@ -97,23 +99,36 @@ def standard_attention(
     q_lat = torch.einsum("thd,hcd->thc", q[..., : cfg.qk_nope], w.w_uk_t.to(dt))
     o_lat = torch.empty(t, nh, kvl, device=x.device, dtype=dt)
     for i in range(len(b.context_lens)):
-        lo, hi, n_ctx = b.starts[i], b.starts[i + 1], b.context_lens[i]
+        first, last, n_ctx = b.starts[i], b.starts[i + 1], b.context_lens[i]
         ctx = kv[PagedLatentCache.slots(b.block_tables[i], n_ctx, b.block_size)].to(dt)
-        s = torch.einsum("nhc,lc->nhl", q_lat[lo:hi], ctx[:, :kvl])
-        s = (s + torch.einsum("nhr,lr->nhl", q_pe[lo:hi], ctx[:, kvl:])) * cfg.softmax_scale
         keys = torch.arange(n_ctx, device=x.device)
-        future = keys[None, :] > b.positions[lo:hi, None]  # causal within the chunk
-        s = s.float().masked_fill(future[:, None, :], float("-inf"))
-        p = torch.softmax(s, dim=-1).to(dt)
-        o_lat[lo:hi] = torch.einsum("nhl,lc->nhc", p, ctx[:, :kvl])
+        # queries in slices, so a long prefill chunk's scores stay a few hundred MB
+        for lo in range(first, last, QUERY_SLICE):
+            hi = min(lo + QUERY_SLICE, last)
+            s = torch.einsum("nhc,lc->nhl", q_lat[lo:hi], ctx[:, :kvl])
+            s = (s + torch.einsum("nhr,lr->nhl", q_pe[lo:hi], ctx[:, kvl:])) * cfg.softmax_scale
+            future = keys[None, :] > b.positions[lo:hi, None]  # causal within the chunk
+            s = s.float().masked_fill(future[:, None, :], float("-inf"))
+            p = torch.softmax(s, dim=-1).to(dt)
+            o_lat[lo:hi] = torch.einsum("nhl,lc->nhc", p, ctx[:, :kvl])
     o = torch.einsum("thc,hvc->thv", o_lat, w.w_uv.to(dt)).reshape(t, nh * cfg.v_head)
     return x + F.linear(o, w.w_o.to(dt))
 
 
-def standard_moe(cfg: LayerConfig, w: LayerWeights, h1: torch.Tensor) -> torch.Tensor:
-    """Post-attention norm, router (fp32 logits), grouped top-k, shared + routed experts."""
+def standard_moe(
+    cfg: LayerConfig, w: LayerWeights, h1: torch.Tensor, grouped: StandardPath | None = None
+) -> torch.Tensor:
+    """Post-attention norm, router (fp32 logits), grouped top-k, shared + routed experts.
+
+    With `grouped` (the GPU) the experts run as the kernels' standard path runs them (tokens
+    sorted by expert, grouped GEMMs); on the CPU one expert at a time.
+    """
     dt = h1.dtype
     hn = F.rms_norm(h1, (cfg.hidden,), w.ffn_norm.to(dt), cfg.rms_eps)
+    if grouped is not None:
+        logits = torch.mm(hn, w.w_gate.t(), out_dtype=torch.float32)
+        ids, weights = grouped_topk(cfg, logits, w.gate_bias)
+        return h1 + grouped.moe(hn, ids, weights)
     logits = hn.float() @ w.w_gate.float().t()
     ids, weights = grouped_topk(cfg, logits, w.gate_bias.float())
     out = torch.zeros_like(hn)
@@ -133,14 +148,22 @@ def _swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tenso
 
 
 def standard_forward(
-    cfg: ModelConfig, w: ModelWeights, cache: PagedLatentCache, b: DeviceBatch, dtype: torch.dtype
+    cfg: ModelConfig,
+    w: ModelWeights,
+    cache: PagedLatentCache,
+    b: DeviceBatch,
+    dtype: torch.dtype,
+    grouped: list[StandardPath] | None = None,
 ) -> torch.Tensor:
-    """Any step (prefill, mixed, decode) on the standard path: the rows' last hidden states."""
+    """Any step (prefill, mixed, decode) on the standard path: the rows' last hidden states.
+
+    `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU uses."""
     x = embed(cfg, w, b.token_ids).to(dtype)
     for layer in range(cfg.num_layers):
         lw = w.layer(layer)
         h1 = standard_attention(cfg.layer, lw, x, b, cache.layer(layer))
-        x = standard_moe(cfg.layer, lw, h1)
+        path = None if grouped is None else grouped[layer % len(grouped)]
+        x = standard_moe(cfg.layer, lw, h1, path)
     return x.index_select(0, b.last_token)
 
 

@@ -1,0 +1,257 @@
+# ruff: noqa: E501  (log lines)
+"""One device call: the local engine on the H200, checked and timed before any A/B.
+
+Run on the GPU machine (repo root):  source .gpu/setup.sh && python3 scripts/gpu/local_engine.py
+Stages (STAGES, comma-separated; default all):
+  paged   the paged Triton MLA decode against the torch math on a random block table
+  smoke   k2-tp8-shard at 4 layers over 2 weight sets, both backends: prefill + graph decode,
+          tokens compared across backends and against eager recomputation
+  timing  k2-tp8-shard at full depth (61 layers over 8 sets), each backend in turn: decode step
+          device time at batch 1 and 8 (context ~4096) against `kernels bench` x layers + the
+          LM head, and the device's idle time between consecutive decode steps
+Writes $OUT/local_engine.json and prints a short table last.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+T0 = time.time()
+OUT = Path(os.environ.get("OUT", "out"))
+OUT.mkdir(parents=True, exist_ok=True)
+RESULTS: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def save() -> None:
+    (OUT / "local_engine.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+
+
+def stage_paged() -> None:
+    from agentab.kernels.attention import PagedKV, mla_decode_torch, mla_decode_triton, split_plan
+    from agentab.kernels.config import get_preset
+
+    cfg = get_preset("k2-tp8-shard")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    rows = []
+    for b, lens in ((1, [4096]), (3, [17, 900, 5000]), (8, [1 + 611 * i for i in range(8)])):
+        bs, max_len, nblocks = 16, 8192, 4096
+        cache = torch.randn(nblocks * bs, cfg.kv_width, device="cuda", generator=g).bfloat16()
+        perm = torch.randperm(nblocks, device="cuda", generator=g)
+        table = perm[: b * (max_len // bs)].view(b, -1).int()
+        pos = torch.tensor([n - 1 for n in lens], device="cuda", dtype=torch.int32)
+        q_lat = torch.randn(b, cfg.n_heads, cfg.kv_lora, device="cuda", generator=g).bfloat16()
+        q_pe = torch.randn(b, cfg.n_heads, cfg.qk_rope, device="cuda", generator=g).bfloat16()
+        split = torch.tensor([split_plan(b, max(lens))[1]], device="cuda", dtype=torch.int32)
+        slots = torch.zeros(b, device="cuda", dtype=torch.int64)
+        paged = PagedKV(cache, table, slots, torch.stack([pos, slots.int()]), bs, max_len, split)
+        got = mla_decode_triton(cfg, q_lat, q_pe, cache, pos, paged).float()
+        idx = torch.arange(max_len, device="cuda")
+        dense = cache[table.long()[:, idx // bs] * bs + idx % bs]
+        want = mla_decode_torch(cfg, q_lat, q_pe, dense, pos).float()
+        err = float((got - want).norm() / want.norm())
+        rows.append({"batch": b, "lens": lens, "rel_err": err})
+        log(f"paged attention batch {b}: rel err {err:.2e}")
+    RESULTS["paged"] = rows
+    save()
+
+
+def drive(eng, prompts: list[np.ndarray], n: int) -> tuple[dict[str, list[int]], list]:
+    """Add the prompts, step until done (schedule -> execute -> update); outputs and steps."""
+    s = eng.scheduler
+    for i, p in enumerate(prompts):
+        s.add(f"r{i}", p, n)
+    outs: dict[str, list[int]] = {}
+    steps = []
+    while s.has_work():
+        plan = s.schedule()
+        out = eng.executor.execute(plan, s.model_inputs(plan))
+        steps.append(
+            {
+                "path": plan.path,
+                "rows": len(plan.slots),
+                "decode": bool(plan.is_decode.all()),
+                "device_s": out.device_s,
+                "idle_s": out.idle_s,
+                "host_s": out.duration_s,
+                "context": int((plan.computed_before + plan.num_sched).max()),
+            }
+        )
+        reqs, counts, _ = s.update(plan, out)
+        for req, k in zip(reqs, counts, strict=True):
+            outs.setdefault(req.id, []).extend(s.output_ids(req, k).tolist())
+    return outs, steps
+
+
+def free(eng) -> None:
+    del eng
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def stage_smoke() -> None:
+    from agentab.engine.local import build_local_engine
+
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, 32000, size=n) for n in (37, 300, 1200)]
+    res = {}
+    for backend in ("auto", "latency_specialized"):
+        t = time.time()
+        eng = build_local_engine(
+            "k2-tp8-shard",
+            backend,
+            device="cuda",
+            num_layers=4,
+            weight_sets=2,
+            kv_blocks=4096,
+            max_num_seqs=8,
+            max_model_len=8192,
+        )
+        build_s = time.time() - t
+        outs, steps = drive(eng, prompts, 24)
+        # the same continuation recomputed eagerly: prompt + first 12 outputs, 12 more tokens
+        cont = [np.concatenate([p, np.array(outs[f"r{i}"][:12])]) for i, p in enumerate(prompts)]
+        again, _ = drive(eng, cont, 12)
+        agree = np.mean(
+            [
+                a == b
+                for i in range(3)
+                for a, b in zip(again[f"r{i}"], outs[f"r{i}"][12:], strict=True)
+            ]
+        )
+        m = eng.metrics()
+        res[backend] = {
+            "build_s": build_s,
+            "outputs": outs,
+            "recompute_agreement": float(agree),
+            "graph_steps": m["agentab:graph_steps_total"],
+            "eager_steps": m["agentab:eager_steps_total"],
+            "decode_steps_specialized": m["agentab:decode_steps_specialized_total"],
+            "prefix_hits": eng.scheduler.counters["prefix_cache_hits"],
+            "steps": steps[:6],
+        }
+        log(
+            f"smoke {backend}: built {build_s:.1f}s, graph steps {m['agentab:graph_steps_total']:.0f}, "
+            f"eager {m['agentab:eager_steps_total']:.0f}, recompute agreement {agree:.3f}"
+        )
+        free(eng)
+    a, b = res["auto"]["outputs"], res["latency_specialized"]["outputs"]
+    same = np.mean([x == y for k in a for x, y in zip(a[k], b[k], strict=True)])
+    res["token_agreement_auto_vs_specialized"] = float(same)
+    log(f"smoke: tokens equal across backends at {same:.3f} of positions (bf16, random weights)")
+    RESULTS["smoke"] = res
+    save()
+
+
+def lm_head_us(eng) -> float:
+    from agentab.engine.local.cuda import greedy_cuda
+    from agentab.kernels.harness import capture, time_replays
+
+    out = {}
+    for b in (1, 8):
+        x = torch.randn(b, eng.executor.cfg.layer.hidden, device="cuda").bfloat16()
+        graph, _ = capture(lambda x=x: greedy_cuda(eng.executor.cfg, eng.executor.w, x))
+        out[b] = time_replays(graph, iters=200)["median"]
+    return out
+
+
+def stage_timing() -> None:
+    from agentab.engine.local import build_local_engine
+
+    bench = json.loads((ROOT / "benchmarks/results/kernels-h200.json").read_text())
+    per_layer = {r["batch"]: r for r in bench["rows"]}
+    rng = np.random.default_rng(4)
+    res = {}
+    for backend in ("latency_specialized", "auto"):
+        t = time.time()
+        eng = build_local_engine(
+            "k2-tp8-shard",
+            backend,
+            device="cuda",
+            kv_blocks=16384,
+            max_num_seqs=8,
+            max_model_len=8192,
+        )
+        build_s = time.time() - t
+        log(
+            f"timing {backend}: built in {build_s:.1f}s, peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+        )
+        head = lm_head_us(eng)
+        row = {
+            "build_s": build_s,
+            "lm_head_us": head,
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        }
+        for batch in (1, 8):
+            prompts = [rng.integers(1, 32000, size=4000) for _ in range(batch)]
+            _outs, steps = drive(eng, prompts, 96)
+            dec = [s for s in steps if s["decode"] and s["rows"] == batch][8:]
+            dev = statistics.median(s["device_s"] for s in dec) * 1e6
+            idle = statistics.median(s["idle_s"] for s in dec) * 1e6
+            host = statistics.median(s["host_s"] for s in dec) * 1e6
+            key = "specialized_us" if backend == "latency_specialized" else "standard_us"
+            pred = 61 * per_layer[batch][key] + head[batch]
+            row[f"batch{batch}"] = {
+                "decode_steps": len(dec),
+                "device_us": dev,
+                "idle_us": idle,
+                "host_us": host,
+                "predicted_us": pred,
+                "vs_pred": dev / pred,
+                "idle_frac": idle / dev,
+                "paths": sorted({s["path"] for s in dec}),
+            }
+            log(
+                f"timing {backend} batch {batch}: step {dev:.0f} us (bench x 61 + head {pred:.0f}, "
+                f"{dev / pred:.3f}), idle {idle:.0f} us ({idle / dev:.1%}), host {host:.0f} us"
+            )
+        res[backend] = row
+        save()
+        free(eng)
+    RESULTS["timing"] = res
+    save()
+
+
+def main() -> int:
+    stages = os.environ.get("STAGES", "paged,smoke,timing").split(",")
+    rc = 0
+    for name in stages:
+        try:
+            log(f"stage {name}")
+            globals()[f"stage_{name}"]()
+        except Exception:
+            traceback.print_exc()
+            RESULTS.setdefault("errors", []).append({name: traceback.format_exc()[-3000:]})
+            save()
+            rc = 1
+    t = RESULTS.get("timing", {})
+    print("\n| backend | batch | step us | predicted us | ratio | idle us | idle/step |")
+    print("|---|---|---|---|---|---|---|")
+    for backend, row in t.items():
+        for batch in (1, 8):
+            r = row.get(f"batch{batch}")
+            if r:
+                print(
+                    f"| {backend} | {batch} | {r['device_us']:.0f} | {r['predicted_us']:.0f} | {r['vs_pred']:.3f} | {r['idle_us']:.0f} | {r['idle_frac']:.1%} |"
+                )
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -175,6 +175,16 @@ def split_plan(batch: int, max_len: int, n_sms: int = 132, version: int | None =
     return n_splits, split_len
 
 
+def paged_splits(batch: int, max_len: int, n_sms: int = 132) -> int:
+    """The split grid that covers `split_plan(batch, n)` for every n <= max_len.
+
+    split_plan never plans more than min(blocks, two programs per SM over the batch) splits, and
+    rounding the split length up only lowers the count, so this bound holds for every length.
+    """
+    block_n = split_config()[0]
+    return max(1, min(math.ceil(max_len / block_n), math.ceil(2 * n_sms / batch)))
+
+
 def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132,
                  version: int | None = None) -> int:  # fmt: skip
     """Channels per combine program: 128 (version 8); versions 9, 10 and 18 halve it down to 32
@@ -227,8 +237,8 @@ def mla_decode_triton(
     if paged is None:
         n_splits, split_len = split_plan(b, cache.shape[1])
         table, split_ptr, page, s_bt = positions, positions, 0, 0
-    else:
-        n_splits, split_len = split_plan(b, paged.max_len)
+    else:  # enough programs for the most splits any length up to max_len plans
+        n_splits, split_len = paged_splits(b, paged.max_len), 0
         table, split_ptr, page = paged.block_table, paged.split_len, paged.block_size
         s_bt = table.stride(0)
     part_o = torch.empty(b, n_splits, nh, kvl, device=q_lat.device, dtype=torch.float32)

@@ -82,8 +82,9 @@ def _can_fuse_shared(cfg: LayerConfig) -> bool:
     return cfg.n_shared == 1 and cfg.shared_inter == cfg.moe_inter
 
 
-def _assemble(cfg: LayerConfig, t: dict[str, torch.Tensor]) -> LayerWeights:
-    """Build LayerWeights from named tensors, appending the shared expert to the routed ones."""
+def assemble(cfg: LayerConfig, t: dict[str, torch.Tensor]) -> LayerWeights:
+    """Build LayerWeights from tensors named as in `expected_shapes`, appending the shared
+    expert to the routed ones when it has their shape."""
     import torch
 
     if _can_fuse_shared(cfg):
@@ -144,7 +145,7 @@ def init_weights(cfg: LayerConfig, seed: int, device: str | torch.device = "cpu"
             t[name] = torch.stack([lin(*shape[1:]) for _ in range(shape[0])])
         else:
             t[name] = lin(*shape)
-    return _assemble(cfg, t)
+    return assemble(cfg, t)
 
 
 def save_safetensors(weights: LayerWeights, cfg: LayerConfig, path: str | Path) -> None:
@@ -184,7 +185,7 @@ def load_safetensors(
                 )
             want = torch.float32 if name == "gate_bias" else torch.bfloat16
             t[name] = tensor.to(want)
-    return _assemble(cfg, t)
+    return assemble(cfg, t)
 
 
 @dataclass

@@ -58,7 +58,7 @@ def _build_triton() -> tuple:
         sp = tl.program_id(1)
         n = tl.load(pos + b) + 1
         if DYN_SPLIT:  # set per step on the device, so one captured graph serves any context
-            split_len = tl.load(split_len_ptr)
+            split_len = tl.load(split_len_ptr).to(tl.int32)
         start = sp * split_len
         end = tl.minimum(start + split_len, n)
         offs_h = tl.arange(0, BLOCK_H)
@@ -237,18 +237,19 @@ def mla_decode_triton(
     if paged is None:
         n_splits, split_len = split_plan(b, cache.shape[1])
         table, split_ptr, page, s_bt = positions, positions, 0, 0
+        s_cb, s_cs = cache.stride(0), cache.stride(1)
     else:  # enough programs for the most splits any length up to max_len plans
         n_splits, split_len = paged_splits(b, paged.max_len), 0
         table, split_ptr, page = paged.block_table, paged.split_len, paged.block_size
         s_bt = table.stride(0)
+        s_cb, s_cs = 0, cache.stride(0)  # (slots, width): a token's row is its slot
     part_o = torch.empty(b, n_splits, nh, kvl, device=q_lat.device, dtype=torch.float32)
     part_ml = torch.empty(b, n_splits, nh, 2, device=q_lat.device, dtype=torch.float32)
     block_h = max(16, 1 << (nh - 1).bit_length())
     split_kernel[(b, n_splits)](
         q_lat, q_pe, cache, positions, part_o, part_ml, cfg.softmax_scale, split_len, table,
         split_ptr,
-        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1),
-        cache.stride(0), cache.stride(1),
+        q_lat.stride(0), q_lat.stride(1), q_pe.stride(0), q_pe.stride(1), s_cb, s_cs,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_ml.stride(0), part_ml.stride(1),
         s_bt, nh, KVL=kvl, ROPE=cfg.qk_rope, BLOCK_H=block_h, BLOCK_N=block_n, PAGE=page,
         DYN_SPLIT=paged is not None, num_warps=warps, num_stages=stages,

@@ -8,7 +8,9 @@ Stages (STAGES, comma-separated; default all):
           tokens compared across backends and against eager recomputation
   timing  k2-tp8-shard at full depth (61 layers over 8 sets), each backend in turn: decode step
           device time at batch 1 and 8 (context ~4096) against `kernels bench` x layers + the
-          LM head, and the device's idle time between consecutive decode steps
+          LM head, and the device's idle time between consecutive decode steps (steps driven
+          directly: schedule -> execute -> update)
+  serve   the same at batch 1 through the engine loop (worker thread, asyncio), as served
 Writes $OUT/local_engine.json and prints a short table last.
 """
 
@@ -228,8 +230,66 @@ def stage_timing() -> None:
     save()
 
 
+def stage_serve() -> None:
+    """The engine loop itself (worker thread, asyncio, token events): device idle per decode
+    step at batch 1 as `agentab serve` runs it, from the engine's own counters."""
+    import asyncio
+
+    from agentab.engine.local import build_local_engine
+    from agentab.engine.types import EngineRequest
+
+    res = {}
+    rng = np.random.default_rng(6)
+    for backend in ("latency_specialized", "auto"):
+        eng = build_local_engine(
+            "k2-tp8-shard",
+            backend,
+            device="cuda",
+            kv_blocks=16384,
+            max_num_seqs=8,
+            max_model_len=8192,
+        )
+
+        async def one(eng=eng) -> dict:
+            eng.start()
+            try:
+                before = None
+                async for ev in eng.generate(
+                    EngineRequest("s0", rng.integers(1, 32000, size=4000), 200)
+                ):
+                    if before is None:  # first token: prefill done; count decode from here
+                        before = dict(eng.metrics())
+                after = eng.metrics()
+            finally:
+                await eng.stop()
+            keys = (
+                "agentab:decode_steps_specialized_total",
+                "agentab:decode_steps_standard_total",
+                "agentab:decode_device_busy_seconds_total",
+                "agentab:decode_device_idle_seconds_total",
+            )
+            return {k.split(":")[1]: after[k] - before[k] for k in keys}
+
+        d = asyncio.run(one())
+        steps = d["decode_steps_specialized_total"] + d["decode_steps_standard_total"]
+        busy = d["decode_device_busy_seconds_total"] / steps * 1e6
+        idle = d["decode_device_idle_seconds_total"] / steps * 1e6
+        res[backend] = {
+            "decode_steps": steps,
+            "busy_us": busy,
+            "idle_us": idle,
+            "idle_frac": idle / busy,
+        }
+        log(
+            f"serve {backend}: {steps:.0f} decode steps, busy {busy:.0f} us, idle {idle:.0f} us ({idle / busy:.1%})"
+        )
+        free(eng)
+    RESULTS["serve"] = res
+    save()
+
+
 def main() -> int:
-    stages = os.environ.get("STAGES", "paged,smoke,timing").split(",")
+    stages = os.environ.get("STAGES", "paged,smoke,timing,serve").split(",")
     rc = 0
     for name in stages:
         try:

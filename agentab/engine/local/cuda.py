@@ -14,10 +14,8 @@ the split length is written per step on the device, so one graph serves every co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -41,16 +39,47 @@ def graph_sizes(max_batch: int, graph_max: int = 512) -> list[int]:
     return sorted({padded_tokens(n, graph_max) for n in range(1, max_batch + 1)})
 
 
-@dataclass
 class _Static:
-    """A graph's inputs (written before each replay) and output."""
+    """A graph's inputs as one int64 buffer: [tokens | positions | slots | split | table].
 
-    token_ids: torch.Tensor  # (B,) int64
-    pos_slots: torch.Tensor  # (2, B) int32: positions, new slots
-    new_slots: torch.Tensor  # (B,) int64
-    block_table: torch.Tensor  # (B, max blocks) int32
-    split_len: torch.Tensor  # (1,) int32
-    out: torch.Tensor | None = None  # (B,) int64 sampled ids
+    The host fills a pinned copy and one copy moves it to the device before each replay (the
+    fewest launches on the host's critical path); the graph itself derives the int32 forms
+    the kernels read.
+    """
+
+    def __init__(self, b: int, max_blocks: int, device: torch.device) -> None:
+        self.b, self.max_blocks = b, max_blocks
+        total = 3 * b + 1 + b * max_blocks
+        self.host = torch.zeros(total, dtype=torch.int64, pin_memory=True)
+        self.np = self.host.numpy()
+        self.dev = torch.zeros(total, dtype=torch.int64, device=device)
+        d = self.dev
+        self.token_ids = d[:b]
+        self.pos_slots64 = d[b : 3 * b].view(2, b)  # positions, then new slots
+        self.new_slots = d[2 * b : 3 * b]
+        self.split_len = d[3 * b : 3 * b + 1]
+        self.block_table = d[3 * b + 1 :].view(b, max_blocks)
+        self.out: torch.Tensor | None = None  # (B,) int64 sampled ids
+
+    def fill(self, inputs: StepInputs | None, scratch_slot: int, scratch_block: int,
+             split_len: int) -> None:  # fmt: skip
+        """Rows of the step first; padding rows decode token 0 at position 0 into the
+        scratch block's first slot."""
+        b, m, h = self.b, self.max_blocks, self.np
+        n = 0 if inputs is None else inputs.num_rows
+        table = h[3 * b + 1 :].reshape(b, m)
+        if inputs is not None:
+            h[:n] = inputs.token_ids
+            h[b : b + n] = inputs.positions
+            h[2 * b : 2 * b + n] = inputs.slot_mapping
+            width = inputs.block_tables.shape[1]
+            table[:n, :width] = inputs.block_tables
+        h[n:b] = 0
+        h[b + n : 2 * b] = 0
+        h[2 * b + n : 3 * b] = scratch_slot
+        table[n:, 0] = scratch_block
+        h[3 * b] = split_len
+        self.dev.copy_(self.host, non_blocking=True)
 
 
 class DecodeGraphs:
@@ -70,6 +99,7 @@ class DecodeGraphs:
         self.cfg, self.w, self.cache, self.path = cfg, weights, cache, path
         self.max_len = max_len
         self.scratch_block = scratch_block
+        self.scratch_slot = scratch_block * cache.block_size
         self.max_blocks = math.ceil(max_len / cache.block_size)
         self.layers_by_size: dict[int, list[Any]] = {}
         self.static: dict[int, _Static] = {}
@@ -92,34 +122,25 @@ class DecodeGraphs:
         ]
 
     def _capture(self, b: int) -> None:
-        dev = self.cache.data.device
-        st = _Static(
-            token_ids=torch.zeros(b, dtype=torch.int64, device=dev),
-            pos_slots=torch.zeros(2, b, dtype=torch.int32, device=dev),
-            new_slots=torch.zeros(b, dtype=torch.int64, device=dev),
-            block_table=torch.full(
-                (b, self.max_blocks), self.scratch_block, dtype=torch.int32, device=dev
-            ),
-            split_len=torch.zeros(1, dtype=torch.int32, device=dev),
-        )
-        self._fill_padding(st, 0, b)
-        st.split_len.fill_(split_plan(b, 1)[1])
+        st = _Static(b, self.max_blocks, self.cache.data.device)
+        st.fill(None, self.scratch_slot, self.scratch_block, split_plan(b, 1)[1])
         paths = self._paths(b)
         cfg, w, cache = self.cfg, self.w, self.cache
 
         def run() -> torch.Tensor:
             x = w.embed.index_select(0, st.token_ids % cfg.vocab_rows)
+            pos_slots = st.pos_slots64.to(torch.int32)  # the CuTe preparation's (2, B) form
             for layer in range(cfg.num_layers):
                 paged = PagedKV(
                     cache=cache.layer(layer),
                     block_table=st.block_table,
                     new_slots=st.new_slots,
-                    positions_and_slots=st.pos_slots,
+                    positions_and_slots=pos_slots,
                     block_size=cache.block_size,
                     max_len=self.max_len,
                     split_len=st.split_len,
                 )
-                state = DecodeState(cache=paged.cache, positions=st.pos_slots[0], paged=paged)
+                state = DecodeState(cache=paged.cache, positions=pos_slots[0], paged=paged)
                 x = paths[layer % len(paths)].step(x, state).out
             return greedy_cuda(cfg, w, x)
 
@@ -137,16 +158,6 @@ class DecodeGraphs:
         self.static[b] = st
         self.graphs[b] = graph
 
-    def _fill_padding(self, st: _Static, start: int, end: int) -> None:
-        """Rows [start, end) decode token 0 at position 0 into the scratch block's first slot."""
-        if end <= start:
-            return
-        st.token_ids[start:end] = 0
-        st.pos_slots[0, start:end] = 0
-        st.pos_slots[1, start:end] = self.scratch_block * self.cache.block_size
-        st.new_slots[start:end] = self.scratch_block * self.cache.block_size
-        st.block_table[start:end, 0] = self.scratch_block
-
     # -- running ----------------------------------------------------------------------------
     def size_for(self, rows: int) -> int | None:
         fits = [b for b in self.graphs if b >= rows]
@@ -154,20 +165,11 @@ class DecodeGraphs:
 
     def load(self, inputs: StepInputs, b: int) -> None:
         """Copy one pure-decode step's rows into the graph of padded size b."""
-        st = self.static[b]
-        n = inputs.num_rows
         width = inputs.block_tables.shape[1]
         if width > self.max_blocks:
             raise RuntimeError(f"a sequence needs {width} blocks; graphs hold {self.max_blocks}")
-        dev = st.token_ids.device
-        host = np.stack([inputs.positions, inputs.slot_mapping]).astype(np.int32)
-        st.token_ids[:n].copy_(torch.from_numpy(inputs.token_ids), non_blocking=True)
-        st.pos_slots[:, :n].copy_(torch.from_numpy(host), non_blocking=True)
-        st.new_slots[:n].copy_(torch.from_numpy(inputs.slot_mapping), non_blocking=True)
-        table = torch.from_numpy(inputs.block_tables.astype(np.int32))
-        st.block_table[:n, :width].copy_(table.to(dev, non_blocking=True))
-        self._fill_padding(st, n, b)
-        st.split_len.fill_(split_plan(b, int(inputs.context_lens.max()))[1])
+        split = split_plan(b, int(inputs.context_lens.max()))[1]
+        self.static[b].fill(inputs, self.scratch_slot, self.scratch_block, split)
 
     def replay(self, b: int) -> torch.Tensor:
         self.graphs[b].replay()

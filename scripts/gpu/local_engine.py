@@ -254,7 +254,7 @@ def stage_serve() -> None:
             eng.start()
             try:
                 before = None
-                async for ev in eng.generate(
+                async for _ev in eng.generate(
                     EngineRequest("s0", rng.integers(1, 32000, size=4000), 200)
                 ):
                     if before is None:  # first token: prefill done; count decode from here

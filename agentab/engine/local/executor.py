@@ -58,6 +58,7 @@ class TorchExecutor:
         self.graphs = graphs or {}
         self.grouped = grouped
         self._last_end: Any = None  # the previous step's end event (device idle time)
+        self._last_return: float | None = None  # when the previous step returned (host)
         self.counters: dict[str, float] = dict.fromkeys(
             (
                 "prefill_tokens_computed",
@@ -70,6 +71,8 @@ class TorchExecutor:
                 "device_idle_seconds",
                 "decode_device_busy_seconds",
                 "decode_device_idle_seconds",
+                "host_between_steps_seconds",
+                "host_launch_seconds",
             ),
             0.0,
         )
@@ -77,6 +80,8 @@ class TorchExecutor:
     def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput:
         assert inputs is not None
         t0 = time.perf_counter()
+        if self._last_return is not None:  # the engine's share of the host overhead
+            self.counters["host_between_steps_seconds"] += t0 - self._last_return
         cuda = self.device.type == "cuda"
         with torch.inference_mode():
             if cuda:
@@ -102,8 +107,11 @@ class TorchExecutor:
                 self.counters["eager_steps"] += 1
             if cuda:
                 end.record()
+            launched = time.perf_counter()
             sampled = ids.cpu().numpy().astype(np.int64)
-        duration = time.perf_counter() - t0
+        self._last_return = time.perf_counter()
+        duration = self._last_return - t0
+        self.counters["host_launch_seconds"] += launched - t0
         c = self.counters
         c["prefill_tokens_computed"] += plan.num_prefill_tokens
         c["decode_tokens_computed"] += plan.num_decode_tokens
@@ -151,4 +159,8 @@ class TorchExecutor:
             "agentab:device_idle_seconds_total": c["device_idle_seconds"],
             "agentab:decode_device_busy_seconds_total": c["decode_device_busy_seconds"],
             "agentab:decode_device_idle_seconds_total": c["decode_device_idle_seconds"],
+            # host time from a step's return to the next step's start (scheduling, the engine
+            # loop) and from a step's start to its launch (inputs, copies, graph launch)
+            "agentab:host_between_steps_seconds_total": c["host_between_steps_seconds"],
+            "agentab:host_launch_seconds_total": c["host_launch_seconds"],
         }

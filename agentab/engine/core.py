@@ -180,6 +180,9 @@ class Engine:
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.executor.measured:
+            await self._loop_measured(loop)
+            return
         virtual = is_virtual(loop)
         sched = self.scheduler
         while True:
@@ -198,15 +201,11 @@ class Engine:
             if plan.total_tokens == 0:
                 await asyncio.sleep(0)  # everything was preempted: the next step re-admits
                 continue
-            if self.executor.measured:
-                output = await self._run_measured(loop, plan)
-                t = loop.time()
-            else:
-                output = self.executor.execute(plan)
-                end = t0 + output.duration_s
-                delay = end - loop.time()
-                await asyncio.sleep(delay if delay > 0 else 0)
-                t = loop.time() if not virtual else max(loop.time(), end)
+            output = self.executor.execute(plan)
+            end = t0 + output.duration_s
+            delay = end - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            t = loop.time() if not virtual else max(loop.time(), end)
             if self.step_observer is not None:
                 self._observe_step(plan, t0, t, output)
             reqs, counts, finished = sched.update(plan, output)
@@ -217,15 +216,53 @@ class Engine:
             for req in finished:
                 self._finish(req)
 
-    async def _run_measured(self, loop: asyncio.AbstractEventLoop, plan: StepPlan) -> StepOutput:
-        """Run one step of a real model in the worker thread (inputs built on the loop thread,
-        where the scheduler lives)."""
+    async def _loop_measured(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop for a real model, with async scheduling (as vLLM's): while the device runs
+        step k, step k+1 is already scheduled and launched behind it, so the device does not
+        wait for the host between steps. Step k is applied (`Scheduler.advance`) before its
+        tokens are known, which is exact without speculative decoding (its token counts do not
+        depend on the values); its tokens are filled in and streamed when it is collected.
+        Launch and collect run in one worker thread, launches queued ahead of the wait."""
         from concurrent.futures import ThreadPoolExecutor
 
-        inputs = self.scheduler.model_inputs(plan) if self.executor.needs_inputs else None
+        sched, ex = self.scheduler, self.executor
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentab-step")
-        return await loop.run_in_executor(self._worker, self.executor.execute, plan, inputs)
+        worker = self._worker
+        inflight: deque[tuple[StepPlan, Any, Any, float]] = deque()
+        # a device that runs launched work by itself gets the next step queued behind the
+        # current one; a CPU computes inside launch, so running ahead would only delay tokens
+        depth = 2 if ex.launches_async else 1
+        while True:
+            if self._aborts:
+                self._apply_aborts()
+            if sched.has_work() and len(inflight) < depth:
+                t0 = loop.time()
+                plan = sched.schedule()
+                if plan.total_tokens:
+                    inputs = sched.model_inputs(plan)
+                    launched = loop.run_in_executor(worker, ex.launch, plan, inputs)
+                    inflight.append((plan, launched, sched.advance(plan), t0))
+                    continue
+                if not inflight:
+                    await asyncio.sleep(0)  # everything was preempted: the next step re-admits
+                    continue
+            if inflight:
+                plan, launched, adv, t0 = inflight.popleft()
+                output = await loop.run_in_executor(worker, ex.collect, await launched)
+                t = loop.time()
+                if self.step_observer is not None:
+                    self._observe_step(plan, t0, t, output)
+                sched.fill(adv, output.sampled)
+                for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
+                    ch: _Channel = req.sink  # type: ignore[assignment]
+                    if ch is not None and not ch.done:
+                        ch.items.append(TokenEvent(t, n, req.tokens[at : at + n]))
+                        ch.wake()
+                for req in adv.finished:
+                    self._finish(req)
+                continue
+            await self._wait(loop, None)
 
     async def _run_window(self, loop: asyncio.AbstractEventLoop, w: WindowPlan, t0: float) -> None:
         ends = t0 + np.cumsum(self.executor.window_seconds(w))

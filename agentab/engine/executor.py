@@ -4,9 +4,10 @@ An executor takes a scheduled step and returns what it produced (`outputs.StepOu
 scheduler updates its requests from that output only. Two kinds exist:
 - `measured = False` (the simulator): `execute` returns at once with the step's *price*; the
   engine sleeps for it on its clock (virtual or real).
-- `measured = True` (a real model, `agentab.engine.local`): `execute` runs the step on the
-  device and returns the measured duration and the sampled tokens; the engine runs it in a
-  worker thread so the server keeps streaming while the device works.
+- `measured = True` (a real model, `agentab.engine.local`): the step runs on the device and
+  returns the measured duration and the sampled tokens; the engine launches and collects it in
+  a worker thread so the server keeps streaming while the device works, and on a GPU launches
+  the next step before collecting this one (async scheduling, `Engine._loop_measured`).
 
 SimExecutor prices a step from a HardwareProfile.
 
@@ -38,6 +39,10 @@ class Executor(Protocol):
     needs_inputs: bool  # True: execute() needs the step's StepInputs (a real model)
 
     def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput: ...
+
+    # A measured executor also splits execute into launch (queue the work; returns a handle)
+    # and collect (wait for it; the StepOutput), and says whether launch returns before the
+    # work is done (`launches_async`), which lets the engine schedule one step ahead.
 
     def describe(self) -> dict[str, Any]: ...
 

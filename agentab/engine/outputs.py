@@ -52,6 +52,9 @@ class StepInputs:
     slot_mapping: np.ndarray  # (T,) int64
     is_decode: np.ndarray  # (rows,) bool
     block_size: int
+    # (T,) int64: -1, or the row of the previous step whose sampled token this token is (it was
+    # still being sampled when this step was scheduled; the executor takes it on the device)
+    prev_rows: np.ndarray | None = None
 
     @property
     def num_rows(self) -> int:

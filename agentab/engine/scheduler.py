@@ -73,6 +73,8 @@ class Req:
         "max_tokens",
         "num_output",
         "num_preemptions",
+        "pending_row",
+        "pending_step",
         "prompt_len",
         "raw_hash",
         "sink",
@@ -94,6 +96,8 @@ class Req:
         self.num_preemptions = 0
         self.slot = -1
         self.spec_index = 0
+        self.pending_row = -1  # row of the step in flight whose sampled token is this one's last
+        self.pending_step = -1  # that step's number (Advance.step)
         self.finish_reason: str | None = None
         self.sink: object = None  # the engine's event channel
 
@@ -152,6 +156,19 @@ class WindowPlan:
         return int(self.emitted.shape[0])
 
 
+@dataclass
+class Advance:
+    """What applying one step did: the requests that emit tokens (how many each, where in
+    their token buffers, from which row of the step) and the requests that finished."""
+
+    reqs: list[Req]
+    counts: list[int]
+    finished: list[Req]
+    starts: list[int]
+    rows: list[int]
+    step: int = 0  # its number among the steps advanced ahead of their tokens (0: not one)
+
+
 class Scheduler:
     """Requests, the running set (arrays by slot), the waiting queue and the block pool."""
 
@@ -163,6 +180,7 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.requests: dict[str, Req] = {}
         self.run = np.zeros(0, dtype=_I64)  # running slots in admission order
+        self._steps_advanced = 0
         self.slot_req: list[Req | None] = []
         self._free_slots: list[int] = []
         self._cap = 0
@@ -208,7 +226,15 @@ class Scheduler:
             setattr(self, name, new)
 
         if cap != old_cap:
-            for name in ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached"):
+            for name in (
+                "computed",
+                "ntokens",
+                "output",
+                "maxtok",
+                "nblocks",
+                "ncached",
+                "nhashed",
+            ):
                 vec(name, _I64)
             vec("spec_idx", _I64)
             vec("keys", np.uint64)
@@ -337,7 +363,12 @@ class Scheduler:
         self.nblocks[slots] += need
 
     def _register_rows(self, slots: np.ndarray, full: np.ndarray) -> None:
-        """Cache the blocks of rows that are now full of computed (or scheduled) tokens."""
+        """Cache the blocks of rows that are now full of computed (or scheduled) tokens.
+
+        With sampled output only blocks whose hash is known: a block whose last token is still
+        being sampled by the step in flight is registered by a later step."""
+        if not self.cfg.synthetic_output:
+            full = np.minimum(full, self.nhashed[slots])
         start = self.ncached[slots]
         count = np.maximum(full - start, 0)
         if not count.any():
@@ -474,6 +505,7 @@ class Scheduler:
             self.block_table[slot, : len(hits)] = hits
             self.nblocks[slot] = len(hits)
             self.ncached[slot] = len(hits)
+            self.nhashed[slot] = nh
             self.computed[slot] = hit_tokens
             self.ntokens[slot] = ntok
             self.output[slot] = req.num_output
@@ -499,11 +531,35 @@ class Scheduler:
         Without an output (tools and tests that drive the scheduler alone) the step's outcome
         is the simulator's: synthetic acceptance (`SpecConfig.accepted`), planned tokens.
         """
-        s = plan.slots
-        if len(s) == 0:
-            return [], [], []
         if output is None:
             output = synthetic_outcome(plan, self.cfg.spec, 0.0)
+        adv = self._advance(plan, output.accepted)
+        if output.sampled is not None:
+            self.fill(adv, output.sampled)
+        return adv.reqs, adv.counts, adv.finished
+
+    def advance(self, plan: StepPlan) -> Advance:
+        """Apply a step that is still running, before its tokens are known (async scheduling).
+
+        Without speculative decoding a step's outcome does not depend on the sampled values:
+        every decoding row and every row whose prompt the step completes emits one token, and
+        requests end at exactly max_tokens. So the next step can be scheduled at once; the
+        tokens this step samples are marked pending (the next step's inputs refer to them by
+        row, `StepInputs.prev_rows`) and `fill` writes them when the step returns.
+        """
+        if self.k:
+            raise AgentabError("async scheduling needs num_draft_tokens = 0")
+        adv = self._advance(plan, None)
+        self._steps_advanced += 1
+        adv.step = self._steps_advanced
+        for req, row in zip(adv.reqs, adv.rows, strict=True):
+            req.pending_row, req.pending_step = row, adv.step
+        return adv
+
+    def _advance(self, plan: StepPlan, accepted: np.ndarray | None) -> Advance:
+        s = plan.slots
+        if len(s) == 0:
+            return Advance([], [], [], [], [])
         c = self.counters
         c["steps_" + plan.path] += 1
         dec = plan.is_decode
@@ -514,16 +570,15 @@ class Scheduler:
         if dec.any():
             ds = s[dec]
             drafts = plan.drafts[dec]
-            if output.accepted is None:
+            if accepted is None:
                 acc = np.zeros(len(ds), dtype=_I64)
             else:
-                acc = np.minimum(np.asarray(output.accepted, dtype=_I64)[dec], drafts)
+                acc = np.minimum(np.asarray(accepted, dtype=_I64)[dec], drafts)
             comp[dec] -= drafts - acc
             emitted[dec] = acc + 1
             verified = drafts > 0
             if verified.any():
                 self.spec_idx[ds[verified]] += 1
-                c = self.counters
                 c["spec_decode_num_drafts"] += int(np.count_nonzero(verified))
                 c["spec_decode_num_draft_tokens"] += int(drafts.sum())
                 c["spec_decode_num_accepted_tokens"] += int(acc[verified].sum())
@@ -535,50 +590,47 @@ class Scheduler:
         self.computed[s] = comp
         out = self.output[s]
         emitted = np.minimum(emitted, self.maxtok[s] - out)
-        if output.sampled is not None:
-            self._take_sampled(s, emitted, np.asarray(output.sampled))
+        nz = np.flatnonzero(emitted)
+        starts = self.ntokens[s[nz]].tolist()  # where each emitting row's new tokens go
         self.output[s] = out + emitted
         self.ntokens[s] += emitted
-        self.counters["generation_tokens"] += int(emitted.sum())
-        nz = np.flatnonzero(emitted)
+        c["generation_tokens"] += int(emitted.sum())
         slot_req = self.slot_req
         reqs = [slot_req[x] for x in s[nz].tolist()]
         counts = emitted[nz].tolist()
         fin_mask = self.output[s] >= self.maxtok[s]
         finished = self._finish(s[fin_mask]) if fin_mask.any() else []
-        return reqs, counts, finished  # type: ignore[return-value]
+        return Advance(reqs, counts, finished, starts, nz.tolist())  # type: ignore[arg-type]
 
-    def _take_sampled(self, slots: np.ndarray, emitted: np.ndarray, sampled: np.ndarray) -> None:
-        """Write each row's sampled tokens after its known ones and hash the blocks they fill.
-
-        Only an executor-sampled output gets here (`synthetic_output=False`); the hashes are the
-        ones the synthetic path computes up front for the same tokens, so a preempted request
-        finds its own blocks again on readmission.
-        """
+    def fill(self, adv: Advance, sampled: np.ndarray) -> None:
+        """Write a step's sampled tokens (rows as in its plan) after each request's known ones,
+        hash the blocks they complete and clear their pending marks."""
         if self.cfg.synthetic_output:
             raise AgentabError(
                 "the executor sampled tokens, but this scheduler plans synthetic output"
             )
+        sampled = np.asarray(sampled)
         if sampled.ndim == 1:
             sampled = sampled[:, None]
         bs = self.bs
-        for i in np.flatnonzero(emitted).tolist():
-            slot = int(slots[i])
-            req = self.slot_req[slot]
-            assert req is not None
-            n = int(emitted[i])
-            known = int(self.ntokens[slot])
-            req.tokens[known : known + n] = sampled[i, :n]
+        for req, n, at, row in zip(adv.reqs, adv.counts, adv.starts, adv.rows, strict=True):
+            req.tokens[at : at + n] = sampled[row, :n]
+            if req.pending_step == adv.step:  # (a later step may have marked it since)
+                req.pending_row = req.pending_step = -1
             done = len(req.hashes)
-            full = (known + n) // bs
-            if full > done:
-                keys, req.raw_hash = chain_hashes(
-                    req.tokens[done * bs : full * bs], bs, done, req.raw_hash
-                )
-                req.hashes = np.concatenate([req.hashes, keys])
+            full = (at + n) // bs
+            if full <= done:
+                continue
+            keys, req.raw_hash = chain_hashes(
+                req.tokens[done * bs : full * bs], bs, done, req.raw_hash
+            )
+            req.hashes = np.concatenate([req.hashes, keys])
+            slot = req.slot
+            if slot >= 0:  # still running (not finished, preempted or aborted)
                 if full > self._cols:
                     self._grow(self._cap, max(full, 2 * self._cols))
                 self.hash_table[slot, done:full] = keys
+                self.nhashed[slot] = full
 
     def output_ids(self, req: Req, n: int) -> np.ndarray:
         """The last `n` output tokens of a request (what its latest event emitted)."""
@@ -595,10 +647,13 @@ class Scheduler:
         row_of = np.repeat(np.arange(len(s)), n)
         positions = np.arange(int(starts[-1]), dtype=_I64) - starts[row_of] + comp[row_of]
         token_ids = np.empty(len(positions), dtype=_I64)
+        prev_rows = np.full(len(positions), -1, dtype=_I64)
         for i, slot in enumerate(s.tolist()):
             req = self.slot_req[slot]
             assert req is not None
             token_ids[starts[i] : starts[i + 1]] = req.tokens[comp[i] : comp[i] + n[i]]
+            if req.pending_row >= 0:  # its latest token is being sampled by the step in flight
+                prev_rows[starts[i + 1] - 1] = req.pending_row
         ctx = comp + n
         width = max(1, int(self._blocks_for(int(ctx.max())))) if len(s) else 1
         tables = self.block_table[s, :width].copy()
@@ -612,6 +667,7 @@ class Scheduler:
             slot_mapping=slot_mapping,
             is_decode=plan.is_decode.copy(),
             block_size=self.bs,
+            prev_rows=prev_rows,
         )
 
     def _finish(self, slots: np.ndarray) -> list[Req]:

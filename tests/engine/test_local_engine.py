@@ -147,3 +147,36 @@ def test_manifest_facts_name_the_decoder_implementation():
     assert facts["gpu_count"] == 1 and facts["tp"] == 1
     a, b = engine("auto").describe(), facts
     assert {k for k in a if a[k] != b[k]} == {"decode_backend"}
+
+
+@pytest.mark.parametrize("backend", ["auto", "latency_specialized"])
+def test_async_scheduling_gives_the_tokens_of_step_by_step_scheduling(backend):
+    """With one step scheduled ahead (as on a GPU), the next step's inputs name tokens the
+    step in flight is still sampling; the executor takes them from its sampled-ids buffer. The
+    tokens must be exactly those of scheduling one step at a time."""
+    import asyncio
+
+    from agentab.engine.types import EngineRequest, TokenEvent
+
+    async def serve(eng, ahead: bool) -> dict[str, list[int]]:
+        eng.executor.launches_async = ahead
+        eng.start()
+
+        async def one(rid: str, p: np.ndarray, n: int) -> list[int]:
+            ids: list[int] = []
+            async for ev in eng.generate(EngineRequest(rid, p, n)):
+                if isinstance(ev, TokenEvent):
+                    ids.extend(ev.token_ids.tolist())
+            return ids
+
+        try:
+            jobs = [("a", prompt(50, 3), 20), ("b", prompt(17, 9), 14), ("c", prompt(90, 4), 9)]
+            outs = await asyncio.gather(*(one(*j) for j in jobs))
+        finally:
+            await eng.stop()
+        return dict(zip("abc", outs, strict=True))
+
+    ahead = asyncio.run(serve(engine(backend, kv_blocks=64), True))
+    stepwise = asyncio.run(serve(engine(backend, kv_blocks=64), False))
+    assert ahead == stepwise
+    assert [len(ahead[k]) for k in "abc"] == [20, 14, 9]

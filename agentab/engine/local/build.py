@@ -123,9 +123,8 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         synthetic_output=False,
     )
     if kind == "cpu":
-        executor = TorchExecutor(
-            cfg, weights, cache, device=device, dtype=dtype, decoder_impl="cpu-torch"
-        )
+        executor = TorchExecutor(cfg, weights, cache, device=device, dtype=dtype,
+                                 decoder_impl="cpu-torch", max_rows=max_num_seqs)  # fmt: skip
         gpu_name = "none (CPU)"
     else:
         executor = _cuda_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
@@ -177,11 +176,15 @@ def _cuda_executor(
     Under `latency_specialized` the specialized decoder's graphs cover the sizes its path
     serves (at most 64 rows); any larger pure-decode step falls back to standard graphs.
     """
+    import torch
+
     from agentab.engine.local.cuda import DecodeGraphs, graph_sizes
     from agentab.engine.local.executor import TorchExecutor
     from agentab.kernels.standard import StandardPath
 
     standard = [StandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
+    rows = sched_cfg.max_num_seqs
+    last_sampled = torch.zeros(max(rows, 512), dtype=torch.int64, device=device)
     sizes = graph_sizes(sched_cfg.max_num_seqs, sched_cfg.cuda_graph_max_tokens)
     limit = sched_cfg.specialized_max_padded if decode_backend == "latency_specialized" else 0
     by_path = {"specialized": [b for b in sizes if b <= limit]}
@@ -191,7 +194,8 @@ def _cuda_executor(
         if path_sizes:
             _say(f"capturing {path} decode graphs for batch sizes {path_sizes}")
             graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
-                                        scratch_block, standard)  # fmt: skip
+                                        scratch_block, standard, last_sampled)  # fmt: skip
     _say("ready")
     return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
-                         decoder_impl="cute-dsl", graphs=graphs, grouped=standard)  # fmt: skip
+                         decoder_impl="cute-dsl", max_rows=rows, graphs=graphs, grouped=standard,
+                         last_sampled=last_sampled)  # fmt: skip

@@ -49,7 +49,7 @@ class _Static:
 
     def __init__(self, b: int, max_blocks: int, device: torch.device) -> None:
         self.b, self.max_blocks = b, max_blocks
-        total = 3 * b + 1 + b * max_blocks
+        total = 4 * b + 1 + b * max_blocks
         self.host = torch.zeros(total, dtype=torch.int64, pin_memory=True)
         self.np = self.host.numpy()
         self.dev = torch.zeros(total, dtype=torch.int64, device=device)
@@ -58,7 +58,8 @@ class _Static:
         self.pos_slots64 = d[b : 3 * b].view(2, b)  # positions, then new slots
         self.new_slots = d[2 * b : 3 * b]
         self.split_len = d[3 * b : 3 * b + 1]
-        self.block_table = d[3 * b + 1 :].view(b, max_blocks)
+        self.prev_rows = d[3 * b + 1 : 4 * b + 1]  # -1, or the previous step's row to take
+        self.block_table = d[4 * b + 1 :].view(b, max_blocks)
         self.out: torch.Tensor | None = None  # (B,) int64 sampled ids
 
     def fill(self, inputs: StepInputs | None, scratch_slot: int, scratch_block: int,
@@ -67,16 +68,19 @@ class _Static:
         scratch block's first slot."""
         b, m, h = self.b, self.max_blocks, self.np
         n = 0 if inputs is None else inputs.num_rows
-        table = h[3 * b + 1 :].reshape(b, m)
+        table = h[4 * b + 1 :].reshape(b, m)
+        prev = h[3 * b + 1 : 4 * b + 1]
         if inputs is not None:
             h[:n] = inputs.token_ids
             h[b : b + n] = inputs.positions
             h[2 * b : 2 * b + n] = inputs.slot_mapping
+            prev[:n] = -1 if inputs.prev_rows is None else inputs.prev_rows
             width = inputs.block_tables.shape[1]
             table[:n, :width] = inputs.block_tables
         h[n:b] = 0
         h[b + n : 2 * b] = 0
         h[2 * b + n : 3 * b] = scratch_slot
+        prev[n:] = -1
         table[n:, 0] = scratch_block
         h[3 * b] = split_len
         self.dev.copy_(self.host, non_blocking=True)
@@ -95,6 +99,7 @@ class DecodeGraphs:
         max_len: int,
         scratch_block: int,
         standard_paths: list[Any],
+        last_sampled: torch.Tensor,
     ) -> None:
         self.cfg, self.w, self.cache, self.path = cfg, weights, cache, path
         self.max_len = max_len
@@ -105,6 +110,7 @@ class DecodeGraphs:
         self.static: dict[int, _Static] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._standard = standard_paths
+        self.last_sampled = last_sampled
         for b in sizes:
             self._capture(b)
 
@@ -127,8 +133,12 @@ class DecodeGraphs:
         paths = self._paths(b)
         cfg, w, cache = self.cfg, self.w, self.cache
 
+        last = self.last_sampled
+
         def run() -> torch.Tensor:
-            x = w.embed.index_select(0, st.token_ids % cfg.vocab_rows)
+            taken = last.index_select(0, st.prev_rows.clamp(min=0))
+            tokens = torch.where(st.prev_rows >= 0, taken, st.token_ids)
+            x = w.embed.index_select(0, tokens % cfg.vocab_rows)
             pos_slots = st.pos_slots64.to(torch.int32)  # the CuTe preparation's (2, B) form
             for layer in range(cfg.num_layers):
                 paged = PagedKV(
@@ -142,7 +152,9 @@ class DecodeGraphs:
                 )
                 state = DecodeState(cache=paged.cache, positions=pos_slots[0], paged=paged)
                 x = paths[layer % len(paths)].step(x, state).out
-            return greedy_cuda(cfg, w, x)
+            ids = greedy_cuda(cfg, w, x)
+            last[:b].copy_(ids)  # where the next step finds tokens it was scheduled without
+            return ids
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

@@ -5,11 +5,18 @@ rules): "specialized" steps, which are always pure decode, run the arm's special
 every other step (prefill, mixed, decode under `auto`, decode the specialized path does not
 serve) runs the standard forward. The executor counts what it computed, so a prefix-cache hit
 shows up as prefill tokens *not* computed, and it measures each step's duration.
+
+A step is `launch`ed (inputs copied, work queued on the device, the sampled ids' copy back
+queued) and later `collect`ed (wait, read the ids): the engine launches the next step before it
+collects this one (async scheduling), so the device never waits for the host between steps.
+The next step's inputs may name tokens this step is still sampling (`StepInputs.prev_rows`):
+every step leaves its sampled ids in one device buffer, from which the next step takes them.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +35,19 @@ from agentab.engine.local.model import ModelWeights
 from agentab.engine.outputs import StepInputs, StepOutput
 from agentab.engine.scheduler import StepPlan
 
+_HOST_RING = 3  # pinned buffers for sampled ids: more than the steps ever in flight (2)
+
+
+@dataclass
+class Launched:
+    """A step whose work is queued on the device."""
+
+    plan: StepPlan
+    rows: int
+    t0: float
+    ids: torch.Tensor  # where the sampled ids arrive (pinned host memory on the GPU)
+    events: tuple[Any, Any, Any] | None  # start, end, ids-copied (CUDA events)
+
 
 class TorchExecutor:
     """The local engine's executor (one device, one rank)."""
@@ -44,11 +64,15 @@ class TorchExecutor:
         device: torch.device,
         dtype: torch.dtype,
         decoder_impl: str,
+        max_rows: int,
         graphs: dict[str, Any] | None = None,
         grouped: list[Any] | None = None,
+        last_sampled: torch.Tensor | None = None,
     ) -> None:
-        """`graphs`: on the GPU, each decode path's `cuda.DecodeGraphs`; `grouped`: the weight
-        sets' `StandardPath`s, whose grouped MoE the GPU's eager steps use."""
+        """`max_rows`: the most rows a step has (the scheduler's max_num_seqs); `graphs`: on
+        the GPU, each decode path's `cuda.DecodeGraphs`, which write their sampled ids into
+        `last_sampled`; `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU's
+        eager steps use."""
         self.cfg = cfg
         self.w = weights
         self.cache = cache
@@ -57,8 +81,17 @@ class TorchExecutor:
         self.decoder_impl = decoder_impl
         self.graphs = graphs or {}
         self.grouped = grouped
+        self.cuda = device.type == "cuda"
+        self.launches_async = self.cuda  # launch() queues work and returns (see Engine)
+        if last_sampled is None:
+            last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.last_sampled = last_sampled
+        self._host = [
+            torch.zeros(max_rows, dtype=torch.int64, pin_memory=self.cuda)
+            for _ in range(_HOST_RING)
+        ]
+        self._next_host = 0
         self._last_end: Any = None  # the previous step's end event (device idle time)
-        self._last_return: float | None = None  # when the previous step returned (host)
         self.counters: dict[str, float] = dict.fromkeys(
             (
                 "prefill_tokens_computed",
@@ -71,59 +104,72 @@ class TorchExecutor:
                 "device_idle_seconds",
                 "decode_device_busy_seconds",
                 "decode_device_idle_seconds",
-                "host_between_steps_seconds",
                 "host_launch_seconds",
             ),
             0.0,
         )
 
     def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput:
+        """Run one step to completion (launch, then collect)."""
+        return self.collect(self.launch(plan, inputs))
+
+    def launch(self, plan: StepPlan, inputs: StepInputs | None = None) -> Launched:
+        """Queue the step's work and the copy of its sampled ids; returns at once on a GPU."""
         assert inputs is not None
         t0 = time.perf_counter()
-        if self._last_return is not None:  # the engine's share of the host overhead
-            self.counters["host_between_steps_seconds"] += t0 - self._last_return
-        cuda = self.device.type == "cuda"
+        n = inputs.num_rows
         with torch.inference_mode():
-            if cuda:
-                start = torch.cuda.Event(enable_timing=True)
-                end = torch.cuda.Event(enable_timing=True)
+            events = None
+            if self.cuda:
+                timed = torch.cuda.Event(enable_timing=True)
+                events = (timed, torch.cuda.Event(enable_timing=True), torch.cuda.Event())
             graphs = self.graphs.get(plan.path)
-            size = graphs.size_for(inputs.num_rows) if graphs is not None else None
-            if cuda and size is not None and bool(plan.is_decode.all()):
+            size = graphs.size_for(n) if graphs is not None else None
+            if self.cuda and size is not None and bool(plan.is_decode.all()):
                 graphs.load(inputs, size)
-                start.record()
-                ids = graphs.replay(size)[: inputs.num_rows]
+                events[0].record()
+                ids = graphs.replay(size)[:n]  # the graph also writes last_sampled
                 self.counters["graph_steps"] += 1
             else:
-                if plan.path == "specialized" and not cuda:
-                    b = DeviceBatch.of(inputs, self.device)
+                if events is not None:
+                    events[0].record()
+                b = DeviceBatch.of(inputs, self.device, self.last_sampled)
+                if plan.path == "specialized" and not self.cuda:
                     x = specialized_decode_cpu(self.cfg, self.w, self.cache, b)
                 else:
-                    if cuda:
-                        start.record()
-                    b = DeviceBatch.of(inputs, self.device)
                     x = standard_forward(self.cfg, self.w, self.cache, b, self.dtype, self.grouped)
-                ids = (greedy_cuda if cuda else greedy)(self.cfg, self.w, x)
+                ids = (greedy_cuda if self.cuda else greedy)(self.cfg, self.w, x)
+                self.last_sampled[:n].copy_(ids)
                 self.counters["eager_steps"] += 1
-            if cuda:
-                end.record()
-            launched = time.perf_counter()
-            sampled = ids.cpu().numpy().astype(np.int64)
-        self._last_return = time.perf_counter()
-        duration = self._last_return - t0
-        self.counters["host_launch_seconds"] += launched - t0
-        c = self.counters
+            host = self._host[self._next_host][:n]
+            self._next_host = (self._next_host + 1) % _HOST_RING
+            if events is not None:
+                events[1].record()
+                host.copy_(ids, non_blocking=True)
+                events[2].record()
+            else:
+                host.copy_(ids)
+        self.counters["host_launch_seconds"] += time.perf_counter() - t0
+        return Launched(plan=plan, rows=n, t0=t0, ids=host, events=events)
+
+    def collect(self, step: Launched) -> StepOutput:
+        """Wait for a launched step; its sampled ids, duration and device times."""
+        if step.events is not None:
+            step.events[2].synchronize()
+        sampled = step.ids.numpy().astype(np.int64)  # a copy: the pinned buffer is reused
+        duration = time.perf_counter() - step.t0
+        plan, c = step.plan, self.counters
         c["prefill_tokens_computed"] += plan.num_prefill_tokens
         c["decode_tokens_computed"] += plan.num_decode_tokens
         c["step_seconds_" + plan.path] += duration
         out = StepOutput(duration_s=duration, sampled=sampled)
-        if cuda:
-            self._device_times(out, start, end, decode=bool(plan.is_decode.all()))
+        if step.events is not None:
+            self._device_times(out, step.events[0], step.events[1], bool(plan.is_decode.all()))
         return out
 
-    def _device_times(self, out: StepOutput, start: Any, end: Any, *, decode: bool) -> None:
+    def _device_times(self, out: StepOutput, start: Any, end: Any, decode: bool) -> None:
         """Device busy time of the step and the device's idle gap since the previous step
-        (host overhead: scheduling, input copies, the sampled ids' return)."""
+        (host overhead the launch-ahead did not hide: input copies, a late launch)."""
         c = self.counters
         out.device_s = start.elapsed_time(end) / 1e3
         c["device_busy_seconds"] += out.device_s
@@ -159,8 +205,5 @@ class TorchExecutor:
             "agentab:device_idle_seconds_total": c["device_idle_seconds"],
             "agentab:decode_device_busy_seconds_total": c["decode_device_busy_seconds"],
             "agentab:decode_device_idle_seconds_total": c["decode_device_idle_seconds"],
-            # host time from a step's return to the next step's start (scheduling, the engine
-            # loop) and from a step's start to its launch (inputs, copies, graph launch)
-            "agentab:host_between_steps_seconds_total": c["host_between_steps_seconds"],
             "agentab:host_launch_seconds_total": c["host_launch_seconds"],
         }

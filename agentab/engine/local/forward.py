@@ -48,12 +48,25 @@ class DeviceBatch:
     block_size: int
 
     @staticmethod
-    def of(inputs: StepInputs, device: torch.device) -> DeviceBatch:
+    def of(
+        inputs: StepInputs, device: torch.device, last_sampled: torch.Tensor | None = None
+    ) -> DeviceBatch:
+        """The step on `device`; tokens the previous step was still sampling when this one was
+        scheduled (`inputs.prev_rows`) are taken from `last_sampled`, where it left them."""
+
         def dev(a) -> torch.Tensor:
             return torch.from_numpy(a).to(device, non_blocking=True)
 
+        token_ids = dev(inputs.token_ids)
+        prev = inputs.prev_rows
+        if prev is not None and (prev >= 0).any():
+            if last_sampled is None:
+                raise ValueError("the step names pending tokens but no sampled-ids buffer")
+            rows = dev(prev)
+            taken = last_sampled.index_select(0, rows.clamp(min=0))
+            token_ids = torch.where(rows >= 0, taken, token_ids)
         return DeviceBatch(
-            token_ids=dev(inputs.token_ids),
+            token_ids=token_ids,
             positions=dev(inputs.positions),
             slot_mapping=dev(inputs.slot_mapping),
             block_tables=dev(inputs.block_tables),

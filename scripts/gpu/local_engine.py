@@ -73,16 +73,33 @@ def stage_paged() -> None:
     save()
 
 
-def drive(eng, prompts: list[np.ndarray], n: int) -> tuple[dict[str, list[int]], list]:
-    """Add the prompts, step until done (schedule -> execute -> update); outputs and steps."""
+def drive(
+    eng, prompts: list[np.ndarray], n: int, check: list | None = None
+) -> tuple[dict[str, list[int]], list]:
+    """Add the prompts, step until done (schedule -> execute -> update); outputs and steps.
+
+    With `check` (a list), every pure-decode step is also recomputed by the eager standard
+    forward on the same inputs, and (graph ids == eager ids) per row is appended: one-step
+    agreement, free of the drift that compounds over autoregressive steps."""
+    from agentab.engine.local.cuda import greedy_cuda
+    from agentab.engine.local.forward import DeviceBatch, standard_forward
+
     s = eng.scheduler
+    ex = eng.executor
     for i, p in enumerate(prompts):
         s.add(f"r{i}", p, n)
     outs: dict[str, list[int]] = {}
     steps = []
     while s.has_work():
         plan = s.schedule()
-        out = eng.executor.execute(plan, s.model_inputs(plan))
+        inputs = s.model_inputs(plan)
+        out = ex.execute(plan, inputs)
+        if check is not None and plan.is_decode.all():
+            with torch.inference_mode():
+                b = DeviceBatch.of(inputs, ex.device, ex.last_sampled)
+                x = standard_forward(ex.cfg, ex.w, ex.cache, b, ex.dtype, ex.grouped)
+                eager = greedy_cuda(ex.cfg, ex.w, x).cpu().numpy()
+            check.extend((eager == out.sampled).tolist())
         steps.append(
             {
                 "path": plan.path,
@@ -126,7 +143,8 @@ def stage_smoke() -> None:
             max_model_len=8192,
         )
         build_s = time.time() - t
-        outs, steps = drive(eng, prompts, 24)
+        agree_steps: list = []
+        outs, steps = drive(eng, prompts, 24, agree_steps)
         # the same continuation recomputed eagerly: prompt + first 12 outputs, 12 more tokens
         cont = [np.concatenate([p, np.array(outs[f"r{i}"][:12])]) for i, p in enumerate(prompts)]
         again, _ = drive(eng, cont, 12)
@@ -141,6 +159,8 @@ def stage_smoke() -> None:
         res[backend] = {
             "build_s": build_s,
             "outputs": outs,
+            "one_step_agreement_with_eager": float(np.mean(agree_steps)),
+            "one_step_rows": len(agree_steps),
             "recompute_agreement": float(agree),
             "graph_steps": m["agentab:graph_steps_total"],
             "eager_steps": m["agentab:eager_steps_total"],
@@ -150,7 +170,7 @@ def stage_smoke() -> None:
         }
         log(
             f"smoke {backend}: built {build_s:.1f}s, graph steps {m['agentab:graph_steps_total']:.0f}, "
-            f"eager {m['agentab:eager_steps_total']:.0f}, recompute agreement {agree:.3f}"
+            f"eager {m['agentab:eager_steps_total']:.0f}, recompute agreement {agree:.3f}, one-step graph vs eager {np.mean(agree_steps):.3f} of {len(agree_steps)} rows"
         )
         free(eng)
     a, b = res["auto"]["outputs"], res["latency_specialized"]["outputs"]

@@ -287,7 +287,6 @@ def stage_serve() -> None:
                 "agentab:decode_steps_standard_total",
                 "agentab:decode_device_busy_seconds_total",
                 "agentab:decode_device_idle_seconds_total",
-                "agentab:host_between_steps_seconds_total",
                 "agentab:host_launch_seconds_total",
             )
             return {k.split(":")[1]: after[k] - before[k] for k in keys}
@@ -296,18 +295,16 @@ def stage_serve() -> None:
         steps = d["decode_steps_specialized_total"] + d["decode_steps_standard_total"]
         busy = d["decode_device_busy_seconds_total"] / steps * 1e6
         idle = d["decode_device_idle_seconds_total"] / steps * 1e6
-        between = d["host_between_steps_seconds_total"] / steps * 1e6
         launch = d["host_launch_seconds_total"] / steps * 1e6
         res[backend] = {
             "decode_steps": steps,
             "busy_us": busy,
             "idle_us": idle,
             "idle_frac": idle / busy,
-            "host_between_us": between,
             "host_launch_us": launch,
         }
         log(
-            f"serve {backend}: {steps:.0f} decode steps, busy {busy:.0f} us, idle {idle:.0f} us ({idle / busy:.1%}); host between steps {between:.0f} us, to launch {launch:.0f} us"
+            f"serve {backend}: {steps:.0f} decode steps, busy {busy:.0f} us, idle {idle:.0f} us ({idle / busy:.1%}); host time to launch {launch:.0f} us"
         )
         free(eng)
     RESULTS["serve"] = res

@@ -37,6 +37,7 @@ from agentab.analysis.guard import (
 from agentab.analysis.intervals import repeat_ratio_interval
 from agentab.analysis.load import Run
 from agentab.analysis.sample import METRICS, ArmSample, Metric, build_sample, session_index
+from agentab.analysis.status import require_completed
 from agentab.analysis.summary import RunSummary, summarize_run
 
 DEFAULT_RESAMPLES = 10_000
@@ -97,12 +98,14 @@ class Comparison:
     seed: int
     confidence: float
     sessions: int
+    incomplete: list[str] = field(default_factory=list)  # unfinished runs (--allow-incomplete)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "arms": {"a": self.arm_a, "b": self.arm_b},
             "confounded_by": self.confounded_by,
+            "incomplete_runs": self.incomplete,
             "guard": [d.to_json() for d in self.differences],
             "not_compared_but_different": [d.to_json() for d in self.notes],
             "metrics": {name: r.to_json() for name, r in self.metrics.items()},
@@ -273,14 +276,19 @@ def compare_runs(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     confidence: float = DEFAULT_CONFIDENCE,
+    allow_incomplete: bool = False,
 ) -> Comparison:
-    """Guard on the manifests first (cheap), then summarize every run and compare."""
+    """Refuse unfinished runs and confounded ones on the manifests first (cheap), then
+    summarize every run and compare."""
     allow = tuple(allow_diff)
+    incomplete = require_completed(
+        [(r.path, r.manifest) for r in (*runs_a, *runs_b)], allow_incomplete
+    )
     check(
         manifest_differences([r.manifest for r in runs_a], [r.manifest for r in runs_b], allow),
         allow,
     )
-    return compare_summaries(
+    comparison = compare_summaries(
         [summarize_run(r) for r in runs_a],
         [summarize_run(r) for r in runs_b],
         allow_diff=allow,
@@ -288,3 +296,5 @@ def compare_runs(
         seed=seed,
         confidence=confidence,
     )
+    comparison.incomplete = incomplete
+    return comparison

@@ -50,6 +50,7 @@ EXCLUDED_FIELDS: frozenset[str] = frozenset(
         "hostname",
         "status",  # outcome of the run, not its configuration
         "stats",  # the run's counters (requests finished, errors, ...)
+        "writer",  # the process that wrote the run dir (pid, host)
         "clock_t0",  # the loop time at which the run started
         "workload.source",  # where the workload was read from; its content hash is compared
     }

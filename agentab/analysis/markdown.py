@@ -14,6 +14,7 @@ from typing import Any
 
 from agentab.analysis.compare import Comparison, MetricResult
 from agentab.analysis.guard import Difference
+from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, STAT_KEYS, RunSummary
 
 # The rows of the printed comparison table (compare --json and report.html have them all).
@@ -213,6 +214,8 @@ def comparison_markdown(
 ) -> str:
     """The full A/B report (first line: CONFOUNDED when it is, else the title)."""
     lines: list[str] = []
+    if comparison.incomplete:
+        lines += [incomplete_line(comparison.incomplete), ""]
     if comparison.confounded_by:
         lines += [confounded_line(comparison.differences), ""]
     lines += [
@@ -234,10 +237,13 @@ def comparison_markdown(
 
 
 def run_markdown(summary: RunSummary) -> str:
-    """One run's summary: the distributions table, then the scalar figures."""
+    """One run's summary (first line: INCOMPLETE when it is), the distributions table, then the
+    scalar figures."""
     v = summary.values
     m = summary.run.manifest
-    lines = [
+    unfinished = describe_status(m)
+    lines = [incomplete_line([f"{summary.run.path} ({unfinished})"]), ""] if unfinished else []
+    lines += [
         f"# Run {summary.run.path} ({summary.run.arm})",
         "",
         f"- {m.get('gpu_count', '?')} x {m.get('gpu_name', '?')} GPUs, TP {m.get('tp', '?')}, "

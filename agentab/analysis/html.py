@@ -257,9 +257,7 @@ def comparison_html(
         + "".join(f"<li>{_md_inline(x[2:])}</li>" for x in setup_lines(comparison, header))
         + "</ul>"
     )
-    headline = headline_line(
-        comparison.metrics["p90_interactivity_tok_s"], comparison.arm_a, comparison.arm_b
-    )
+    headline = headline_line(comparison)
     body.append(f'<p class="headline">{_md_inline(headline)}</p>')
     rows = metric_rows(comparison, [m.name for m in METRICS])
     body.append(_html_table(TABLE_HEADER, rows))

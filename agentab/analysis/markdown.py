@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentab.analysis.compare import Comparison, MetricResult
+from agentab.analysis.compare import WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
 from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, STAT_KEYS, RunSummary
@@ -126,8 +126,8 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
     if comparison.repeat_pairing == "none":
         lines.append(
             "- **One run per arm**: the CIs cover session sampling only, not run-to-run "
-            "variation, which A/A runs of the simulator at concurrency 8 showed to be larger; "
-            "use `repeats >= 3` before trusting a verdict."
+            "variation, which A/A runs of the simulator at concurrency 8 showed to be larger, "
+            "so no metric gets a verdict; use `repeats >= 3`."
         )
     else:
         how = "paired by repeat" if comparison.repeat_pairing == "paired" else "Welch, unpaired"
@@ -141,13 +141,22 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
     return lines
 
 
-def headline_line(result: MetricResult, arm_a: str, arm_b: str) -> str:
+def verdict_text(comparison: Comparison, result: MetricResult) -> str:
+    """The verdict, why it is withheld when it is, and the sample it rests on."""
+    said = f"**{result.verdict}**"
+    if comparison.withheld and result.verdict == WITHHELD:
+        said += ": " + "; ".join(comparison.withheld)
+    return f"{said} (A: {comparison.size_a.describe()}; B: {comparison.size_b.describe()})"
+
+
+def headline_line(comparison: Comparison) -> str:
+    result = comparison.metrics["p90_interactivity_tok_s"]
     unit = result.metric.unit
     return (
-        f"**P90 interactivity = 1/P90(ITL)** (InferenceX definition): {arm_a} "
-        f"{fmt(result.a, unit)} -> {arm_b} {fmt(result.b, unit)} {unit}, "
+        f"**P90 interactivity = 1/P90(ITL)** (InferenceX definition): {comparison.arm_a} "
+        f"{fmt(result.a, unit)} -> {comparison.arm_b} {fmt(result.b, unit)} {unit}, "
         f"B/A = {_ratio(result.ratio)} (95% CI {_ratio(result.ci_low)} – "
-        f"{_ratio(result.ci_high)}): **{result.verdict}**."
+        f"{_ratio(result.ci_high)}): {verdict_text(comparison, result)}."
     )
 
 
@@ -166,6 +175,7 @@ def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) ->
                 _ratio(r.ratio),
                 "–" if r.ci_low is None else f"{_ratio(r.ci_low)} – {_ratio(r.ci_high)}",
                 r.verdict,
+                f"{r.n_a:,} / {r.n_b:,}",
                 _spread(r.runs_a, unit),
                 _spread(r.runs_b, unit),
                 _ratio_spread(r.pair_ratios),
@@ -182,6 +192,7 @@ TABLE_HEADER = [
     "B/A",
     "95% CI",
     "verdict",
+    "n (A / B)",
     "A per run",
     "B per run",
     "B/A per repeat",
@@ -223,9 +234,7 @@ def comparison_markdown(
         "",
         *setup_lines(comparison, header),
         "",
-        headline_line(
-            comparison.metrics["p90_interactivity_tok_s"], comparison.arm_a, comparison.arm_b
-        ),
+        headline_line(comparison),
         "",
         *_table(TABLE_HEADER, metric_rows(comparison)),
     ]

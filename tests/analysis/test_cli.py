@@ -50,14 +50,30 @@ def test_report_prints_the_table_and_writes_summary_json(runs: dict[str, Path]) 
 
 
 def test_compare_json_has_metrics_and_guard(runs: dict[str, Path]) -> None:
+    # One run per arm: the effect is measured, the verdict withheld.
     result = agentab("compare", runs["a"], runs["b"], "--json", "--resamples", "500")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     headline = data["metrics"]["p90_interactivity_tok_s"]
-    assert set(headline) >= {"a", "b", "ratio", "ci_low", "ci_high", "verdict"}
+    assert set(headline) >= {"a", "b", "ratio", "ci_low", "ci_high", "verdict", "n_a", "n_b"}
     assert headline["ratio"] == pytest.approx(1 / 0.8)
-    assert headline["verdict"] == "better"
+    assert headline["verdict"] == "no verdict"
     assert data["guard"] == []
+
+
+def test_compare_of_two_repeats_per_arm_gives_a_verdict(tmp_path: Path) -> None:
+    for k in range(2):
+        write_run(tmp_path / "a" / f"run-{k}", synthetic_records(1 + k), manifest(repeat=k))
+        write_run(
+            tmp_path / "b" / f"run-{k}",
+            synthetic_records(1 + k, itl_scale=0.8),
+            manifest(decode_backend="latency_specialized", arm="ls", repeat=k),
+        )
+    result = agentab("compare", tmp_path / "a", tmp_path / "b", "--json", "--resamples", "500")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["repeat_interval"] == "paired"
+    assert data["metrics"]["p90_interactivity_tok_s"]["verdict"] == "better"
 
 
 def test_compare_refuses_different_gpu_counts_in_one_line(runs: dict[str, Path]) -> None:

@@ -1,0 +1,190 @@
+"""How often the A/B verdict is wrong (A/A false positives) and how often it finds a known
+effect (power), on real simulator runs; printed, never asserted.
+
+A/A: both sides are the same arm (`auto`, gb300-tp16-kimi-k3, spec decode as in the example
+experiment); each repeat of side B uses other replay and engine seeds than side A's, so the two
+sides differ by every source of noise the simulator has (lane start points, co-scheduled
+sessions, spec-decode acceptance draws). Runs are labelled with their repeat, so the comparison
+pairs them by repeat as `agentab ab` does. A pair is a false positive when the headline verdict
+(P90 interactivity) is "better" or "worse"; the rate over the printed table's metrics is shown
+beside it. Goal: <= 5% at concurrency 1 and 8.
+
+Power: the same B runs with every inter-chunk gap shortened by the effect (ITL / 1.05, so P90
+interactivity is exactly 5% higher, TTFT unchanged), against the same A runs.
+
+Single runs: the first repeat of each pair alone. The verdict must be "no verdict"; the share of
+pairs whose session-bootstrap CI excludes 1 shows why.
+
+    python benchmarks/bench_verdicts.py [--pairs 20] [--repeats 3] [--concurrency 1 8] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import polars as pl
+
+ENGINE = {
+    "profile": "gb300-tp16-kimi-k3",
+    "decode_backend": "auto",
+    "num_draft_tokens": 7,
+    "acceptance_probs": [0.9, 0.82, 0.74, 0.66, 0.58, 0.5, 0.42],
+}
+
+
+def simulate(job: tuple[Path, Path, int, int, float, int]) -> Path:
+    """One run of the A/A arm into `out`; repeat `repeat`, seeds `seed`."""
+    from agentab.replay import simulate_to_dir
+    from agentab.replay.options import ReplayOptions
+    from agentab.workloads import load
+
+    workload_path, out, seed, concurrency, duration_s, repeat = job
+    replay = ReplayOptions(
+        concurrency=concurrency, duration_s=duration_s, warmup_requests=2, seed=seed
+    )
+    return simulate_to_dir(
+        load(workload_path),
+        engine_options={**ENGINE, "seed": seed},
+        replay=replay,
+        out_dir=out,
+        manifest_extra={"arm": "auto", "repeat": repeat},
+        progress=False,
+    )
+
+
+def with_effect(run: Path, out: Path, effect: float) -> Path:
+    """A copy of `run` whose chunks after the first arrive `1 + effect` times sooner."""
+    from agentab.replay.records import RECORD_SCHEMA, RECORDS_DIR, PartWriter, scan_records
+
+    records = scan_records(run).collect()
+    first = pl.col("chunk_times_s").list.first()
+    faster = records.with_columns(
+        chunk_times_s=pl.col("chunk_times_s").list.eval(
+            pl.element().first() + (pl.element() - pl.element().first()) / (1.0 + effect)
+        )
+    )
+    assert faster.select(first).equals(records.select(first))
+    out.mkdir(parents=True)
+    shutil.copyfile(run / "manifest.json", out / "manifest.json")
+    with PartWriter(out / RECORDS_DIR, RECORD_SCHEMA) as writer:
+        writer.add_many(faster.to_dicts())
+    return out
+
+
+def judge(job: tuple[list[Path], list[Path], int]) -> dict[str, object]:
+    """Compare B against A; the headline's verdict and CIs, and every table metric's verdict."""
+    from agentab.analysis.compare import compare_runs
+    from agentab.analysis.load import load_run
+    from agentab.analysis.markdown import TABLE_METRICS
+
+    a, b, resamples = job
+    result = compare_runs([load_run(p) for p in a], [load_run(p) for p in b], resamples=resamples)
+    head = result.metrics["p90_interactivity_tok_s"]
+    return {
+        "verdict": head.verdict,
+        "ratio": head.ratio,
+        "ci": (head.ci_low, head.ci_high),
+        "ci_sessions": head.ci_sessions,
+        "table": [result.metrics[name].verdict for name in TABLE_METRICS],
+        "sessions": (result.size_a.sessions, result.size_b.sessions),
+    }
+
+
+def rate(results: list[dict[str, object]], verdicts: set[str]) -> str:
+    hits = sum(r["verdict"] in verdicts for r in results)
+    return f"{hits}/{len(results)} = {hits / len(results):.1%}"
+
+
+def table_rate(results: list[dict[str, object]]) -> str:
+    verdicts = [v for r in results for v in r["table"]]  # type: ignore[attr-defined]
+    judged = [v for v in verdicts if v != "n/a"]
+    hits = sum(v in ("better", "worse") for v in judged)
+    return f"{hits}/{len(judged)} = {hits / len(judged):.1%}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pairs", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sessions", type=int, default=60)
+    ap.add_argument("--duration", type=float, default=900.0)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--effect", type=float, default=0.05)
+    ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+
+    from agentab.workloads import save
+    from agentab.workloads.generator import generate, load_config
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.workers) as pool:
+        root = Path(tmp)
+        workload = root / "workload.jsonl"
+        save(generate(load_config("agentx-coding"), args.sessions, 42), workload)
+        print(
+            f"{args.pairs} pairs x {args.repeats} repeats per side, {args.sessions} generated "
+            f"sessions, {args.duration:g} s windows, {args.resamples} bootstrap resamples, "
+            f"effect {args.effect:.0%}"
+        )
+        for c in args.concurrency:
+            jobs, names = [], []
+            for i in range(args.pairs):
+                for side, offset in (("a", 0), ("b", 50)):
+                    for k in range(args.repeats):
+                        seed = 100_000 * c + 100 * i + offset + k
+                        out = root / f"c{c}" / f"pair-{i}" / side / f"run-{k}"
+                        jobs.append((workload, out, seed, c, args.duration, k))
+                        names.append((i, side))
+            paths = list(pool.map(simulate, jobs))
+            sides: dict[tuple[int, str], list[Path]] = {}
+            for key, path in zip(names, paths, strict=True):
+                sides.setdefault(key, []).append(path)
+            for i in range(args.pairs):
+                sides[i, "b+"] = [
+                    with_effect(p, p.parent.parent / "b+" / p.name, args.effect)
+                    for p in sides[i, "b"]
+                ]
+            pairs = range(args.pairs)
+            aa = list(
+                pool.map(judge, [(sides[i, "a"], sides[i, "b"], args.resamples) for i in pairs])
+            )
+            ab = list(
+                pool.map(judge, [(sides[i, "a"], sides[i, "b+"], args.resamples) for i in pairs])
+            )
+            one = list(
+                pool.map(
+                    judge, [(sides[i, "a"][:1], sides[i, "b"][:1], args.resamples) for i in pairs]
+                )
+            )
+            excl = sum(
+                r["ci_sessions"] is not None
+                and not (r["ci_sessions"][0] <= 1.0 <= r["ci_sessions"][1])
+                for r in one
+            )
+            sessions = [s for r in aa for s in r["sessions"]]  # type: ignore[attr-defined]
+            print(f"concurrency {c} ({min(sessions)}-{max(sessions)} sessions per side):")
+            print(f"  A/A false-positive rate (headline verdict): {rate(aa, {'better', 'worse'})}")
+            print(f"  A/A false-positive rate (all table metrics): {table_rate(aa)}")
+            print(f"  A/A verdicts: {dict(Counter(r['verdict'] for r in aa))}")
+            print(f"  power at +{args.effect:.0%} (headline 'better'): {rate(ab, {'better'})}")
+            ratios = sorted(r["ratio"] for r in ab)  # type: ignore[type-var]
+            print(
+                f"  A/B ratio median {ratios[len(ratios) // 2]:.3f}; A/B verdicts: "
+                f"{dict(Counter(r['verdict'] for r in ab))}"
+            )
+            print(
+                f"  single runs: verdicts {dict(Counter(r['verdict'] for r in one))}; the session "
+                f"bootstrap CI alone excluded 1 in {excl}/{len(one)}"
+            )
+    print(f"done in {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -82,6 +82,22 @@ def test_ab_runs_the_arms_interleaved_and_prints_the_report(experiment) -> None:
     assert (out / "experiment.toml").read_text() == EXPERIMENT
 
 
+def test_a_report_on_simulated_runs_says_so_from_the_manifests(experiment) -> None:
+    # The experiment file has no notes: the caveat comes from what the runs recorded.
+    out, result = experiment
+    caveat = (
+        "- **Simulated, not measured**: engine agentab-sim, hardware profile gb300-tp16-kimi-k3 "
+        "(status published-derived: derived from published figures, not measured); "
+        "spec-decode acceptance is configured (7 draft tokens, per-position acceptance 0.90, "
+        "0.82, 0.74, 0.66, 0.58, 0.50, 0.42), not measured. Measure your own traffic on your "
+        "own engine before deciding."
+    )
+    assert caveat in result.stdout.splitlines()
+    report = agentab("report", out / "auto" / "run-1")
+    assert report.returncode == 0, report.stderr
+    assert caveat in report.stdout.splitlines()
+
+
 def test_ab_comparison_json_and_html(experiment) -> None:
     out, _ = experiment
     comparison = json.loads((out / "comparison.json").read_text())

@@ -184,6 +184,8 @@ class HttpTarget:
                     deadline = _ReadDeadline(loop, resp.content, self.timeout_s)
                 try:
                     await self._read_stream(resp, out, loop, deadline)
+                    if out.error_class is None:
+                        _check_complete(out, spec.max_tokens)
                 finally:
                     if deadline is not None:
                         deadline.cancel()
@@ -216,20 +218,35 @@ class HttpTarget:
         reasoning = 0
         buf = b""
         done = False
+        keepalives = 0
         content = resp.content
         while not done:
-            data = await content.readany()
+            try:
+                data = await content.readany()
+            except aiohttp.ServerTimeoutError:
+                if keepalives and not times:
+                    out.fail(
+                        "keepalive_timeout",
+                        f"only {keepalives} keep-alive line(s), no data, for {self.timeout_s:g} s",
+                    )
+                    out.end = loop.time()
+                    return
+                raise
             if not data:
                 break
             now = loop.time()
-            if deadline is not None:
-                deadline.last = now
+            stamp = now
             now -= sent
             lines = (buf + data if buf else data).split(b"\n")
             buf = lines.pop()  # an incomplete last line waits for the next read
             for line in lines:
                 if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, other SSE fields
+                    # Blank separators, other SSE fields, and comments: a server's keep-alive
+                    # (": ping") does not count as progress against the silence limit.
+                    keepalives += line.startswith(b":")
+                    continue
+                if deadline is not None:
+                    deadline.last = stamp
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
                     done = True
@@ -332,6 +349,26 @@ class _ReadDeadline:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+def _check_complete(out: Outcome, max_tokens: int) -> None:
+    """A 200 stream that ended properly but did not deliver what was asked is a failure.
+
+    Every request asks for `max_tokens` with `ignore_eos` and usage in the last chunk, so a
+    stream with no content, with fewer tokens than asked, or without usage did not measure the
+    request that was planned: its TTFT and ITL would enter the metrics as if it had.
+    """
+    if not out.chunk_times:
+        out.fail("empty_response", "HTTP 200 and [DONE] without a content chunk")
+        return
+    if out.completion_tokens is None:
+        out.fail("no_usage", "the stream ended without the usage chunk include_usage asks for")
+        return
+    if out.completion_tokens < max_tokens:
+        out.fail(
+            "short_output",
+            f"{out.completion_tokens} of {max_tokens} tokens with ignore_eos",
+        )
 
 
 def _take_usage(out: Outcome, usage: dict[str, Any]) -> None:

@@ -248,6 +248,17 @@ def comparison_markdown(
     return "\n".join(lines) + "\n"
 
 
+def status_text(manifest: dict[str, Any]) -> str:
+    """The run's status and why it stopped, as its manifest recorded them."""
+    stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
+    text = str(manifest.get("status", "unknown"))
+    if stats.get("stop_reason"):
+        text += f", stopped by {stats['stop_reason']}"
+    if stats.get("message"):
+        text += f": {' '.join(str(stats['message']).split())}"
+    return text
+
+
 def run_markdown(summary: RunSummary) -> str:
     """One run's summary (first line: INCOMPLETE when it is), the distributions table, then the
     scalar figures."""
@@ -264,6 +275,13 @@ def run_markdown(summary: RunSummary) -> str:
         f"- Requests (profiling): {v['requests']} ({v['requests_ok']} ok, {v['requests_error']} "
         f"errors = {fmt(v['error_rate'])}); warmup {v['requests_warmup']}; sessions "
         f"{v['sessions']}; errors by class: {v['errors_by_class'] or 'none'}.",
+        f"- Status: {status_text(m)}.",
+        *(
+            [f"- Warmup errors by class: {v['warmup_errors_by_class']}."]
+            if v.get("warmup_errors_by_class")
+            else []
+        ),
+        *(f"- First `{cls}` error: {msg}" for cls, msg in (v.get("error_examples") or {}).items()),
         "",
         f"**P90 interactivity = 1/P90(ITL)** (InferenceX, headline): "
         f"{fmt(v['p90_interactivity_tok_s'], 'tok/s/user')} tok/s/user.",

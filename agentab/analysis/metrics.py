@@ -49,6 +49,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "phase",
     "ok",
     "error_class",
+    "error_message",
     "sent_s",
     "end_s",
     "first_s",

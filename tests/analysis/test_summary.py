@@ -188,6 +188,7 @@ def test_percentiles_match_numpy_on_random_data() -> None:
             "phase": "profiling",
             "ok": True,
             "error_class": None,
+            "error_message": None,
             "sent_s": np.arange(n, dtype=float),
             "end_s": np.arange(n, dtype=float) + ttft + 10 * itl,
             "first_s": np.arange(n, dtype=float) + ttft,

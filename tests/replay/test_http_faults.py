@@ -190,3 +190,67 @@ def test_api_key_from_env_is_sent_and_never_stored(
             progress=False,
             api_key_env="AGENTAB_TEST_KEY",
         )
+
+
+def test_a_run_stopped_by_its_error_rate_says_why(tmp_path: Path) -> None:
+    # A wrong model name: every request gets vLLM's 404. The one-line error names the class,
+    # the status and the start of the body; the run's report shows status and errors, warmup
+    # errors included.
+    import subprocess
+    import sys
+
+    from agentab.workloads import save
+
+    save(_workload(sessions=2, turns=30), tmp_path / "wl.jsonl")
+    with FaultServer(lambda rid: "404") as srv:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentab",
+                "replay",
+                str(tmp_path / "wl.jsonl"),
+                "--url",
+                srv.url,
+                "--model",
+                "no-such-model",
+                "--out",
+                str(tmp_path / "r"),
+                "--concurrency",
+                "2",
+                "--warmup-requests",
+                "1",
+                "--duration",
+                "0",
+                "--passes",
+                "1",
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    body = (
+        '{"object": "error", "message": "The model `no-such-model` does not exist.", '
+        '"type": "NotFoundError", "code": 404}'
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "agentab: error: run ended early: error rate 100.0% (20 of 20 requests) exceeds "
+        f"max_error_rate 10.0%; top errors: http x20: HTTP 404: {body}"
+    ), result.stderr
+    assert result.stderr.count("\n") == 1
+    report = subprocess.run(
+        [sys.executable, "-m", "agentab", "report", str(tmp_path / "r"), "--allow-incomplete"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[0].startswith(f"**INCOMPLETE RUN(S)**: {tmp_path / 'r'} (error_rate: ")
+    assert "- Status: error_rate, stopped by error_rate: error rate 100.0% (20 of 20" in (
+        report.stdout
+    )
+    assert "- Warmup errors by class: {'http': 4}." in lines
+    assert f"- First `http` error: HTTP 404: {body}" in lines

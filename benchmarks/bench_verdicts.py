@@ -21,6 +21,7 @@ pairs whose session-bootstrap CI excludes 1 shows why.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import shutil
 import tempfile
 import time
@@ -119,12 +120,16 @@ def main() -> None:
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
+    # Workers are spawned, not forked: polars' thread pool does not survive a fork.
 
     from agentab.workloads import save
     from agentab.workloads.generator import generate, load_config
 
     started = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp, ProcessPoolExecutor(args.workers) as pool:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool,
+    ):
         root = Path(tmp)
         workload = root / "workload.jsonl"
         save(generate(load_config("agentx-coding"), args.sessions, 42), workload)

@@ -154,3 +154,17 @@ def test_a_bad_list_item_is_refused_whole(tmp_path: Path) -> None:
     df = pl.read_ipc(part_files(tmp_path / "records")[0])
     assert df["request_id"].to_list() == ["r1"]
     assert df["chunk_times_s"].to_list() == [[0.1, 0.2]]
+
+
+def test_a_value_out_of_its_columns_range_loses_no_other_row(tmp_path: Path) -> None:
+    # An output length of 2**63 does not fit Int64: refused on its own, before it can fail the
+    # conversion of the batch it would have joined.
+    with PartWriter(tmp_path / "records", RECORD_SCHEMA) as w:
+        w.add(_row(0))
+        with pytest.raises(AgentabError, match=r"^record column osl: 9223372036854775808 does"):
+            w.add(_row(1, osl=2**63))
+        with pytest.raises(AgentabError, match="record column lane: 2147483648 does not fit"):
+            w.add(_row(2, lane=2**31))
+        w.add(_row(3))
+    df = pl.read_ipc(part_files(tmp_path / "records")[0])
+    assert df["request_id"].to_list() == ["r0", "r3"]

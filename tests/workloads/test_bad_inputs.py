@@ -46,6 +46,16 @@ EXPECTED = {
     "only_whitespace.jsonl": ": file is empty",
     "session_is_array.jsonl": ":1: not a JSON object",
     "subagent_without_requests.json": ": session 's1': request 1: missing field 'requests'",
+    "out_too_large.json": (
+        ": session 's1': request 0: field 'out' is out of range (9223372036854775808 > 10,000,000)"
+    ),
+    "in_float_too_large.json": (
+        ": session 's1': request 0: field 'in' is out of range (1e+23 > 10,000,000)"
+    ),
+    "subagents_too_deep.json": (
+        ": session 's1': request " + ".".join(["1"] + ["1"] * 32) + ": subagents nested more "
+        "than 32 levels deep"
+    ),
     "t_is_string.json": ": session 's1': request 0: field 't' must be a number, got string",
     "third_line_negative.jsonl": ":3: session 'c': request 0: field 'in' is negative (-3)",
     "truncated.json": ":1: invalid JSON (unexpected end of data, column 53)",

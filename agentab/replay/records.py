@@ -305,7 +305,24 @@ def _scan(run_dir: str | Path, sub: str, schema: pl.Schema) -> pl.LazyFrame:
     files = part_files(run_dir / sub)
     if not files:
         return pl.LazyFrame(schema=schema)
+    for file in files:
+        _check_part(file, schema)
     return pl.scan_ipc(files)
+
+
+def _check_part(path: Path, schema: pl.Schema) -> None:
+    """A part that is torn (no Arrow footer) or holds other columns is named in one line, before
+    a query over all parts fails somewhere inside polars."""
+    try:
+        found = pl.read_ipc_schema(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        reason = " ".join(str(exc).split())[:120]
+        raise AgentabError(f"{path}: not a readable Arrow file ({reason})") from None
+    if dict(found) != dict(schema):
+        missing = [name for name in schema if name not in found]
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        detail = f"missing {', '.join(missing[:3])}{more}" if missing else "other column types"
+        raise AgentabError(f"{path}: not a part of this run's table ({detail})")
 
 
 def scan_records(run_dir: str | Path) -> pl.LazyFrame:

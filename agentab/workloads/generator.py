@@ -473,10 +473,20 @@ def sub_result_tokens(sub: Subagent) -> int:
     return 0 if last is None else last.out_tokens
 
 
+MAX_SESSIONS = 10_000
+"""Most sessions one generated workload may hold: each default session holds about 250
+requests and takes about 1 MB in memory (measured: 1,000 sessions, 0.98 GB, 3 s), so the bound
+keeps a typo from growing a process without limit. The AgentX/Weka corpus has 393 sessions."""
+
+
 def generate(config: GeneratorConfig, sessions: int, seed: int) -> Workload:
     """`sessions` sessions; session i depends only on (seed, i)."""
     if sessions < 1:
         raise AgentabError(f"--sessions must be >= 1 (got {sessions})")
+    if sessions > MAX_SESSIONS:
+        raise AgentabError(
+            f"--sessions must be <= {MAX_SESSIONS:,} (got {sessions:,}; about 1 MB per session)"
+        )
     if seed < 0:
         raise AgentabError(f"--seed must be >= 0 (got {seed})")
     config.validate()

@@ -129,3 +129,48 @@ def test_ab_refuses_a_used_experiment_dir(experiment, tmp_path: Path) -> None:
     result = agentab("ab", path, "-o", out)
     assert result.returncode == 2
     assert "experiment dir exists and is not empty" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('name = "fast"\ndecode_backend = "latency_specialized"', 'decode_backend = "warp"'),
+            "{path}: arm 'warp': decode_backend: 'warp' must be one of auto, latency_specialized",
+        ),
+        (
+            ("acceptance_probs = [0.9, 0.82,", "acceptance_probs = [0.82,"),
+            "{path}: arm 'auto': acceptance_probs: needs 7 values (one per draft position)",
+        ),
+        (
+            ("sessions = 6", "sessions = 1000000000"),
+            "{path}: [workload.generate]: --sessions must be <= 10,000 (got 1,000,000,000; "
+            "about 1 MB per session)",
+        ),
+        (
+            ("concurrency = 2", "concurrency = 0"),
+            "{path}:12: [replay]: replay option concurrency must be >= 1",
+        ),
+    ],
+)
+def test_ab_refuses_a_bad_arm_or_input_before_any_run(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    path = tmp_path / "exp.toml"
+    assert change[0] in EXPERIMENT
+    path.write_text(EXPERIMENT.replace(*change))
+    result = agentab("ab", path, "-o", tmp_path / "out")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentab: error: " + message.format(path=path))
+    assert not list((tmp_path / "out").glob("*/run-*"))  # no arm ran
+
+
+def test_ab_refuses_an_experiment_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_bytes(b'name = "caf\xe9"\n' + EXPERIMENT.encode())
+    result = agentab("ab", path, "-o", tmp_path / "out")
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"agentab: error: {path}: not UTF-8 text (byte 11); TOML is UTF-8\n",
+    )

@@ -168,3 +168,24 @@ def test_a_value_out_of_its_columns_range_loses_no_other_row(tmp_path: Path) -> 
         w.add(_row(3))
     df = pl.read_ipc(part_files(tmp_path / "records")[0])
     assert df["request_id"].to_list() == ["r0", "r3"]
+
+
+def test_a_torn_or_foreign_part_is_named_in_one_line(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    with PartWriter(run / "records", RECORD_SCHEMA) as w:
+        w.add(_row(0))
+    part = part_files(run / "records")[0]
+    whole = part.read_bytes()
+    part.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(AgentabError) as torn:
+        scan_records(run)
+    assert str(torn.value) == (f"{part}: not a readable Arrow file (out-of-spec: InvalidFooter)")
+    part.write_bytes(whole)
+    foreign = run / "records" / "part-00000099-00000099.arrow"
+    pl.DataFrame({"a": [1]}).write_ipc(foreign)
+    with pytest.raises(AgentabError) as other:
+        scan_records(run)
+    assert str(other.value) == (
+        f"{foreign}: not a part of this run's table (missing request_id, session_id, lane and "
+        "15 more)"
+    )

@@ -116,3 +116,41 @@ def test_missing_path_and_bad_format_names(
     )
     with pytest.raises(AgentabError, match="unknown workload format 'csv'"):
         load(BAD / "empty.json", "csv")
+
+
+def test_a_gzip_bomb_stops_at_the_size_limit(tmp_path: Path) -> None:
+    # 64 MiB of zeros in a 64 KiB file; the limit is lowered to 1 MiB for the test.
+    import gzip
+    import os
+
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        for _ in range(64):
+            f.write(bytes(2**20))
+    env = {**os.environ, "AGENTAB_MAX_WORKLOAD_BYTES": str(2**20)}
+    result = subprocess.run(
+        [sys.executable, "-m", "agentab", "workload", "inspect", str(bomb)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"agentab: error: {bomb}: decompresses to more than 1,048,576 bytes, the most a trace "
+        "may hold (set AGENTAB_MAX_WORKLOAD_BYTES to raise it)\n",
+    )
+    plain = tmp_path / "big.jsonl"
+    plain.write_bytes(b" " * (2**20 + 1))
+    result = subprocess.run(
+        [sys.executable, "-m", "agentab", "workload", "inspect", str(plain)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"agentab: error: {plain}: 1,048,577 bytes is more than the 1,048,576 a trace may hold "
+        "(set AGENTAB_MAX_WORKLOAD_BYTES to raise it)\n"
+    )

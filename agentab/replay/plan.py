@@ -8,7 +8,7 @@ A plan never looks at a clock. It fixes, from the workload and the options alone
   due `delay_s` after the last of its `deps` completes, and is sent then. Completion times are
   only known live, so the runner (`agentab.replay.runner`) evaluates the graph on its clock.
 
-Timing rules (REFERENCE.md section 2):
+Timing rules (docs/replay.md), as AgentX replays:
 - parent turn k waits for turn k-1 and then `max(0, t_k - t_{k-1} - api_time_{k-1})`, the
   recorded end-to-start gap (without `api_time` the recorded start-to-start gap is kept instead:
   no earlier than `t_k - t_{k-1}` after turn k-1 was sent, and never before it ended);

@@ -1,6 +1,6 @@
 """AgentX / Weka ("kv-cache-tester") traces: import and export.
 
-One JSON object per session (REFERENCE.md section 1): a file holding one session, a directory of
+One JSON object per session (docs/workloads.md): a file holding one session, a directory of
 such files, or JSONL with one session per line; `.gz` accepted. Subagent entries carry their own
 nested requests; their inner `t` is absolute in current captures and relative to the spawn in old
 ones (told apart per subagent: see `RELATIVE_TOLERANCE_S`). The export writes what AIPerf's Weka

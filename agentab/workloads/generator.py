@@ -37,8 +37,8 @@ from agentab.workloads.model import PARENT_AGENT_ID, Request, Session, Subagent,
 class GeneratorConfig:
     """Generator parameters. Lognormal sizes are given by median and sigma (of the log)."""
 
-    block_size: int = 64  # AgentX/Weka traces use 64-token blocks (REFERENCE.md 1)
-    context_cap: int = 262144  # issue 2: contexts capped at 256k tokens
+    block_size: int = 64  # AgentX/Weka traces use 64-token blocks
+    context_cap: int = 262144  # contexts capped at 256k tokens (the -256k corpus)
     compact_at: float = 0.9  # compaction when the next prompt would pass this fraction of the cap
     model: str = "agentx-synthetic"
     # Session prefix: system prompt + tool definitions ("thousands to tens of thousands").
@@ -67,8 +67,8 @@ class GeneratorConfig:
     human_turn_prob: float = 0.08
     human_message_median: float = 120.0
     human_message_sigma: float = 1.0
-    # Context resets (new task in the same session, manual compaction): issue 2's "about 98% of
-    # turns are pure suffix growth, a few percent resets/compactions".
+    # Context resets (new task in the same session, manual compaction): in AgentX traces about
+    # 98% of turns are pure suffix growth and a few percent reset or compact the context.
     reset_prob: float = 0.02
     summary_median: float = 3000.0
     summary_sigma: float = 0.5

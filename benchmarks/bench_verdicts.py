@@ -15,7 +15,8 @@ interactivity is exactly 5% higher, TTFT unchanged), against the same A runs.
 Single runs: the first repeat of each pair alone. The verdict must be "no verdict"; the share of
 pairs whose session-bootstrap CI excludes 1 shows why.
 
-    python benchmarks/bench_verdicts.py [--pairs 20] [--repeats 3] [--concurrency 1 8] [--workers 2]
+    python benchmarks/bench_verdicts.py [--pairs 20] [--repeats 3] [--concurrency 1 8]
+        [--duration 1:3600,8:900] [--workers 2]
 """
 
 from __future__ import annotations
@@ -39,24 +40,54 @@ ENGINE = {
 }
 
 
-def simulate(job: tuple[Path, Path, int, int, float, int]) -> Path:
-    """One run of the A/A arm into `out`; repeat `repeat`, seeds `seed`."""
+RUN_LIMIT_S = 300
+"""Wall-clock limit of one simulated run; a run that exceeds it is replaced (see `simulate`)."""
+
+
+def _alarm(signum: int, frame: object) -> None:
+    raise TimeoutError(f"simulated run exceeded {RUN_LIMIT_S} s of wall time")
+
+
+def simulate(job: tuple[Path, Path, int, int, float, int]) -> tuple[Path, list[str]]:
+    """One run of the A/A arm into `out`; repeat `repeat`, seeds `seed`.
+
+    A run whose engine fails (an exception inside the engine's step loop leaves the replay
+    waiting, so a wall-clock alarm ends it) is replaced by one with the next seed, and the
+    failure is returned so the summary can count it.
+    """
+    import signal
+
     from agentab.replay import simulate_to_dir
     from agentab.replay.options import ReplayOptions
     from agentab.workloads import load
 
     workload_path, out, seed, concurrency, duration_s, repeat = job
-    replay = ReplayOptions(
-        concurrency=concurrency, duration_s=duration_s, warmup_requests=2, seed=seed
-    )
-    return simulate_to_dir(
-        load(workload_path),
-        engine_options={**ENGINE, "seed": seed},
-        replay=replay,
-        out_dir=out,
-        manifest_extra={"arm": "auto", "repeat": repeat},
-        progress=False,
-    )
+    workload = load(workload_path)
+    failures: list[str] = []
+    signal.signal(signal.SIGALRM, _alarm)
+    for attempt in range(5):
+        s = seed + 1_000_000 * attempt
+        replay = ReplayOptions(
+            concurrency=concurrency, duration_s=duration_s, warmup_requests=2, seed=s
+        )
+        target = out if attempt == 0 else out.with_name(f"{out.name}-retry{attempt}")
+        signal.alarm(RUN_LIMIT_S)
+        try:
+            path = simulate_to_dir(
+                workload,
+                engine_options={**ENGINE, "seed": s},
+                replay=replay,
+                out_dir=target,
+                manifest_extra={"arm": "auto", "repeat": repeat},
+                progress=False,
+            )
+            return path, failures
+        except Exception as exc:  # the engine's failure, recorded and replaced
+            failures.append(f"seed {s}: {type(exc).__name__}: {str(exc)[:100]}")
+        finally:
+            signal.alarm(0)
+        shutil.rmtree(target, ignore_errors=True)
+    raise RuntimeError(f"{out}: five seeds failed: {failures}")
 
 
 def with_effect(run: Path, out: Path, effect: float) -> Path:
@@ -114,7 +145,13 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sessions", type=int, default=60)
-    ap.add_argument("--duration", type=float, default=900.0)
+    ap.add_argument(
+        "--duration",
+        default="1:3600,8:900",
+        help="Profiling window per concurrency, CONC:SECONDS,... (one lane plays about two "
+        "sessions per 900 s, so concurrency 1 needs AgentX's full hour to reach the minimum "
+        "sample of 10 sessions per arm over 3 repeats)",
+    )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--effect", type=float, default=0.05)
     ap.add_argument("--resamples", type=int, default=2000)
@@ -125,6 +162,7 @@ def main() -> None:
     from agentab.workloads import save
     from agentab.workloads.generator import generate, load_config
 
+    windows = {int(c): float(w) for c, w in (x.split(":") for x in args.duration.split(","))}
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -135,7 +173,8 @@ def main() -> None:
         save(generate(load_config("agentx-coding"), args.sessions, 42), workload)
         print(
             f"{args.pairs} pairs x {args.repeats} repeats per side, {args.sessions} generated "
-            f"sessions, {args.duration:g} s windows, {args.resamples} bootstrap resamples, "
+            f"sessions, windows {args.duration} (concurrency:s), {args.resamples} bootstrap "
+            "resamples, "
             f"effect {args.effect:.0%}"
         )
         for c in args.concurrency:
@@ -145,11 +184,12 @@ def main() -> None:
                     for k in range(args.repeats):
                         seed = 100_000 * c + 100 * i + offset + k
                         out = root / f"c{c}" / f"pair-{i}" / side / f"run-{k}"
-                        jobs.append((workload, out, seed, c, args.duration, k))
+                        jobs.append((workload, out, seed, c, windows[c], k))
                         names.append((i, side))
-            paths = list(pool.map(simulate, jobs))
+            done = list(pool.map(simulate, jobs))
+            failed = [f for _, fails in done for f in fails]
             sides: dict[tuple[int, str], list[Path]] = {}
-            for key, path in zip(names, paths, strict=True):
+            for key, (path, _) in zip(names, done, strict=True):
                 sides.setdefault(key, []).append(path)
             for i in range(args.pairs):
                 sides[i, "b+"] = [
@@ -175,14 +215,17 @@ def main() -> None:
             )
             sessions = [s for r in aa for s in r["sessions"]]  # type: ignore[attr-defined]
             print(f"concurrency {c} ({min(sessions)}-{max(sessions)} sessions per side):")
+            print(f"  runs whose engine failed and were replaced by the next seed: {len(failed)}")
+            for failure in failed:
+                print(f"    {failure}")
             print(f"  A/A false-positive rate (headline verdict): {rate(aa, {'better', 'worse'})}")
             print(f"  A/A false-positive rate (all table metrics): {table_rate(aa)}")
             print(f"  A/A verdicts: {dict(Counter(r['verdict'] for r in aa))}")
             print(f"  power at +{args.effect:.0%} (headline 'better'): {rate(ab, {'better'})}")
-            ratios = sorted(r["ratio"] for r in ab)  # type: ignore[type-var]
+            shift = sorted(x["ratio"] / y["ratio"] for x, y in zip(ab, aa, strict=True))  # type: ignore[operator]
             print(
-                f"  A/B ratio median {ratios[len(ratios) // 2]:.3f}; A/B verdicts: "
-                f"{dict(Counter(r['verdict'] for r in ab))}"
+                f"  A/B verdicts: {dict(Counter(r['verdict'] for r in ab))}; the effect as "
+                f"measured (A/B ratio / A/A ratio): {shift[0]:.4f} - {shift[-1]:.4f}"
             )
             print(
                 f"  single runs: verdicts {dict(Counter(r['verdict'] for r in one))}; the session "

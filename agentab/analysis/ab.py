@@ -202,7 +202,7 @@ def run_experiment(
     workload = load_workload(experiment)
     log(
         f"agentab ab: {experiment.name}: {len(workload)} sessions, "
-        f"{workload.num_requests()} requests; {experiment.repeats} repeats x 2 arms -> {out_dir}"
+        f"{workload.num_requests()} requests; {_repeats(experiment.repeats)} x 2 arms -> {out_dir}"
     )
     runs: dict[str, list[Path]] = {arm.name: [] for arm in experiment.arms}
     total = 2 * experiment.repeats
@@ -233,7 +233,8 @@ def run_experiment(
         f"Experiment `{experiment.name}` ({experiment.path.name}), engine "
         f"{experiment.engine_kind}"
         + (f" profile {experiment.engine['profile']}" if "profile" in experiment.engine else "")
-        + f", {experiment.repeats} repeats per arm run interleaved A B A B.",
+        + f", {_repeats(experiment.repeats)} per arm run interleaved"
+        + (" A B A B." if experiment.repeats > 1 else " (A then B)."),
         *experiment.notes,
     ]
     title = f"{experiment.name}: {a.name} (A) vs {b.name} (B)"
@@ -246,6 +247,10 @@ def run_experiment(
     write_html(comparison, out_dir / "report.html", title=title, header=header)
     log(f"agentab ab: done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
     return comparison, markdown
+
+
+def _repeats(n: int) -> str:
+    return f"{n} repeat" if n == 1 else f"{n} repeats"
 
 
 def _num(value: float | None) -> str:

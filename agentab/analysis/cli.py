@@ -84,7 +84,9 @@ def report(run_dir: Path, as_json: bool, allow_incomplete: bool) -> None:
 @click.option(
     "--resamples", type=click.IntRange(min=100), default=DEFAULT_RESAMPLES, show_default=True
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--seed", type=int, default=42, show_default=True, help="Bootstrap seed (as `ab`'s default)."
+)
 def compare(
     a: Path,
     b: Path,

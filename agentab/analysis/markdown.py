@@ -289,8 +289,12 @@ def run_markdown(summary: RunSummary) -> str:
     ]
     units = {"osl_tokens": "tok", "prompt_tokens": "tok", "cached_tokens": "tok"}
     rows = []
+    unmeasured = []
     for key in (*DISTRIBUTIONS, "dispatch_lateness_s"):  # units: time in ms/s, else as named
         stats = v.get(key) or {}
+        if all(stats.get(k) is None for k in STAT_KEYS):
+            unmeasured.append(key)  # e.g. TTFO when the server does not mark reasoning chunks
+            continue
         unit = units.get(key, "tok/s/user" if key == "interactivity_tok_s" else "s")
         label = (
             "interactivity 1/ITL_i (AIPerf def.; not the headline)"
@@ -299,6 +303,8 @@ def run_markdown(summary: RunSummary) -> str:
         )
         rows.append([label, *(fmt(stats.get(s), unit) for s in STAT_KEYS)])
     lines += _table(["metric", *STAT_KEYS], rows)
+    if unmeasured:
+        lines += ["", f"Not measured in this run: {', '.join(unmeasured)}."]
     scalars = [
         ("decode throughput (prefill excluded), tok/s", v["decode_throughput_tok_s"], "tok/s"),
         ("output throughput, tok/s", v["output_throughput_tok_s"], "tok/s"),

@@ -154,3 +154,17 @@ def test_allow_incomplete_marks_the_first_line(tmp_path: Path, runs: dict[str, P
     assert json.loads(compare.stdout)["incomplete_runs"] == [f"{bad} ({why})"]
     md = agentab("compare", runs["a"], bad, "--allow-incomplete", "--resamples", "200")
     assert md.stdout.splitlines()[0] == first
+
+
+def test_compare_seeds_its_bootstrap_as_ab_does(runs: dict[str, Path]) -> None:
+    result = agentab("compare", runs["a"], runs["b"], "--json", "--resamples", "200")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["bootstrap"]["seed"] == 42
+
+
+def test_report_omits_figures_the_run_did_not_measure(runs: dict[str, Path]) -> None:
+    # The synthetic server marks no reasoning chunks, so there is no TTFO: no empty row.
+    result = agentab("report", runs["a"])
+    assert result.returncode == 0, result.stderr
+    assert not any(line.startswith("| ttfo_s") for line in result.stdout.splitlines())
+    assert "Not measured in this run: ttfo_s." in result.stdout.splitlines()

@@ -96,6 +96,11 @@ def build_manifest(
     )
     if manifest_extra:
         manifest.update(manifest_extra)
+    from agentab.replay.targets.http import redact_url
+
+    for key in ("url", "server_url"):  # credentials in a URL never reach the run dir
+        if isinstance(manifest.get(key), str):
+            manifest[key] = redact_url(manifest[key])
     return manifest
 
 

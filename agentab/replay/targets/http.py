@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -36,6 +37,17 @@ _REASONING_KEYS = ("reasoning_content", "reasoning")
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,) + (
     (aiohttp.ConnectionTimeoutError,) if hasattr(aiohttp, "ConnectionTimeoutError") else ()
 )
+
+
+def redact_url(url: str) -> str:
+    """`url` with any user name and password replaced: a URL is written into manifests,
+    reports and error messages, and `http://user:key@host` would carry the key along."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"<redacted>@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def api_key_from_env(name: str | None) -> str | None:
@@ -98,7 +110,7 @@ class HttpTarget:
     def describe(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "target": "http",
-            "url": self.url,
+            "url": redact_url(self.url),
             "endpoint": self.endpoint,
             "model": self.model,
         }
@@ -127,16 +139,16 @@ class HttpTarget:
                 body = await resp.read()
                 if resp.status != 200:
                     raise AgentabError(
-                        f"{self.url}/v1/models: HTTP {resp.status}: {body[:200]!r} "
+                        f"{redact_url(self.url)}/v1/models: HTTP {resp.status}: {body[:200]!r} "
                         "(pass --model to skip discovery)"
                     )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise AgentabError(f"{self.url}: cannot reach the server: {exc}") from None
+            raise AgentabError(f"{redact_url(self.url)}: cannot reach the server: {exc}") from None
         try:
             return str(orjson.loads(body)["data"][0]["id"])
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             raise AgentabError(
-                f"{self.url}/v1/models: no model listed (pass --model NAME)"
+                f"{redact_url(self.url)}/v1/models: no model listed (pass --model NAME)"
             ) from None
 
     async def _describe_server(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Benchmark: summarize a synthetic run dir of 1M request records on one core.
 
-Goal (issue 5): <= 10 s on one core for `agentab report` of a 1M-record run. The run dir is
+Goal: <= 10 s on one core for `agentab report` of a 1M-record run. The run dir is
 written the way replay writes it (manifest.json + records/part-*.arrow with RECORD_SCHEMA), with
 1..16 chunks per request, 2% errors and 1% warmup. Also times the bootstrap of a comparison
 (10k resamples, all metrics) for 100,000 requests per arm.

@@ -1,4 +1,4 @@
-"""Replay client speed goals (issue 4), measured and printed; never asserted in tests.
+"""Replay client speed goals, measured and printed; never asserted in tests.
 
 Goals for one replay process against a minimal fast SSE server on loopback: >= 20k streamed
 chunks/s, >= 512 concurrent streams, dispatch lateness (send time - planned time) p99 <= 2 ms

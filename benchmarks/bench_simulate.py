@@ -1,4 +1,4 @@
-"""`agentab simulate` speed goal (issue 4), measured and printed; never asserted in tests.
+"""`agentab simulate` speed goal, measured and printed; never asserted in tests.
 
 Goal: 400 generated AgentX-style sessions at concurrency 16 for 1 h of virtual time in <= 60 s
 of wall time (one process). Also printed: requests and tokens simulated, the virtual/wall ratio,

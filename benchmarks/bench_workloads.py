@@ -1,4 +1,4 @@
-"""Workload speed goals (issue 2), measured and printed; never asserted in tests.
+"""Workload speed goals, measured and printed; never asserted in tests.
 
 Goals on one core: generating 400 AgentX-style sessions <= 5 s; importing 100k requests of AgentX
 JSON <= 5 s. Also printed: native JSONL write/read, the content hash, `inspect`'s summary, and

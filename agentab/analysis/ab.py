@@ -55,7 +55,10 @@ def load_workload(experiment: Experiment):  # -> agentab.workloads.Workload
     if gen["config"]:
         where = f"{experiment.path}: [workload.generate.config]"
         config = apply_overrides(config, gen["config"], where).validate()
-    return generate(config, gen["sessions"], gen["seed"])
+    try:
+        return generate(config, gen["sessions"], gen["seed"])
+    except AgentabError as exc:
+        raise AgentabError(f"{experiment.path}: [workload.generate]: {exc}") from None
 
 
 def replay_options(experiment: Experiment, repeat: int):  # -> ReplayOptions
@@ -186,10 +189,15 @@ def _run_vllm_arm(
         )
 
 
-def _check_simulator_gpus(experiment: Experiment) -> None:
-    """Fail before any run when the simulator profile's GPU count is not the experiment's."""
+def check_before_running(experiment: Experiment) -> None:
+    """Fail before any run on anything a later run would fail on: the replay options of every
+    repeat and, on the simulator, the profile's GPU count and each arm's engine (its decode
+    backend and spec-decode settings), so a bad arm B is not found after arm A has run."""
+    for repeat in range(experiment.repeats):
+        replay_options(experiment, repeat)
     if experiment.engine_kind != "simulator":
         return
+    from agentab.engine import build_simulator
     from agentab.engine.profile import load_profile
 
     profile = load_profile(experiment.engine["profile"])
@@ -198,6 +206,12 @@ def _check_simulator_gpus(experiment: Experiment) -> None:
             f"{experiment.path}: [gpus] count is {experiment.gpu_count} but simulator profile "
             f"{experiment.engine['profile']!r} models {profile.gpu_count} GPUs"
         )
+    options = {k: v for k, v in experiment.engine.items() if k != "profile"}
+    for arm in experiment.arms:
+        try:
+            build_simulator(experiment.engine["profile"], arm.decode_backend, **options)
+        except AgentabError as exc:
+            raise AgentabError(f"{experiment.path}: arm {arm.name!r}: {exc}") from None
 
 
 def run_experiment(
@@ -208,7 +222,7 @@ def run_experiment(
     log: Log = _stderr,
 ) -> tuple[Comparison, str]:
     """Run every (repeat, arm) interleaved, compare, write the reports; returns the Markdown."""
-    _check_simulator_gpus(experiment)
+    check_before_running(experiment)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise AgentabError(f"{out_dir}: experiment dir exists and is not empty (use -o NEW_DIR)")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -217,7 +231,7 @@ def run_experiment(
     workload = load_workload(experiment)
     log(
         f"agentab ab: {experiment.name}: {len(workload)} sessions, "
-        f"{workload.num_requests()} requests; {experiment.repeats} repeats x 2 arms -> {out_dir}"
+        f"{workload.num_requests()} requests; {_repeats(experiment.repeats)} x 2 arms -> {out_dir}"
     )
     runs: dict[str, list[Path]] = {arm.name: [] for arm in experiment.arms}
     total = 2 * experiment.repeats
@@ -248,7 +262,8 @@ def run_experiment(
         f"Experiment `{experiment.name}` ({experiment.path.name}), engine "
         f"{experiment.engine_kind}"
         + (f" profile {experiment.engine['profile']}" if "profile" in experiment.engine else "")
-        + f", {experiment.repeats} repeats per arm run interleaved A B A B.",
+        + f", {_repeats(experiment.repeats)} per arm run interleaved"
+        + (" A B A B." if experiment.repeats > 1 else " (A then B)."),
         *experiment.notes,
     ]
     title = f"{experiment.name}: {a.name} (A) vs {b.name} (B)"
@@ -261,6 +276,10 @@ def run_experiment(
     write_html(comparison, out_dir / "report.html", title=title, header=header)
     log(f"agentab ab: done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
     return comparison, markdown
+
+
+def _repeats(n: int) -> str:
+    return f"{n} repeat" if n == 1 else f"{n} repeats"
 
 
 def _num(value: float | None) -> str:

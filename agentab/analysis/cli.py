@@ -10,6 +10,12 @@ import orjson
 
 from agentab.analysis.compare import DEFAULT_RESAMPLES
 
+ALLOW_INCOMPLETE = click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Use runs that did not complete (running, interrupted, failed); the report says so "
+    "in its first line.",
+)
 ALLOW_DIFF = click.option(
     "--allow-diff",
     "allow_diff",
@@ -47,13 +53,20 @@ def ab(experiment_file: Path, out: Path | None, progress: bool) -> None:
 @click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
-def report(run_dir: Path, as_json: bool) -> None:
-    """Summarize one run dir: print the table and write RUN_DIR/summary.json."""
+@ALLOW_INCOMPLETE
+def report(run_dir: Path, as_json: bool, allow_incomplete: bool) -> None:
+    """Summarize one run dir: print the table and write RUN_DIR/summary.json.
+
+    Refuses (exit 2) a run that did not complete, unless --allow-incomplete.
+    """
     from agentab.analysis.load import load_run
     from agentab.analysis.markdown import run_markdown
+    from agentab.analysis.status import require_completed
     from agentab.analysis.summary import summarize_run, write_summary
 
-    summary = summarize_run(load_run(run_dir))
+    run = load_run(run_dir)
+    require_completed([(run.path, run.manifest)], allow_incomplete)
+    summary = summarize_run(run)
     path = write_summary(summary)
     if as_json:
         click.echo(path.read_text())
@@ -65,16 +78,20 @@ def report(run_dir: Path, as_json: bool) -> None:
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
 @ALLOW_DIFF
+@ALLOW_INCOMPLETE
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of Markdown.")
 @click.option("--html", type=click.Path(path_type=Path), default=None, help="Also write this.")
 @click.option(
     "--resamples", type=click.IntRange(min=100), default=DEFAULT_RESAMPLES, show_default=True
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--seed", type=int, default=42, show_default=True, help="Bootstrap seed (as `ab`'s default)."
+)
 def compare(
     a: Path,
     b: Path,
     allow_diff: tuple[str, ...],
+    allow_incomplete: bool,
     as_json: bool,
     html: Path | None,
     resamples: int,
@@ -83,7 +100,8 @@ def compare(
     """Compare B against A. Each is a run dir or a folder of run dirs (pooled repeats).
 
     Refuses (exit 2) when the runs differ in anything but decode_backend, unless each
-    difference is accepted with --allow-diff.
+    difference is accepted with --allow-diff, and runs that did not complete, unless
+    --allow-incomplete.
     """
     from agentab.analysis.compare import compare_runs
     from agentab.analysis.html import write_html
@@ -91,7 +109,12 @@ def compare(
     from agentab.analysis.markdown import comparison_markdown
 
     comparison = compare_runs(
-        load_runs(a), load_runs(b), allow_diff=allow_diff, resamples=resamples, seed=seed
+        load_runs(a),
+        load_runs(b),
+        allow_diff=allow_diff,
+        resamples=resamples,
+        seed=seed,
+        allow_incomplete=allow_incomplete,
     )
     if html is not None:
         write_html(comparison, html)

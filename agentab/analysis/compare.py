@@ -14,6 +14,9 @@ The statistics, in one place:
 - Verdict at that level: the CI entirely above 1 means B is higher, entirely below means lower;
   whether higher is "better" depends on the metric (latencies and error rate: lower is better).
   A CI that contains 1 is "no significant difference".
+- No verdict at all (`sample.py`'s `withheld_because`) with fewer than two runs per arm, since
+  then nothing measures run-to-run noise, or below the minimum sample of MIN_SESSIONS sessions
+  and MIN_REQUESTS measured requests per arm; the interval is still shown.
 - Beside it, the run-to-run spread: the metric's value in each run and the B/A ratio of each
   repeat pair, so timing noise between runs is visible next to the sampling CI.
 """
@@ -36,12 +39,23 @@ from agentab.analysis.guard import (
 )
 from agentab.analysis.intervals import repeat_ratio_interval
 from agentab.analysis.load import Run
-from agentab.analysis.sample import METRICS, ArmSample, Metric, build_sample, session_index
+from agentab.analysis.sample import (
+    METRICS,
+    ArmSample,
+    Metric,
+    SampleSize,
+    build_sample,
+    sample_size,
+    session_index,
+    withheld_because,
+)
+from agentab.analysis.status import require_completed
 from agentab.analysis.summary import RunSummary, summarize_run
 
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_CONFIDENCE = 0.95
 BETTER, WORSE, SAME, UNDEFINED = "better", "worse", "no significant difference", "n/a"
+WITHHELD = "no verdict"
 
 
 @dataclass(frozen=True)
@@ -60,11 +74,15 @@ class MetricResult:
     pair_ratios: list[float | None]
     ci_sessions: tuple[float, float] | None = None
     ci_repeats: tuple[float, float] | None = None
+    n_a: int = 0  # requests of arm A that enter this metric
+    n_b: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "a": self.a,
             "b": self.b,
+            "n_a": self.n_a,
+            "n_b": self.n_b,
             "ratio": self.ratio,
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
@@ -97,12 +115,17 @@ class Comparison:
     seed: int
     confidence: float
     sessions: int
+    size_a: SampleSize
+    size_b: SampleSize
+    withheld: list[str] = field(default_factory=list)  # why no metric has a verdict
+    incomplete: list[str] = field(default_factory=list)  # unfinished runs (--allow-incomplete)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "arms": {"a": self.arm_a, "b": self.arm_b},
             "confounded_by": self.confounded_by,
+            "incomplete_runs": self.incomplete,
             "guard": [d.to_json() for d in self.differences],
             "not_compared_but_different": [d.to_json() for d in self.notes],
             "metrics": {name: r.to_json() for name, r in self.metrics.items()},
@@ -115,6 +138,8 @@ class Comparison:
                 "sessions": self.sessions,
             },
             "repeat_interval": self.repeat_pairing,
+            "sample": {"a": self.size_a.to_json(), "b": self.size_b.to_json()},
+            "verdict_withheld": self.withheld,
             "runs": {
                 "a": [str(s.run.path) for s in self.runs_a],
                 "b": [str(s.run.path) for s in self.runs_b],
@@ -189,6 +214,8 @@ def compare_summaries(
     point_a, point_b = sample_a.evaluate(ones), sample_b.evaluate(ones)
     ratios = bootstrap_ratios(sample_a, sample_b, index.height, resamples=resamples, seed=seed)
     pairing, runs_a, runs_b = repeat_pairing(runs_a, runs_b)
+    size_a, size_b = sample_size(runs_a, sample_a), sample_size(runs_b, sample_b)
+    withheld = withheld_because(size_a, size_b)
     results = {}
     for m in METRICS:
         a, b = _finite(point_a[m.name][0]), _finite(point_b[m.name][0])
@@ -209,6 +236,7 @@ def compare_summaries(
         bounds = [ci for ci in (ci_sessions, ci_repeats) if ci is not None]
         low = min(ci[0] for ci in bounds) if bounds else None
         high = max(ci[1] for ci in bounds) if bounds else None
+        judged = verdict(m, low, high)
         results[m.name] = MetricResult(
             m,
             a,
@@ -216,12 +244,14 @@ def compare_summaries(
             ratio,
             low,
             high,
-            verdict(m, low, high),
+            WITHHELD if withheld and judged != UNDEFINED else judged,
             runs_a_values,
             runs_b_values,
             pairs,
             ci_sessions,
             ci_repeats,
+            sample_a.count(m),
+            sample_b.count(m),
         )
     return Comparison(
         arm_a=arm_a,
@@ -237,6 +267,9 @@ def compare_summaries(
         seed=seed,
         confidence=confidence,
         sessions=index.height,
+        size_a=size_a,
+        size_b=size_b,
+        withheld=withheld,
     )
 
 
@@ -273,14 +306,19 @@ def compare_runs(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     confidence: float = DEFAULT_CONFIDENCE,
+    allow_incomplete: bool = False,
 ) -> Comparison:
-    """Guard on the manifests first (cheap), then summarize every run and compare."""
+    """Refuse unfinished runs and confounded ones on the manifests first (cheap), then
+    summarize every run and compare."""
     allow = tuple(allow_diff)
+    incomplete = require_completed(
+        [(r.path, r.manifest) for r in (*runs_a, *runs_b)], allow_incomplete
+    )
     check(
         manifest_differences([r.manifest for r in runs_a], [r.manifest for r in runs_b], allow),
         allow,
     )
-    return compare_summaries(
+    comparison = compare_summaries(
         [summarize_run(r) for r in runs_a],
         [summarize_run(r) for r in runs_b],
         allow_diff=allow,
@@ -288,3 +326,5 @@ def compare_runs(
         seed=seed,
         confidence=confidence,
     )
+    comparison.incomplete = incomplete
+    return comparison

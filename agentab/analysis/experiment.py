@@ -148,6 +148,8 @@ def load_experiment(path: str | Path) -> Experiment:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise AgentabError(f"{path}: no such experiment file") from None
+    except UnicodeDecodeError as exc:
+        raise AgentabError(f"{path}: not UTF-8 text (byte {exc.start}); TOML is UTF-8") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -1,7 +1,7 @@
 """The manifest guard: two sides of a comparison may differ only in the decode backend.
 
-The seed article's headline 1.8x compared 16 GPUs against 8, so it measured the GPU count as
-much as the decode path. This guard makes that mistake impossible by default: it flattens every
+A speedup measured with 16 GPUs in one arm and 8 in the other measures the GPU count as much as
+the decode path. This guard makes that mistake impossible by default: it flattens every
 run's manifest to dotted fields, and any field whose values differ between side A and side B
 (or among one side's own runs) refuses the comparison, naming each field in one line, the most
 consequential first (GPU count, GPU type, TP, model, dtypes, KV cache dtype, spec config,
@@ -50,6 +50,7 @@ EXCLUDED_FIELDS: frozenset[str] = frozenset(
         "hostname",
         "status",  # outcome of the run, not its configuration
         "stats",  # the run's counters (requests finished, errors, ...)
+        "writer",  # the process that wrote the run dir (pid, host)
         "clock_t0",  # the loop time at which the run started
         "workload.source",  # where the workload was read from; its content hash is compared
     }

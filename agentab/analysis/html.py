@@ -13,6 +13,7 @@ cache-hit ratio over time (client-side, and server-side when counters were scrap
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,6 +64,33 @@ def _md_inline(text: str) -> str:
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
 
 
+HISTOGRAM_BINS = 80
+
+
+def shared_bins(values: list[np.ndarray], bins: int) -> dict[str, float] | None:
+    """Equal-width bins over every arm's values together (plotly's `xbins`)."""
+    finite = [v[np.isfinite(v)] for v in values]
+    both = np.concatenate(finite) if finite else np.zeros(0)
+    if both.size == 0 or both.min() == both.max():
+        return None
+    lo, hi = float(both.min()), float(both.max())
+    return {"start": lo, "end": hi, "size": (hi - lo) / bins}
+
+
+def log_ticks(values: np.ndarray) -> list[float]:
+    """1-2-5 ticks covering `values` on a log axis, each labelled in full ("2", "5", "10").
+
+    plotly's own log ticks label the minor ones with their leading digit only, so an axis
+    read "9, 10, 2, 3"."""
+    v = values[np.isfinite(values) & (values > 0)]
+    if v.size == 0:
+        return []
+    lo, hi = math.floor(math.log10(v.min())), math.ceil(math.log10(v.max()))
+    ticks = [m * 10.0**k for k in range(lo, hi + 1) for m in (1, 2, 5)]
+    inside = [t for t in ticks if v.min() / 2 <= t <= v.max() * 2]
+    return [float(f"{t:.6g}") for t in inside]
+
+
 def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figure]
     import plotly.graph_objects as go
 
@@ -73,21 +101,29 @@ def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figur
         ("ttft_s", "TTFT CDF", "TTFT (ms)"),
     ):
         fig = go.Figure()
+        shown = []
         for (name, runs), color in zip(arms, COLORS, strict=True):
             x, y = _cdf(_pooled(runs, column))
+            shown.append(x * 1000)
             fig.add_scatter(x=x * 1000, y=y, name=name, mode="lines", line={"color": color})
         fig.update_layout(title=title, xaxis_title=axis, yaxis_title="fraction of requests")
-        fig.update_xaxes(type="log")
+        ticks = log_ticks(np.concatenate(shown)) if shown else []
+        fig.update_xaxes(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
         figs.append(fig)
 
+    # One set of bins for both arms, as a share of each arm's requests: the arms differ in how
+    # many requests they measured, and bins chosen per arm would not line up.
+    values = [_pooled(runs, "interactivity_tok_s") for _, runs in arms]
+    edges = shared_bins(values, HISTOGRAM_BINS)
     fig = go.Figure()
-    for (name, runs), color in zip(arms, COLORS, strict=True):
+    for (name, _), color, x in zip(arms, COLORS, values, strict=True):
         fig.add_histogram(
-            x=_pooled(runs, "interactivity_tok_s"),
+            x=x,
             name=f"{name}: 1/ITL_i",
             marker={"color": color},
             opacity=0.55,
-            nbinsx=80,
+            histnorm="percent",
+            xbins=None if edges is None else edges,
         )
     for (name, _), color, key in zip(arms, COLORS, ("a", "b"), strict=True):
         value = getattr(comparison.metrics["p90_interactivity_tok_s"], key)
@@ -101,7 +137,7 @@ def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figur
     fig.update_layout(
         title="Interactivity per request (1/ITL_i); dashed: P90 interactivity = 1/P90(ITL)",
         xaxis_title="tokens/s per user",
-        yaxis_title="requests",
+        yaxis_title="% of the arm's requests",
         barmode="overlay",
     )
     figs.append(fig)
@@ -257,9 +293,7 @@ def comparison_html(
         + "".join(f"<li>{_md_inline(x[2:])}</li>" for x in setup_lines(comparison, header))
         + "</ul>"
     )
-    headline = headline_line(
-        comparison.metrics["p90_interactivity_tok_s"], comparison.arm_a, comparison.arm_b
-    )
+    headline = headline_line(comparison)
     body.append(f'<p class="headline">{_md_inline(headline)}</p>')
     rows = metric_rows(comparison, [m.name for m in METRICS])
     body.append(_html_table(TABLE_HEADER, rows))

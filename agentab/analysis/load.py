@@ -37,6 +37,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "completion_tokens",
     "cached_tokens",
     "error_class",
+    "error_message",
 )
 
 METRICS_COLUMNS: list[str] = ["t_s", "name", "labels", "value"]

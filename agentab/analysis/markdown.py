@@ -12,8 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentab.analysis.compare import Comparison, MetricResult
+from agentab.analysis.caveats import simulator_caveats
+from agentab.analysis.compare import WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
+from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, STAT_KEYS, RunSummary
 
 # The rows of the printed comparison table (compare --json and report.html have them all).
@@ -138,8 +140,8 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
     if comparison.repeat_pairing == "none":
         lines.append(
             "- **One run per arm**: the CIs cover session sampling only, not run-to-run "
-            "variation, which A/A runs of the simulator at concurrency 8 showed to be larger; "
-            "use `repeats >= 3` before trusting a verdict."
+            "variation, which A/A runs of the simulator at concurrency 8 showed to be larger, "
+            "so no metric gets a verdict; use `repeats >= 3`."
         )
     else:
         how = "paired by repeat" if comparison.repeat_pairing == "paired" else "Welch, unpaired"
@@ -147,19 +149,30 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
             "- CI = envelope of the session bootstrap and a t interval over the runs "
             f"({how}); both are in comparison.json."
         )
+    manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
+    lines += [f"- {line}" for line in simulator_caveats(manifests)]
     lines += [f"- {line}" for line in header]
     for note in comparison.notes:
         lines.append(f"- Not compared (differs by design): {note.describe()}.")
     return lines
 
 
-def headline_line(result: MetricResult, arm_a: str, arm_b: str) -> str:
+def verdict_text(comparison: Comparison, result: MetricResult) -> str:
+    """The verdict, why it is withheld when it is, and the sample it rests on."""
+    said = f"**{result.verdict}**"
+    if comparison.withheld and result.verdict == WITHHELD:
+        said += ": " + "; ".join(comparison.withheld)
+    return f"{said} (A: {comparison.size_a.describe()}; B: {comparison.size_b.describe()})"
+
+
+def headline_line(comparison: Comparison) -> str:
+    result = comparison.metrics["p90_interactivity_tok_s"]
     unit = result.metric.unit
     return (
-        f"**P90 interactivity = 1/P90(ITL)** (InferenceX definition): {arm_a} "
-        f"{fmt(result.a, unit)} -> {arm_b} {fmt(result.b, unit)} {unit}, "
+        f"**P90 interactivity = 1/P90(ITL)** (InferenceX definition): {comparison.arm_a} "
+        f"{fmt(result.a, unit)} -> {comparison.arm_b} {fmt(result.b, unit)} {unit}, "
         f"B/A = {_ratio(result.ratio)} (95% CI {_ratio(result.ci_low)} – "
-        f"{_ratio(result.ci_high)}): **{result.verdict}**."
+        f"{_ratio(result.ci_high)}): {verdict_text(comparison, result)}."
     )
 
 
@@ -178,6 +191,7 @@ def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) ->
                 _ratio(r.ratio),
                 "–" if r.ci_low is None else f"{_ratio(r.ci_low)} – {_ratio(r.ci_high)}",
                 r.verdict,
+                f"{r.n_a:,} / {r.n_b:,}",
                 _spread(r.runs_a, unit),
                 _spread(r.runs_b, unit),
                 _ratio_spread(r.pair_ratios),
@@ -194,6 +208,7 @@ TABLE_HEADER = [
     "B/A",
     "95% CI",
     "verdict",
+    "n (A / B)",
     "A per run",
     "B per run",
     "B/A per repeat",
@@ -227,6 +242,8 @@ def comparison_markdown(
 ) -> str:
     """The full A/B report (first line: CONFOUNDED when it is, else the title)."""
     lines: list[str] = []
+    if comparison.incomplete:
+        lines += [incomplete_line(comparison.incomplete), ""]
     if comparison.confounded_by:
         lines += [confounded_line(comparison.differences), ""]
     lines += [
@@ -234,9 +251,7 @@ def comparison_markdown(
         "",
         *setup_lines(comparison, header),
         "",
-        headline_line(
-            comparison.metrics["p90_interactivity_tok_s"], comparison.arm_a, comparison.arm_b
-        ),
+        headline_line(comparison),
         "",
         *_table(TABLE_HEADER, metric_rows(comparison)),
     ]
@@ -247,18 +262,40 @@ def comparison_markdown(
     return "\n".join(lines) + "\n"
 
 
+def status_text(manifest: dict[str, Any]) -> str:
+    """The run's status and why it stopped, as its manifest recorded them."""
+    stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
+    text = str(manifest.get("status", "unknown"))
+    if stats.get("stop_reason"):
+        text += f", stopped by {stats['stop_reason']}"
+    if stats.get("message"):
+        text += f": {' '.join(str(stats['message']).split())}"
+    return text
+
+
 def run_markdown(summary: RunSummary) -> str:
-    """One run's summary: the distributions table, then the scalar figures."""
+    """One run's summary (first line: INCOMPLETE when it is), the distributions table, then the
+    scalar figures."""
     v = summary.values
     m = summary.run.manifest
-    lines = [
+    unfinished = describe_status(m)
+    lines = [incomplete_line([f"{summary.run.path} ({unfinished})"]), ""] if unfinished else []
+    lines += [
         f"# Run {summary.run.path} ({summary.run.arm})",
         "",
         f"- {m.get('gpu_count', '?')} x {m.get('gpu_name', '?')} GPUs, TP {m.get('tp', '?')}, "
         f"decode_backend {m.get('decode_backend', '?')}, engine {m.get('engine', '?')}.",
+        *(f"- {line}" for line in simulator_caveats([m])),
         f"- Requests (profiling): {v['requests']} ({v['requests_ok']} ok, {v['requests_error']} "
         f"errors = {fmt(v['error_rate'])}); warmup {v['requests_warmup']}; sessions "
         f"{v['sessions']}; errors by class: {v['errors_by_class'] or 'none'}.",
+        f"- Status: {status_text(m)}.",
+        *(
+            [f"- Warmup errors by class: {v['warmup_errors_by_class']}."]
+            if v.get("warmup_errors_by_class")
+            else []
+        ),
+        *(f"- First `{cls}` error: {msg}" for cls, msg in (v.get("error_examples") or {}).items()),
         "",
         f"**P90 interactivity = 1/P90(ITL)** (InferenceX, headline): "
         f"{fmt(v['p90_interactivity_tok_s'], 'tok/s/user')} tok/s/user.",
@@ -266,8 +303,12 @@ def run_markdown(summary: RunSummary) -> str:
     ]
     units = {"osl_tokens": "tok", "prompt_tokens": "tok", "cached_tokens": "tok"}
     rows = []
+    unmeasured = []
     for key in (*DISTRIBUTIONS, "dispatch_lateness_s"):  # units: time in ms/s, else as named
         stats = v.get(key) or {}
+        if all(stats.get(k) is None for k in STAT_KEYS):
+            unmeasured.append(key)  # e.g. TTFO when the server does not mark reasoning chunks
+            continue
         unit = units.get(key, "tok/s/user" if key == "interactivity_tok_s" else "s")
         label = (
             "interactivity 1/ITL_i (AIPerf def.; not the headline)"
@@ -276,6 +317,8 @@ def run_markdown(summary: RunSummary) -> str:
         )
         rows.append([label, *(fmt(stats.get(s), unit) for s in STAT_KEYS)])
     lines += _table(["metric", *STAT_KEYS], rows)
+    if unmeasured:
+        lines += ["", f"Not measured in this run: {', '.join(unmeasured)}."]
     scalars = [
         ("decode throughput (prefill excluded), tok/s", v["decode_throughput_tok_s"], "tok/s"),
         ("output throughput, tok/s", v["output_throughput_tok_s"], "tok/s"),

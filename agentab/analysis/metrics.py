@@ -1,4 +1,4 @@
-"""Per-request metrics as polars expressions (REFERENCE.md section 3, exactly).
+"""Per-request metrics as polars expressions (docs/analysis.md, "Per-request metrics").
 
 Every metric is a column expression over the record columns, so a million records are one
 vectorized pass and no Python loop ever touches a row. Times in `chunk_times_s` are seconds
@@ -49,6 +49,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "phase",
     "ok",
     "error_class",
+    "error_message",
     "sent_s",
     "end_s",
     "first_s",

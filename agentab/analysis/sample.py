@@ -87,6 +87,14 @@ class ArmSample:
     busy_s: float
     gpu_count: int | None
 
+    def count(self, metric: Metric) -> int:
+        """How many requests enter `metric`: the measured values of a distribution (the
+        headline's are the ITLs), else every profiling request of the arm."""
+        key = "itl_s" if metric.name == HEADLINE.name else metric.name.partition(".")[0]
+        if key in self.values:
+            return int(self.values[key].size)
+        return int(self.sums["requests"].sum())
+
     def evaluate(self, weights: np.ndarray) -> dict[str, np.ndarray]:
         """Every metric of METRICS for each row of the session-weight matrix."""
         w = weights.astype(np.float64)
@@ -150,3 +158,71 @@ def build_sample(name: str, summaries: Sequence[RunSummary], sessions: pl.DataFr
         busy_s=float(sum(s.values.get("decode_busy_s") or 0.0 for s in summaries)),
         gpu_count=gpu_counts.pop() if len(gpu_counts) == 1 else None,
     )
+
+
+MIN_RUNS = 2
+MIN_SESSIONS = 10
+MIN_REQUESTS = 200
+"""The smallest sample per arm that gets a verdict (docs/analysis.md, "Minimum sample", says
+why): two runs, because one run cannot show run-to-run noise; 10 sessions, because the session
+bootstrap resamples sessions and with fewer clusters its intervals come out too narrow (and a
+verdict about a workload should rest on more than a few of its sessions); 200 requests with a
+measured ITL, so that the P90 has 20 requests beyond it rather than a handful."""
+
+
+@dataclass(frozen=True)
+class SampleSize:
+    """How much one arm measured: runs, sessions played, successful requests, measured ITLs."""
+
+    runs: int
+    sessions: int
+    requests: int
+    itl_requests: int
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "runs": self.runs,
+            "sessions": self.sessions,
+            "requests": self.requests,
+            "itl_requests": self.itl_requests,
+        }
+
+    def describe(self) -> str:
+        return (
+            f"{self.runs} run(s), {self.sessions} sessions, {self.requests:,} requests "
+            f"({self.itl_requests:,} with an ITL)"
+        )
+
+
+def sample_size(summaries: Sequence[RunSummary], sample: ArmSample) -> SampleSize:
+    """The arm's sample: sessions are distinct over its runs, requests add up."""
+    sessions = pl.concat(
+        [s.requests.filter(pl.col("ok") & (pl.col("phase") == "profiling")) for s in summaries],
+        how="vertical",
+    )["session_id"].n_unique()
+    return SampleSize(
+        runs=len(summaries),
+        sessions=int(sessions),
+        requests=int(sum(s.values.get("requests_ok") or 0 for s in summaries)),
+        itl_requests=int(sample.values["itl_s"].size),
+    )
+
+
+def withheld_because(a: SampleSize, b: SampleSize) -> list[str]:
+    """Why the comparison gives no better/worse verdict ([] when it may)."""
+    reasons = []
+    if min(a.runs, b.runs) < MIN_RUNS:
+        reasons.append(
+            f"fewer than {MIN_RUNS} runs per arm (A {a.runs}, B {b.runs}): a single run cannot "
+            "show run-to-run noise, which the session bootstrap misses; use repeats >= 3"
+        )
+    if min(a.sessions, b.sessions) < MIN_SESSIONS:
+        reasons.append(
+            f"fewer than {MIN_SESSIONS} sessions per arm (A {a.sessions}, B {b.sessions})"
+        )
+    if min(a.itl_requests, b.itl_requests) < MIN_REQUESTS:
+        reasons.append(
+            f"fewer than {MIN_REQUESTS} requests with an ITL per arm "
+            f"(A {a.itl_requests}, B {b.itl_requests})"
+        )
+    return reasons

@@ -154,7 +154,8 @@ def summarize_requests(
     ]
     dist = [e for name, col in DISTRIBUTIONS.items() for e in stat_exprs(col, name)]
     lateness = stat_exprs("lateness_s", "dispatch_lateness_s")
-    head, dists, late, busy, errors = pl.collect_all(
+    failed = ~pl.col("ok") & ~CANCELLED
+    head, dists, late, busy, errors, warmup_errors, examples = pl.collect_all(
         [
             lazy.select(aggregates),
             ok.select(dist),
@@ -163,6 +164,15 @@ def summarize_requests(
             lazy.filter(_profiling & ~pl.col("ok"))
             .group_by("error_class")
             .len()
+            .sort("error_class"),
+            lazy.filter((pl.col("phase") == "warmup") & failed)
+            .group_by("error_class")
+            .len()
+            .sort("error_class"),
+            lazy.filter(failed)
+            .sort("sent_s", nulls_last=True)
+            .group_by("error_class")
+            .agg(pl.col("error_message").first())
             .sort("error_class"),
         ]
     )
@@ -175,6 +185,8 @@ def summarize_requests(
         "requests_cancelled": h["requests_cancelled"],
         "error_rate": _ratio(h["requests_error"], h["requests"]),
         "errors_by_class": dict(errors.iter_rows()),
+        "warmup_errors_by_class": dict(warmup_errors.iter_rows()),
+        "error_examples": dict(examples.iter_rows()),
         "sessions": h["sessions"],
     }
     values.update(_nest(dists.row(0, named=True)))

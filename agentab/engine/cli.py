@@ -8,6 +8,7 @@ prefix hits, which decode path ran) can be read directly.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -95,7 +96,7 @@ def simulator_flags(kw: dict[str, Any]) -> dict[str, Any]:
 @click.option("--profile", default="gb300-tp16-kimi-k3", show_default=True, help="Name or TOML.")
 @click.option("--decode-backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
 @click.option("--num-draft-tokens", type=int, default=0, show_default=True)
-@click.option("--acceptance-length", type=int, default=None, help="Tokens per verify step.")
+@click.option("--acceptance-length", type=float, default=None, help="Mean tokens per verify step.")
 @click.option("--acceptance-probs", default=None, help="Per-position rates, e.g. 0.9,0.7,0.5.")
 @click.option("--max-num-seqs", type=int, default=1024, show_default=True)
 @click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True)
@@ -108,7 +109,7 @@ def trace(
     profile: str,
     decode_backend: str,
     num_draft_tokens: int,
-    acceptance_length: int | None,
+    acceptance_length: float | None,
     acceptance_probs: str | None,
     max_num_seqs: int,
     max_num_batched_tokens: int,
@@ -139,17 +140,45 @@ def trace(
         seed=seed,
     )
     out = sys.stdout.buffer
-    eng.step_observer = lambda rec: out.write(orjson.dumps(rec) + b"\n")
-    summary = run_virtual(_trace(eng, sessions))
-    out.write(orjson.dumps({"summary": summary}) + b"\n")
-    out.flush()
+    closed = _ReaderGone()
+
+    def observe(rec: dict[str, Any]) -> None:
+        try:
+            out.write(orjson.dumps(rec) + b"\n")
+        except BrokenPipeError:
+            closed.stop()  # `| head` has all it wants: stop instead of simulating for nobody
+
+    eng.step_observer = observe
+    try:
+        summary = run_virtual(_trace(eng, sessions, closed))
+        out.write(orjson.dumps({"summary": summary}) + b"\n")
+        out.flush()
+    except BrokenPipeError:
+        closed.gone = True
+    if closed.gone:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush is silent.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-async def _trace(eng: Any, sessions: Any) -> dict[str, Any]:
+class _ReaderGone:
+    """Set when stdout's reader has gone; cancels the trace's main task once."""
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.task: asyncio.Task[Any] | None = None
+
+    def stop(self) -> None:
+        if not self.gone and self.task is not None:
+            self.task.cancel()
+        self.gone = True
+
+
+async def _trace(eng: Any, sessions: Any, closed: _ReaderGone) -> dict[str, Any]:
     from agentab.engine.types import EngineRequest, FinalUsage
     from agentab.workloads.tokens import prompt_token_ids
 
     loop = asyncio.get_running_loop()
+    closed.task = asyncio.current_task()
     totals = {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
 
     async def run_session(session: Any) -> None:
@@ -166,6 +195,10 @@ async def _trace(eng: Any, sessions: Any) -> dict[str, Any]:
     eng.start()
     try:
         await asyncio.gather(*(run_session(s) for s in sessions))
+    except asyncio.CancelledError:
+        if not closed.gone:
+            raise
+        return {}
     finally:
         await eng.stop()
     return {

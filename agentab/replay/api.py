@@ -210,7 +210,8 @@ def _raise_if_failed(stats: RunStats, replay: ReplayOptions, run_dir: Path) -> N
     if stats.finished and stats.error_rate > replay.max_error_rate:
         raise AgentabError(
             f"run failed: error rate {stats.error_rate:.1%} ({stats.errors} of {stats.finished} "
-            f"requests) exceeds max_error_rate {replay.max_error_rate:.1%}; {where}"
+            f"requests) exceeds max_error_rate {replay.max_error_rate:.1%}; top errors: "
+            f"{stats.top_errors()}; {where}"
         )
 
 

@@ -19,14 +19,20 @@ from agentab.replay.options import ENDPOINTS, ReplayOptions
 def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """The options shared by `replay` and `simulate` (ReplayOptions fields)."""
     opts = [
-        click.argument("workload", type=click.Path(dir_okay=False, path_type=Path)),
+        click.argument("workload", type=click.Path(path_type=Path)),
         click.option("--format", "fmt", default=None, help="Workload format (detected if unset)."),
+        click.option(
+            "--block-size",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Tokens per hash block of a Mooncake trace (default 512).",
+        ),
         click.option(
             "--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run dir."
         ),
         click.option(
             "--concurrency",
-            type=int,
+            type=click.IntRange(min=1),
             default=None,
             help="Closed loop: N lanes, each holding one session tree (default 1).",
         ),
@@ -131,7 +137,7 @@ def _options(kw: dict[str, Any]) -> ReplayOptions:
 def _load(kw: dict[str, Any]) -> Any:
     from agentab.workloads import load
 
-    return load(kw["workload"], kw["fmt"])
+    return load(kw["workload"], kw["fmt"], block_size=kw["block_size"])
 
 
 def _extra(kw: dict[str, Any]) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,12 @@ REQUIRED_KEYS: tuple[str, ...] = (
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
+
+
+def writer_facts() -> dict[str, Any]:
+    """Which process writes the run dir: a reader can then tell a run still in progress on this
+    host from one whose writer was killed before it could finalise the manifest."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
 def build_manifest(
@@ -84,10 +91,16 @@ def build_manifest(
             "agentab_version": __version__,
             "started_at": now_iso(),
             "status": "running",
+            "writer": writer_facts(),
         }
     )
     if manifest_extra:
         manifest.update(manifest_extra)
+    from agentab.replay.targets.http import redact_url
+
+    for key in ("url", "server_url"):  # credentials in a URL never reach the run dir
+        if isinstance(manifest.get(key), str):
+            manifest[key] = redact_url(manifest[key])
     return manifest
 
 

@@ -8,7 +8,7 @@ A plan never looks at a clock. It fixes, from the workload and the options alone
   due `delay_s` after the last of its `deps` completes, and is sent then. Completion times are
   only known live, so the runner (`agentab.replay.runner`) evaluates the graph on its clock.
 
-Timing rules (REFERENCE.md section 2):
+Timing rules (docs/replay.md), as AgentX replays:
 - parent turn k waits for turn k-1 and then `max(0, t_k - t_{k-1} - api_time_{k-1})`, the
   recorded end-to-start gap (without `api_time` the recorded start-to-start gap is kept instead:
   no earlier than `t_k - t_{k-1}` after turn k-1 was sent, and never before it ended);
@@ -195,7 +195,15 @@ def build_plan(workload: Workload, options: ReplayOptions) -> Plan:
         raise AgentabError(f"{workload.source or 'workload'}: no sessions to replay")
     if options.duration_s is None and options.max_requests is None and options.passes is None:
         raise AgentabError(
-            "replay options: no stopping rule; give duration_s, max_requests or passes"
+            "no stopping rule: give --duration, --max-requests or --passes "
+            "(duration_s, max_requests or passes in an experiment's [replay])"
+        )
+    arrivals = {s.arrival_s for s in workload.sessions}
+    if options.time_scale is not None and len(workload.sessions) > 1 and len(arrivals) == 1:
+        raise AgentabError(
+            f"{workload.source or 'workload'}: --time-scale replays recorded session arrivals, "
+            f"but all {len(workload.sessions)} sessions arrive at the same time (a generated "
+            "workload?), so all would start at once; use --rate or --concurrency"
         )
     order = list(range(len(workload.sessions)))
     if not options.open_loop:

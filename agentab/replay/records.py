@@ -64,6 +64,7 @@ METRICS_SCHEMA = pl.Schema(
 """Columns of `metrics/*.arrow`: scraped server metrics in long form (labels as JSON)."""
 
 _FLAT_CODES: dict[Any, str] = {pl.Float64: "d", pl.Int32: "i", pl.Int64: "q"}
+_INT_LIMITS: dict[Any, int] = {pl.Int32: 2**31, pl.Int64: 2**63}
 """List columns with these inner types are buffered flat (array typecode per inner dtype)."""
 
 RECORDS_DIR = "records"
@@ -78,20 +79,29 @@ class _Batch:
     `array`), `lengths` (items per row) and `valid` (False where the row's value is None).
     """
 
-    __slots__ = ("flat", "n", "scalar")
+    __slots__ = ("flat", "ints", "n", "scalar")
 
     def __init__(self, schema: pl.Schema) -> None:
         self.n = 0
         self.scalar: dict[str, list[Any]] = {}
         self.flat: dict[str, tuple[array[Any], array[int], list[bool]]] = {}
+        self.ints: dict[str, int] = {}  # integer scalar column -> largest magnitude it holds
         for name, dtype in schema.items():
             code = _FLAT_CODES.get(dtype.inner) if isinstance(dtype, pl.List) else None
             if code is None:
                 self.scalar[name] = []
+                if dtype in _INT_LIMITS:
+                    self.ints[name] = _INT_LIMITS[dtype]
             else:
                 self.flat[name] = (array(code), array("q"), [])
 
     def add(self, row: Mapping[str, Any]) -> None:
+        # Check before appending: one value a column cannot hold would otherwise fail the whole
+        # batch when it is converted, and with it every row queued beside it.
+        for name, limit in self.ints.items():
+            v = row[name]
+            if v is not None and not -limit <= v < limit:
+                raise AgentabError(f"record column {name}: {v} does not fit its type")
         flat_items = []
         for name, (values, _lengths, _valid) in self.flat.items():
             items = row[name]
@@ -295,7 +305,24 @@ def _scan(run_dir: str | Path, sub: str, schema: pl.Schema) -> pl.LazyFrame:
     files = part_files(run_dir / sub)
     if not files:
         return pl.LazyFrame(schema=schema)
+    for file in files:
+        _check_part(file, schema)
     return pl.scan_ipc(files)
+
+
+def _check_part(path: Path, schema: pl.Schema) -> None:
+    """A part that is torn (no Arrow footer) or holds other columns is named in one line, before
+    a query over all parts fails somewhere inside polars."""
+    try:
+        found = pl.read_ipc_schema(path)
+    except (OSError, pl.exceptions.PolarsError) as exc:
+        reason = " ".join(str(exc).split())[:120]
+        raise AgentabError(f"{path}: not a readable Arrow file ({reason})") from None
+    if dict(found) != dict(schema):
+        missing = [name for name in schema if name not in found]
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        detail = f"missing {', '.join(missing[:3])}{more}" if missing else "other column types"
+        raise AgentabError(f"{path}: not a part of this run's table ({detail})")
 
 
 def scan_records(run_dir: str | Path) -> pl.LazyFrame:

@@ -51,6 +51,7 @@ class RunStats:
     completion_tokens: int = 0
     warmup: int = 0
     error_classes: Counter[str] = field(default_factory=Counter)
+    first_errors: dict[str, str] = field(default_factory=dict)  # class -> its first message
     stop_reason: str = "running"
     message: str = ""
     signal: int | None = None  # the signal that interrupted the run
@@ -72,8 +73,16 @@ class RunStats:
             "warmup_requests": self.warmup,
             "completion_tokens": self.completion_tokens,
             "error_classes": dict(sorted(self.error_classes.items())),
+            "first_errors": dict(sorted(self.first_errors.items())),
             "elapsed_s": self.elapsed_s,
         }
+
+    def top_errors(self, n: int = 3) -> str:
+        """The most frequent error classes with the first message of each, for one line."""
+        return "; ".join(
+            f"{cls} x{count}: {' '.join(self.first_errors.get(cls, '').split())[:160]}"
+            for cls, count in self.error_classes.most_common(n)
+        )
 
 
 class _Tree:
@@ -414,6 +423,7 @@ class Runner:
             if out.error_class is not None:
                 stats.errors += 1
                 stats.error_classes[out.error_class] += 1
+                stats.first_errors.setdefault(out.error_class, out.error_message or "")
             stats.completion_tokens += out.completion_tokens or len(out.chunk_times)
             self._complete(tree, idx, now)
             self._check_error_rate()
@@ -425,7 +435,7 @@ class Runner:
             self.abort(
                 "error_rate",
                 f"error rate {s.error_rate:.1%} ({s.errors} of {s.finished} requests) exceeds "
-                f"max_error_rate {self.opts.max_error_rate:.1%}",
+                f"max_error_rate {self.opts.max_error_rate:.1%}; top errors: {s.top_errors()}",
             )
 
     def _record(self, tree: _Tree, node: Any, planned: float, out: Outcome) -> None:

@@ -1,6 +1,6 @@
 """AgentX / Weka ("kv-cache-tester") traces: import and export.
 
-One JSON object per session (REFERENCE.md section 1): a file holding one session, a directory of
+One JSON object per session (docs/workloads.md): a file holding one session, a directory of
 such files, or JSONL with one session per line; `.gz` accepted. Subagent entries carry their own
 nested requests; their inner `t` is absolute in current captures and relative to the spawn in old
 ones (told apart per subagent: see `RELATIVE_TOLERANCE_S`). The export writes what AIPerf's Weka
@@ -22,10 +22,11 @@ from agentab.workloads.checks import (
     WorkloadWarning,
     chained_ids,
     check_blocks,
-    need_int,
+    check_depth,
     need_list,
     need_num,
     need_str,
+    need_tokens,
     opt_int,
     opt_num,
     opt_str,
@@ -195,8 +196,8 @@ def _parse_items(
                         path,
                     )
                 last_t = t
-            in_tokens = need_int(ctx, d, "in", path)
-            out_tokens = need_int(ctx, d, "out", path)
+            in_tokens = need_tokens(ctx, d, "in", path)
+            out_tokens = need_tokens(ctx, d, "out", path)
             raw = d.get("hash_ids")
             if raw is None:
                 raw = []
@@ -235,6 +236,7 @@ def _parse_items(
 def _parse_subagent(
     ctx: Ctx, d: dict[str, Any], path: Path_, offset: float, block_size: int
 ) -> Subagent:
+    check_depth(ctx, path)
     if not d.keys() <= SUBAGENT_FIELDS:
         ctx.unknown(d.keys(), SUBAGENT_FIELDS, path)
     agent_id = need_str(ctx, d, "agent_id", path)

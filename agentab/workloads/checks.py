@@ -18,6 +18,14 @@ from agentab.errors import AgentabError, AgentabWarning
 
 Path_ = tuple[int, ...]  # index path of a request inside the session tree (0-based per list)
 
+MAX_COUNT = 2**31 - 1
+"""Largest integer any count field may hold: every record and table column can store it."""
+MAX_TOKENS = 10_000_000
+"""Largest prompt or output length of one request. Today's longest context windows are a few
+million tokens; a value beyond this is a corrupt field, and replaying it would cost hours."""
+MAX_SUBAGENT_DEPTH = 32
+"""Deepest nesting of subagents inside subagents (real traces nest one or two levels)."""
+
 
 class WorkloadWarning(AgentabWarning):
     """Something in a trace was ignored (an unknown field): the import still succeeds."""
@@ -70,20 +78,42 @@ def _typename(value: object) -> str:
     }.get(type(value), type(value).__name__)
 
 
-def need_int(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None, minimum: int = 0) -> int:
-    """A required integer field >= minimum (bool is not an integer here)."""
+def need_int(
+    ctx: Ctx,
+    d: dict[str, Any],
+    key: str,
+    path: Path_ | None,
+    minimum: int = 0,
+    maximum: int = MAX_COUNT,
+) -> int:
+    """A required integer field in [minimum, maximum] (bool is not an integer here)."""
     v = d.get(key)
     if type(v) is int:
         if v < minimum:
             if v < 0 <= minimum:
                 ctx.fail(f"field {key!r} is negative ({v})", path)
             ctx.fail(f"field {key!r} must be >= {minimum} (got {v})", path)
+        if v > maximum:
+            ctx.fail(f"field {key!r} is out of range ({v} > {maximum:,})", path)
         return v
     if v is None and key not in d:
         ctx.fail(f"missing field {key!r}", path)
     if type(v) is float and v.is_integer():
-        return need_int(ctx, {key: int(v)}, key, path, minimum)
+        if abs(v) > maximum:
+            ctx.fail(f"field {key!r} is out of range ({v:g} > {maximum:,})", path)
+        return need_int(ctx, {key: int(v)}, key, path, minimum, maximum)
     ctx.fail(f"field {key!r} must be an integer, got {_typename(v)}", path)
+
+
+def need_tokens(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> int:
+    """A token count of one request: an integer in [0, MAX_TOKENS]."""
+    return need_int(ctx, d, key, path, 0, MAX_TOKENS)
+
+
+def check_depth(ctx: Ctx, path: Path_) -> None:
+    """Refuse subagents nested deeper than MAX_SUBAGENT_DEPTH (each level adds one index)."""
+    if len(path) > MAX_SUBAGENT_DEPTH:
+        ctx.fail(f"subagents nested more than {MAX_SUBAGENT_DEPTH} levels deep", path)
 
 
 def opt_int(

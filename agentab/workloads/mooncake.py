@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from agentab.errors import AgentabError
-from agentab.workloads.checks import Ctx, check_ids, need_int, need_num
+from agentab.workloads.checks import Ctx, check_ids, need_num, need_tokens
 from agentab.workloads.model import Request, Session, Workload
 from agentab.workloads.source import jsonl_lines, parse_json, read_bytes
 
@@ -42,8 +42,8 @@ def _parse_line(ctx: Ctx, d: dict[str, Any], lineno: int, bs: int) -> Session:
     if not d.keys() <= FIELDS:
         ctx.unknown(d.keys(), FIELDS, None)
     arrival_ms = need_num(ctx, d, "timestamp", None)
-    in_tokens = need_int(ctx, d, "input_length", None)
-    out_tokens = need_int(ctx, d, "output_length", None)
+    in_tokens = need_tokens(ctx, d, "input_length", None)
+    out_tokens = need_tokens(ctx, d, "output_length", None)
     raw = d.get("hash_ids")
     if raw is None:
         raw = []

@@ -20,11 +20,13 @@ from agentab.workloads.checks import (
     Ctx,
     Path_,
     check_blocks,
+    check_depth,
     check_ids,
     need_int,
     need_list,
     need_num,
     need_str,
+    need_tokens,
     opt_int,
     opt_num,
     opt_str,
@@ -191,7 +193,7 @@ def _parse_items(
         new = need_list(ctx, d, "hash_new", path)
         check_ids(ctx, new, "hash_new", path)
         ids = prev[:shared] + tuple(new) if shared else tuple(new)
-        in_tokens = need_int(ctx, d, "in", path)
+        in_tokens = need_tokens(ctx, d, "in", path)
         check_blocks(ctx, len(ids), block_size, in_tokens, path, "hash ids")
         kind = need_str(ctx, d, "kind", path)
         if kind not in ("parent", "subagent"):
@@ -201,7 +203,7 @@ def _parse_items(
             Request(
                 t=t,
                 in_tokens=in_tokens,
-                out_tokens=need_int(ctx, d, "out", path),
+                out_tokens=need_tokens(ctx, d, "out", path),
                 hash_ids=ids,
                 kind=kind,  # type: ignore[arg-type]
                 agent_id=opt_str(ctx, d, "agent_id", path, PARENT_AGENT_ID),
@@ -219,6 +221,7 @@ def _parse_items(
 
 
 def _parse_subagent(ctx: Ctx, d: dict[str, Any], path: Path_, block_size: int) -> Subagent:
+    check_depth(ctx, path)
     if not d.keys() <= SUBAGENT_FIELDS:
         ctx.unknown(d.keys(), SUBAGENT_FIELDS, path)
     return Subagent(

@@ -7,6 +7,8 @@ the same file/line in its errors.
 from __future__ import annotations
 
 import gzip
+import io
+import os
 import re
 import zlib
 from collections.abc import Iterator
@@ -20,6 +22,21 @@ FORMATS = ("agentx", "mooncake", "native")
 NATIVE_HEADER_KEY = "agentab_workload"
 TRACE_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 _NON_SPACE = re.compile(rb"\S")
+MAX_BYTES_ENV = "AGENTAB_MAX_WORKLOAD_BYTES"
+DEFAULT_MAX_BYTES = 2**30
+"""Largest trace file (after gzip decompression) read into memory: 1 GiB by default, several
+times the AgentX/Weka corpus, so a gzip bomb or a wrong file stops at once instead of after
+minutes and gigabytes. Set AGENTAB_MAX_WORKLOAD_BYTES to read larger traces."""
+
+
+def max_bytes() -> int:
+    value = os.environ.get(MAX_BYTES_ENV)
+    if value is None:
+        return DEFAULT_MAX_BYTES
+    try:
+        return int(value)
+    except ValueError:
+        raise AgentabError(f"{MAX_BYTES_ENV}={value!r}: expected a number of bytes") from None
 
 
 def first_non_space(data: bytes, start: int = 0) -> int:
@@ -31,7 +48,14 @@ def first_non_space(data: bytes, start: int = 0) -> int:
 
 def read_bytes(path: Path) -> bytes:
     """The file's content, decompressed when it is gzip (by magic bytes or a `.gz` name)."""
+    limit = max_bytes()
     try:
+        size = path.stat().st_size
+        if size > limit:
+            raise AgentabError(
+                f"{path}: {size:,} bytes is more than the {limit:,} a trace may hold "
+                f"(set {MAX_BYTES_ENV} to raise it)"
+            )
         data = path.read_bytes()
     except FileNotFoundError:
         raise AgentabError(f"{path}: no such file") from None
@@ -41,9 +65,16 @@ def read_bytes(path: Path) -> bytes:
         raise AgentabError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if data[:2] == b"\x1f\x8b" or path.name.endswith(".gz"):
         try:
-            data = gzip.decompress(data)
+            # Read at most one byte past the limit: decompression stops there.
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+                data = stream.read(limit + 1)
         except (OSError, EOFError, zlib.error) as exc:
             raise AgentabError(f"{path}: not a valid gzip file ({exc})") from None
+        if len(data) > limit:
+            raise AgentabError(
+                f"{path}: decompresses to more than {limit:,} bytes, the most a trace may hold "
+                f"(set {MAX_BYTES_ENV} to raise it)"
+            )
     return data
 
 

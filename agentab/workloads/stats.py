@@ -6,7 +6,7 @@
 - `turns_per_session`: parent requests per session (subagent requests not counted).
 - `pause_s`: end-to-start idle gaps between consecutive requests of the same agent (the parent's
   own list, each subagent's own list): `max(0, t_k - t_{k-1} - api_time_{k-1})`, `api_time`
-  counted as 0 when not recorded (REFERENCE.md 2: AgentX's inter-turn delay).
+  counted as 0 when not recorded (docs/replay.md: AgentX's inter-turn delay).
 - `theoretical_cache_hit_ratio`: for each request in start-time order (ties in recorded tree
   order, depth first), the number of its leading hash ids already seen in earlier requests of the
   same session tree, times `block_size`, summed over requests and divided by the summed `in`.

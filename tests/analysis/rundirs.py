@@ -26,6 +26,7 @@ BASE_MANIFEST: dict[str, Any] = {
     "agentab_version": "0.1.0",
     "started_at": "2025-01-01T00:00:00Z",
     "arm": "auto",
+    "status": "completed",
 }
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from agentab.analysis.compare import compare_runs
 from agentab.analysis.load import load_run
+from agentab.analysis.markdown import comparison_markdown
 from agentab.replay import simulate_to_dir
 from agentab.replay.options import ReplayOptions
 from agentab.workloads.generator import generate, load_config
@@ -41,25 +42,35 @@ def simulate(root: Path, workload, seed: int, concurrency: int, duration_s: floa
     )
 
 
-def test_aa_single_runs_with_two_seeds(tmp_path: Path) -> None:
-    # One run per side: only the session bootstrap applies, which is valid when sessions do not
-    # share batches (concurrency 1); see test_aa_repeats for concurrent traffic.
-    workload = generate(load_config("agentx-coding"), 24, 7)
-    a = simulate(tmp_path, workload, 1, concurrency=1, duration_s=1200.0)
-    b = simulate(tmp_path, workload, 2, concurrency=1, duration_s=1200.0)
+def test_aa_single_runs_get_no_verdict(tmp_path: Path) -> None:
+    # Two single runs of one arm with replay seeds 1 and 2 at concurrency 8: the session
+    # bootstrap alone called this pair "better" (ratio 1.074, CI 1.006-1.140). With one run per
+    # arm nothing measures run-to-run noise, so no metric gets a verdict, and the report says why.
+    workload = generate(load_config("agentx-coding"), 60, 42)
+    a = simulate(tmp_path, workload, 1, concurrency=8, duration_s=900.0)
+    b = simulate(tmp_path, workload, 2, concurrency=8, duration_s=900.0)
     result = compare_runs([load_run(a)], [load_run(b)], seed=0)
     headline = result.metrics["p90_interactivity_tok_s"]
     assert result.repeat_pairing == "none"
-    assert headline.ci_low < 1.0 < headline.ci_high
-    assert headline.verdict == "no significant difference"
+    assert headline.ci_sessions is not None and headline.ci_repeats is None
+    assert {r.verdict for r in result.metrics.values()} <= {"no verdict", "n/a"}
+    assert headline.verdict == "no verdict"
+    # Long sessions: in 900 s, 8 lanes play only 13 and 17 of the 60 sessions.
+    assert (result.size_a.sessions, result.size_b.sessions) == (13, 17)
+    assert result.withheld == [
+        "fewer than 2 runs per arm (A 1, B 1): a single run cannot show run-to-run noise, which "
+        "the session bootstrap misses; use repeats >= 3"
+    ]
     assert result.differences == []  # seeds differ by design and are not a guard failure
     assert [d.field for d in result.notes] == ["seed", "replay.seed", "engine_seed"]
+    md = comparison_markdown(result)
+    assert "**no verdict**: fewer than 2 runs per arm (A 1, B 1)" in md
 
 
 def test_aa_repeats_at_concurrency(tmp_path: Path) -> None:
     # Three runs per side at concurrency 4: the run-level t interval widens the CI to cover the
     # run-to-run noise that the session bootstrap alone cannot see.
-    workload = generate(load_config("agentx-coding"), 24, 7)
+    workload = generate(load_config("agentx-coding"), 60, 7)
     a = [simulate(tmp_path, workload, s, concurrency=4, duration_s=600.0) for s in (11, 12, 13)]
     b = [simulate(tmp_path, workload, s, concurrency=4, duration_s=600.0) for s in (14, 15, 16)]
     result = compare_runs([load_run(p) for p in a], [load_run(p) for p in b], seed=0)
@@ -70,4 +81,5 @@ def test_aa_repeats_at_concurrency(tmp_path: Path) -> None:
         headline.ci_low <= headline.ci_sessions[0] and headline.ci_high >= headline.ci_sessions[1]
     )
     assert headline.ci_low < 1.0 < headline.ci_high
+    assert result.withheld == [], (result.size_a, result.size_b)
     assert headline.verdict == "no significant difference"

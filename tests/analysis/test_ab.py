@@ -82,6 +82,22 @@ def test_ab_runs_the_arms_interleaved_and_prints_the_report(experiment) -> None:
     assert (out / "experiment.toml").read_text() == EXPERIMENT
 
 
+def test_a_report_on_simulated_runs_says_so_from_the_manifests(experiment) -> None:
+    # The experiment file has no notes: the caveat comes from what the runs recorded.
+    out, result = experiment
+    caveat = (
+        "- **Simulated, not measured**: engine agentab-sim, hardware profile gb300-tp16-kimi-k3 "
+        "(status published-derived: derived from published figures, not measured); "
+        "spec-decode acceptance is configured (7 draft tokens, per-position acceptance 0.90, "
+        "0.82, 0.74, 0.66, 0.58, 0.50, 0.42), not measured. Measure your own traffic on your "
+        "own engine before deciding."
+    )
+    assert caveat in result.stdout.splitlines()
+    report = agentab("report", out / "auto" / "run-1")
+    assert report.returncode == 0, report.stderr
+    assert caveat in report.stdout.splitlines()
+
+
 def test_ab_comparison_json_and_html(experiment) -> None:
     out, _ = experiment
     comparison = json.loads((out / "comparison.json").read_text())
@@ -113,3 +129,48 @@ def test_ab_refuses_a_used_experiment_dir(experiment, tmp_path: Path) -> None:
     result = agentab("ab", path, "-o", out)
     assert result.returncode == 2
     assert "experiment dir exists and is not empty" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('name = "fast"\ndecode_backend = "latency_specialized"', 'decode_backend = "warp"'),
+            "{path}: arm 'warp': decode_backend: 'warp' must be one of auto, latency_specialized",
+        ),
+        (
+            ("acceptance_probs = [0.9, 0.82,", "acceptance_probs = [0.82,"),
+            "{path}: arm 'auto': acceptance_probs: needs 7 values (one per draft position)",
+        ),
+        (
+            ("sessions = 6", "sessions = 1000000000"),
+            "{path}: [workload.generate]: --sessions must be <= 10,000 (got 1,000,000,000; "
+            "about 1 MB per session)",
+        ),
+        (
+            ("concurrency = 2", "concurrency = 0"),
+            "{path}:12: [replay]: replay option concurrency must be >= 1",
+        ),
+    ],
+)
+def test_ab_refuses_a_bad_arm_or_input_before_any_run(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    path = tmp_path / "exp.toml"
+    assert change[0] in EXPERIMENT
+    path.write_text(EXPERIMENT.replace(*change))
+    result = agentab("ab", path, "-o", tmp_path / "out")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("agentab: error: " + message.format(path=path))
+    assert not list((tmp_path / "out").glob("*/run-*"))  # no arm ran
+
+
+def test_ab_refuses_an_experiment_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_bytes(b'name = "caf\xe9"\n' + EXPERIMENT.encode())
+    result = agentab("ab", path, "-o", tmp_path / "out")
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"agentab: error: {path}: not UTF-8 text (byte 11); TOML is UTF-8\n",
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,14 +50,30 @@ def test_report_prints_the_table_and_writes_summary_json(runs: dict[str, Path]) 
 
 
 def test_compare_json_has_metrics_and_guard(runs: dict[str, Path]) -> None:
+    # One run per arm: the effect is measured, the verdict withheld.
     result = agentab("compare", runs["a"], runs["b"], "--json", "--resamples", "500")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     headline = data["metrics"]["p90_interactivity_tok_s"]
-    assert set(headline) >= {"a", "b", "ratio", "ci_low", "ci_high", "verdict"}
+    assert set(headline) >= {"a", "b", "ratio", "ci_low", "ci_high", "verdict", "n_a", "n_b"}
     assert headline["ratio"] == pytest.approx(1 / 0.8)
-    assert headline["verdict"] == "better"
+    assert headline["verdict"] == "no verdict"
     assert data["guard"] == []
+
+
+def test_compare_of_two_repeats_per_arm_gives_a_verdict(tmp_path: Path) -> None:
+    for k in range(2):
+        write_run(tmp_path / "a" / f"run-{k}", synthetic_records(1 + k), manifest(repeat=k))
+        write_run(
+            tmp_path / "b" / f"run-{k}",
+            synthetic_records(1 + k, itl_scale=0.8),
+            manifest(decode_backend="latency_specialized", arm="ls", repeat=k),
+        )
+    result = agentab("compare", tmp_path / "a", tmp_path / "b", "--json", "--resamples", "500")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["repeat_interval"] == "paired"
+    assert data["metrics"]["p90_interactivity_tok_s"]["verdict"] == "better"
 
 
 def test_compare_refuses_different_gpu_counts_in_one_line(runs: dict[str, Path]) -> None:
@@ -80,3 +97,74 @@ def test_report_of_a_missing_dir_is_one_line(tmp_path: Path) -> None:
     result = agentab("report", tmp_path / "nope")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "not a run dir" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("status", "why"),
+    [
+        ("running", "running: never finalised (its process is gone: killed or crashed)"),
+        ("interrupted", "interrupted: interrupted by a signal before its window ended"),
+        ("error_rate", "error_rate: stopped early: its error rate exceeded --max-error-rate"),
+        (None, "no status in the manifest (not written by a finished replay)"),
+    ],
+)
+def test_unfinished_runs_are_refused_by_report_and_compare(
+    tmp_path: Path, runs: dict[str, Path], status: str | None, why: str
+) -> None:
+    m = manifest(status=status, writer={"pid": 2**22 + 1, "host": socket.gethostname()})
+    if status is None:
+        del m["status"]
+    bad = write_run(tmp_path / "bad", synthetic_records(1), m)
+    line = (
+        f"agentab: error: {bad} ({why}): refusing to report on an unfinished run "
+        "(pass --allow-incomplete to use it anyway)\n"
+    )
+    report = agentab("report", bad)
+    assert (report.returncode, report.stdout, report.stderr) == (2, "", line)
+    compare = agentab("compare", runs["a"], bad)
+    assert (compare.returncode, compare.stdout, compare.stderr) == (2, "", line)
+
+
+def test_a_run_still_in_progress_is_named_as_such(tmp_path: Path) -> None:
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        m = manifest(status="running", writer={"pid": live.pid, "host": socket.gethostname()})
+        bad = write_run(tmp_path / "live", synthetic_records(1), m)
+        result = agentab("report", bad)
+    finally:
+        live.kill()
+        live.wait()
+    assert result.returncode == 2
+    assert f"({'running: still in progress'} (process {live.pid})):" in result.stderr
+
+
+def test_allow_incomplete_marks_the_first_line(tmp_path: Path, runs: dict[str, Path]) -> None:
+    m = manifest(status="interrupted")
+    bad = write_run(tmp_path / "bad", synthetic_records(1, itl_scale=0.8), m)
+    why = "interrupted: interrupted by a signal before its window ended"
+    first = (
+        f"**INCOMPLETE RUN(S)**: {bad} ({why}). Their records stop early; figures from them do "
+        "not describe a full profiling window."
+    )
+    report = agentab("report", bad, "--allow-incomplete")
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.splitlines()[0] == first
+    compare = agentab("compare", runs["a"], bad, "--allow-incomplete", "--json")
+    assert compare.returncode == 0, compare.stderr
+    assert json.loads(compare.stdout)["incomplete_runs"] == [f"{bad} ({why})"]
+    md = agentab("compare", runs["a"], bad, "--allow-incomplete", "--resamples", "200")
+    assert md.stdout.splitlines()[0] == first
+
+
+def test_compare_seeds_its_bootstrap_as_ab_does(runs: dict[str, Path]) -> None:
+    result = agentab("compare", runs["a"], runs["b"], "--json", "--resamples", "200")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["bootstrap"]["seed"] == 42
+
+
+def test_report_omits_figures_the_run_did_not_measure(runs: dict[str, Path]) -> None:
+    # The synthetic server marks no reasoning chunks, so there is no TTFO: no empty row.
+    result = agentab("report", runs["a"])
+    assert result.returncode == 0, result.stderr
+    assert not any(line.startswith("| ttfo_s") for line in result.stdout.splitlines())
+    assert "Not measured in this run: ttfo_s." in result.stdout.splitlines()

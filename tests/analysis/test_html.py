@@ -103,3 +103,30 @@ def test_without_plotly_the_page_keeps_its_tables(
     page = comparison_html(compare_runs([load_run(run)], [load_run(run)], resamples=100))
     assert "<table>" in page and "plotly-graph-div" not in page
     assert "pip install 'agentab[report]'" in page
+
+
+def test_the_histogram_shares_its_bins_and_normalises_each_arm(tmp_path: Path) -> None:
+    pytest.importorskip("plotly")
+    from agentab.analysis.html import _figures, log_ticks
+
+    a = write_run(tmp_path / "a", synthetic_records(3, sessions=20), manifest())
+    b = write_run(
+        tmp_path / "b",
+        synthetic_records(4, sessions=12, itl_scale=0.7),
+        manifest(decode_backend="latency_specialized", arm="ls"),
+    )
+    comparison = compare_runs([load_run(a)], [load_run(b)], resamples=100)
+    hist = _figures(comparison)[2]
+    first, second = hist.data[0], hist.data[1]
+    assert first.histnorm == second.histnorm == "percent"
+    assert first.xbins.to_plotly_json() == second.xbins.to_plotly_json()
+    lo = min(min(first.x), min(second.x))
+    hi = max(max(first.x), max(second.x))
+    assert first.xbins.start == lo and first.xbins.end == hi
+    assert first.xbins.size == pytest.approx((hi - lo) / 80)
+    # Log axes: every tick labelled in full, 1-2-5 per decade.
+    cdf = _figures(comparison)[0]
+    assert list(cdf.layout.xaxis.ticktext) == [f"{t:g}" for t in cdf.layout.xaxis.tickvals]
+    import numpy as np
+
+    assert log_ticks(np.array([9.0, 31.0])) == [5.0, 10.0, 20.0, 50.0]

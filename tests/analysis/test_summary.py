@@ -1,4 +1,4 @@
-"""Per-run metrics against values computed by hand (REFERENCE.md section 3).
+"""Per-run metrics against values computed by hand (docs/analysis.md).
 
 The hand-built run: 11 successful requests whose ITLs are exactly 1/64 .. 11/64 s (per-token
 chunks and multi-token "spec decode" chunks), one OSL-1 request (no ITL), one request without
@@ -188,6 +188,7 @@ def test_percentiles_match_numpy_on_random_data() -> None:
             "phase": "profiling",
             "ok": True,
             "error_class": None,
+            "error_message": None,
             "sent_s": np.arange(n, dtype=float),
             "end_s": np.arange(n, dtype=float) + ttft + 10 * itl,
             "first_s": np.arange(n, dtype=float) + ttft,

@@ -11,7 +11,7 @@ from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
 
-LIMITS = (64, 32, 19, 16, 12, 10, 8, 8)  # REFERENCE.md section 5, q = 1..8
+LIMITS = (64, 32, 19, 16, 12, 10, 8, 8)  # docs/engine.md, "Decode paths", q = 1..8
 
 
 def decoding_scheduler(q: int, n: int, specialized: bool = True) -> Scheduler:

@@ -1,7 +1,7 @@
 """Hand-computed step-by-step expectations for the vLLM-V1-style scheduler.
 
 Small block sizes and budgets keep the arithmetic checkable by hand; each test says in comments
-how its numbers follow from the rules (REFERENCE.md section 4).
+how its numbers follow from the rules (docs/engine.md, "Scheduling semantics").
 """
 
 from __future__ import annotations

@@ -63,3 +63,38 @@ def test_trace_bad_acceptance_probs(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["engine", "trace", str(path), "--num-draft-tokens", "2", "--acceptance-probs", "x"])
     assert "--acceptance-probs" in capsys.readouterr().err
+
+
+def test_trace_stops_when_its_reader_goes(tmp_path):
+    # `agentab engine trace ... | head -1`: once the pipe closes, the trace ends, silently.
+    import subprocess
+    import sys
+
+    from agentab.workloads.generator import generate, load_config
+
+    path = tmp_path / "w.jsonl"
+    save(generate(load_config("agentx-coding"), 40, 1), path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentab", "engine", "trace", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = orjson.loads(proc.stdout.readline())
+    assert first["step"] == 0
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
+
+
+def test_trace_takes_a_fractional_acceptance_length(tmp_path, capsysbinary):
+    session = Session(
+        id="s", block_size=16, items=(Request(t=0.0, in_tokens=40, out_tokens=30, hash_ids=()),)
+    )
+    path = tmp_path / "w.jsonl"
+    save(Workload((session,)), path)
+    args = ["--num-draft-tokens", "3", "--acceptance-length", "2.5"]
+    main(["engine", "trace", str(path), *args])
+    summary = orjson.loads(capsysbinary.readouterr().out.splitlines()[-1])["summary"]
+    assert summary["engine"]["spec"]["acceptance_length"] == 2.5
+    assert summary["completion_tokens"] == 30

@@ -264,7 +264,8 @@ def test_stream_chain_plans_whole_rows_the_mma_consumer_can_split() -> None:
 
 
 def test_stream_chain_prefetch_staggered_polls_and_poll_sleep() -> None:
-    """Session 7's measured options: an L2 prefetch warp (one prefetch per phase in the code),
+    """Measured options (benchmarks/kernels/NOTES.md): an L2 prefetch warp (one prefetch per
+    phase in the code),
     staggered polls (4 kept relaxed loads before and 4 inside each wait's loop, instead of one
     acquire load), a sleep between polls, counters in lines of their own."""
     from agentab.kernels.cute.stream_chain import build, compile_chain
@@ -309,7 +310,7 @@ def test_stream_chain_phase_ends_in_shared_slots_replace_the_end_markers() -> No
 
 def test_stream_chain_probe_warp_compiles_beside_the_producer() -> None:
     """`probe` (with `trace`) adds a warp timing L2 round trips; it must build with and without
-    the prefetch warp (session 7's prefetch dispatch broke the probe-only build)."""
+    the prefetch warp (an earlier prefetch dispatch broke the probe-only build)."""
     from agentab.kernels.cute.stream_chain import compile_chain
 
     phases = _chain_phases()
@@ -352,7 +353,8 @@ def test_stream_chain_stream_options_of_session_8() -> None:
         assert not _ops(ptx) & {"ld.local", "st.local"}
     with pytest.raises(ValueError, match="copy='lsu': 'bulk', or 'lsu' with counters"):
         build(phases, 132, 7168, copy="lsu", sync="flags")
-    # claimed units take an in-flight cap with end markers (measured slower, session 8)
+    # claimed units take an in-flight cap with end markers (measured slower; see
+    # benchmarks/kernels/NOTES.md)
     capped = compile_chain(phases, 132, 7168, dynamic=True, inflight=6, **kw).__ptx__
     assert capped.count(bulk) >= len(phases)
     with pytest.raises(ValueError, match="inflight with markers"):

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentab.engine import profile as profile_mod
 from agentab.kernels.profile_toml import HBM_READ_BYTES_PER_S, KV_BYTES_PER_TOKEN, render_profile
-
-profile_mod = pytest.importorskip("agentab.engine.profile")
 
 
 def _results() -> dict:

@@ -18,7 +18,7 @@ K2 = PRESETS["k2-tp8-shard"]
 
 
 def test_k2_shard_reads_178_mb_at_batch_1_and_3_2_gb_at_batch_64() -> None:
-    # REFERENCE.md section 7: 178 MB of bf16 weights at batch 1, 3.2 GB at batch 64.
+    # docs/kernels.md: 178 MB of bf16 weights at batch 1, 3.2 GB at batch 64.
     dense = (
         2 * 7168  # two norms
         + 2 * 384  # fp32 router bias

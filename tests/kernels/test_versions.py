@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agentab.errors import AgentabError
+from agentab.kernels import attention
 from agentab.kernels.config import DEFAULT_KERNEL_VERSION, VERSION_ENV, kernels_version
-
-attention = pytest.importorskip("agentab.kernels.attention")
 
 
 def test_version_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

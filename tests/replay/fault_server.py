@@ -23,7 +23,20 @@ from pathlib import Path
 import orjson
 from aiohttp import web
 
-MODES = ("ok", "500", "reset", "stall", "malformed", "overflow")
+MODES = (
+    "ok",
+    "500",
+    "reset",
+    "stall",
+    "malformed",
+    "overflow",
+    "empty",  # 200, usage with 0 tokens, [DONE]: not one content chunk
+    "short",  # 200, a third of max_tokens, usage saying so, [DONE]
+    "no_usage",  # 200, every token, [DONE], but no usage chunk
+    "keepalive",  # 200, then only ": keep-alive" comments until the client gives up
+    "keepalive_done",  # 200, a few keep-alive comments, [DONE]
+    "404",  # a wrong model name, as vLLM answers it
+)
 _NODE = re.compile(r"N(\d+)$")
 
 
@@ -116,6 +129,12 @@ class FaultServer:
         prompt = len(body.get("prompt", []))
         if mode == "500":
             return web.Response(status=500, text="internal boom")
+        if mode == "404":
+            msg = f"The model `{body.get('model')}` does not exist."
+            return web.json_response(
+                {"object": "error", "message": msg, "type": "NotFoundError", "code": 404},
+                status=404,
+            )
         if mode == "overflow":
             msg = (
                 "This model's maximum context length is 1024 tokens. However, you requested "
@@ -130,6 +149,29 @@ class FaultServer:
         if mode == "malformed":
             await resp.write(chunk(0))
             await resp.write(b"data: {not json at all\n\n")
+            await resp.write_eof()
+            return resp
+        if mode in ("empty", "keepalive_done", "keepalive"):
+            beats = 3 if mode != "keepalive" else int(self.stall_s / 0.05)
+            try:
+                for _ in range(beats if mode != "empty" else 0):
+                    await resp.write(b": keep-alive\n\n")
+                    await asyncio.sleep(0.05)
+            except ConnectionResetError:  # the client gave up, as it should
+                return resp
+            if mode == "keepalive":
+                return resp
+            await resp.write(usage_chunk(prompt, 0, None))
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
+        if mode in ("short", "no_usage"):
+            sent = n // 3 if mode == "short" else n
+            for i in range(sent):
+                await resp.write(chunk(i))
+            if mode == "short":
+                await resp.write(usage_chunk(prompt, sent, None))
+            await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
             return resp
         if mode in ("reset", "stall"):

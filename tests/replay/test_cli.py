@@ -86,8 +86,19 @@ def test_simulate_writes_a_complete_run_dir(workload: Path, tmp_path: Path) -> N
     [
         (["--concurrency", "2", "--rate", "1"], "--concurrency is closed loop"),
         (["--start-window", "0.8", "0.2"], "start_window must be two fractions"),
-        (["--duration", "0"], "no stopping rule"),
+        (
+            ["--duration", "0"],
+            "no stopping rule: give --duration, --max-requests or --passes (duration_s, "
+            "max_requests or passes in an experiment's [replay])",
+        ),
         (["--decode-backend", "fast"], "'--decode-backend': 'fast' is not one of"),
+        (["--concurrency", "0"], "Invalid value for '--concurrency': 0 is not in the range x>=1"),
+        (
+            ["--time-scale", "1"],
+            "--time-scale replays recorded session arrivals, but all 6 sessions arrive at the "
+            "same time (a generated workload?), so all would start at once; use --rate or "
+            "--concurrency",
+        ),
     ],
 )
 def test_bad_options_are_one_line_errors(
@@ -121,3 +132,53 @@ def test_replay_unreachable_server_is_one_line(workload: Path, tmp_path: Path) -
     )
     assert proc.returncode == 2
     assert "cannot reach the server" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_workload_form_is_accepted(tmp_path: Path) -> None:
+    # A directory of AgentX JSON files and a Mooncake trace with its own block size: the forms
+    # `workload inspect` accepts, `simulate` and `replay` accept too.
+    from agentab.workloads import load
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    sessions = tmp_path / "agentx"
+    sessions.mkdir()
+    for name in ("joins.json", "bg-reset.json"):
+        (sessions / name).write_bytes((data / "agentx" / name).read_bytes())
+    proc = agentab(
+        "simulate",
+        str(sessions),
+        "--profile",
+        "h200-tp1-kimi-shard",
+        "--passes",
+        "1",
+        "--warmup-requests",
+        "0",
+        "--start-window",
+        "0",
+        "0",
+        "--out",
+        str(tmp_path / "dir"),
+        "--quiet",
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = len(list(load(sessions).sessions[0].all_requests()))
+    assert json.loads((tmp_path / "dir" / "manifest.json").read_text())["workload"]["sessions"] == 2
+    assert scan_records(tmp_path / "dir").collect().height >= expected
+    mooncake = agentab(
+        "simulate",
+        str(data / "mooncake" / "sample.jsonl"),
+        "--block-size",
+        "16",
+        "--profile",
+        "h200-tp1-kimi-shard",
+        "--passes",
+        "1",
+        "--out",
+        str(tmp_path / "mc"),
+        "--quiet",
+    )
+    assert mooncake.returncode == 0, mooncake.stderr
+    assert (
+        load(data / "mooncake" / "sample.jsonl", block_size=16).content_hash
+        == json.loads((tmp_path / "mc" / "manifest.json").read_text())["workload_hash"]
+    )

@@ -21,6 +21,12 @@ EXPECTED_CLASS = {
     "stall": "timeout",
     "malformed": "malformed_stream",
     "overflow": "context_overflow",
+    "empty": "empty_response",
+    "short": "short_output",
+    "no_usage": "no_usage",
+    "keepalive": "keepalive_timeout",
+    "keepalive_done": "empty_response",
+    "404": "http",
 }
 
 
@@ -31,7 +37,7 @@ def _workload(sessions: int, turns: int) -> Workload:
                 f"s{i}",
                 16,
                 tuple(
-                    Request(t=0.01 * k, in_tokens=40, out_tokens=3, hash_ids=(1, 2), api_time=0.0)
+                    Request(t=0.01 * k, in_tokens=40, out_tokens=6, hash_ids=(1, 2), api_time=0.0)
                     for k in range(turns)
                 ),
             )
@@ -58,7 +64,7 @@ def _mode(rid: str) -> str:
 
 
 def test_every_fault_is_recorded_with_its_class(tmp_path: Path) -> None:
-    wl = _workload(sessions=4, turns=6)
+    wl = _workload(sessions=4, turns=len(MODES))
     with FaultServer(_mode, stall_s=3.0) as srv:
         run = replay_to_dir(
             wl,
@@ -68,16 +74,23 @@ def test_every_fault_is_recorded_with_its_class(tmp_path: Path) -> None:
             progress=False,
         )
     df = scan_records(run).collect()
-    assert df.height == 24  # every request has a record
+    assert df.height == 4 * len(MODES)  # every request has a record
     for rid, cls, msg in df.select("request_id", "error_class", "error_message").iter_rows():
         assert cls == EXPECTED_CLASS[_mode(rid)], (rid, cls, msg)
     by = dict(zip(df["request_id"], df["error_message"], strict=True))
     assert by["L0-P0-N1"].startswith("HTTP 500: internal boom")
     assert "maximum context length is 1024" in by["L0-P0-N5"]
+    assert by["L0-P0-N6"] == "HTTP 200 and [DONE] without a content chunk"
+    assert by["L0-P0-N7"] == "2 of 6 tokens with ignore_eos"
+    assert by["L0-P0-N8"] == "the stream ended without the usage chunk include_usage asks for"
+    assert by["L0-P0-N9"].startswith("only ") and by["L0-P0-N9"].endswith(
+        " keep-alive line(s), no data, for 0.5 s"
+    )
+    assert by["L0-P0-N11"].startswith("HTTP 404: {")
     ok = df.filter(pl.col("error_class").is_null())
-    assert ok["completion_tokens"].to_list() == [3] * 4
+    assert ok["completion_tokens"].to_list() == [6] * 4
     assert ok["prompt_tokens"].to_list() == [40] * 4
-    assert ok["chunk_times_s"].list.len().to_list() == [3] * 4
+    assert ok["chunk_times_s"].list.len().to_list() == [6] * 4
     assert ok["cached_tokens"].null_count() == 4  # the server does not report them
     # The two chunks before a reset or a stall are kept.
     assert (
@@ -87,14 +100,25 @@ def test_every_fault_is_recorded_with_its_class(tmp_path: Path) -> None:
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "completed"
     assert manifest["model"] == "fault-model"
-    assert manifest["stats"]["error_rate"] == pytest.approx(20 / 24)
+    assert manifest["stats"]["error_rate"] == pytest.approx(44 / 48)
     assert manifest["stats"]["error_classes"] == {
         "broken_stream": 4,
         "context_overflow": 4,
-        "http": 4,
+        "empty_response": 8,
+        "http": 8,
+        "keepalive_timeout": 4,
         "malformed_stream": 4,
+        "no_usage": 4,
+        "short_output": 4,
         "timeout": 4,
     }
+    # None of them enters a latency metric; the run's summary counts each class.
+    from agentab.analysis.load import load_run
+    from agentab.analysis.summary import summarize_run
+
+    values = summarize_run(load_run(run)).values
+    assert (values["requests_ok"], values["requests_error"]) == (4, 44)
+    assert values["errors_by_class"] == manifest["stats"]["error_classes"]
 
 
 def test_error_rate_guard_ends_the_run_with_valid_records(tmp_path: Path) -> None:
@@ -166,3 +190,67 @@ def test_api_key_from_env_is_sent_and_never_stored(
             progress=False,
             api_key_env="AGENTAB_TEST_KEY",
         )
+
+
+def test_a_run_stopped_by_its_error_rate_says_why(tmp_path: Path) -> None:
+    # A wrong model name: every request gets vLLM's 404. The one-line error names the class,
+    # the status and the start of the body; the run's report shows status and errors, warmup
+    # errors included.
+    import subprocess
+    import sys
+
+    from agentab.workloads import save
+
+    save(_workload(sessions=2, turns=30), tmp_path / "wl.jsonl")
+    with FaultServer(lambda rid: "404") as srv:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentab",
+                "replay",
+                str(tmp_path / "wl.jsonl"),
+                "--url",
+                srv.url,
+                "--model",
+                "no-such-model",
+                "--out",
+                str(tmp_path / "r"),
+                "--concurrency",
+                "2",
+                "--warmup-requests",
+                "1",
+                "--duration",
+                "0",
+                "--passes",
+                "1",
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    body = (
+        '{"object": "error", "message": "The model `no-such-model` does not exist.", '
+        '"type": "NotFoundError", "code": 404}'
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "agentab: error: run ended early: error rate 100.0% (20 of 20 requests) exceeds "
+        f"max_error_rate 10.0%; top errors: http x20: HTTP 404: {body}"
+    ), result.stderr
+    assert result.stderr.count("\n") == 1
+    report = subprocess.run(
+        [sys.executable, "-m", "agentab", "report", str(tmp_path / "r"), "--allow-incomplete"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr
+    lines = report.stdout.splitlines()
+    assert lines[0].startswith(f"**INCOMPLETE RUN(S)**: {tmp_path / 'r'} (error_rate: ")
+    assert "- Status: error_rate, stopped by error_rate: error rate 100.0% (20 of 20" in (
+        report.stdout
+    )
+    assert "- Warmup errors by class: {'http': 4}." in lines
+    assert f"- First `http` error: HTTP 404: {body}" in lines

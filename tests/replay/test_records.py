@@ -154,3 +154,38 @@ def test_a_bad_list_item_is_refused_whole(tmp_path: Path) -> None:
     df = pl.read_ipc(part_files(tmp_path / "records")[0])
     assert df["request_id"].to_list() == ["r1"]
     assert df["chunk_times_s"].to_list() == [[0.1, 0.2]]
+
+
+def test_a_value_out_of_its_columns_range_loses_no_other_row(tmp_path: Path) -> None:
+    # An output length of 2**63 does not fit Int64: refused on its own, before it can fail the
+    # conversion of the batch it would have joined.
+    with PartWriter(tmp_path / "records", RECORD_SCHEMA) as w:
+        w.add(_row(0))
+        with pytest.raises(AgentabError, match=r"^record column osl: 9223372036854775808 does"):
+            w.add(_row(1, osl=2**63))
+        with pytest.raises(AgentabError, match="record column lane: 2147483648 does not fit"):
+            w.add(_row(2, lane=2**31))
+        w.add(_row(3))
+    df = pl.read_ipc(part_files(tmp_path / "records")[0])
+    assert df["request_id"].to_list() == ["r0", "r3"]
+
+
+def test_a_torn_or_foreign_part_is_named_in_one_line(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path)
+    with PartWriter(run / "records", RECORD_SCHEMA) as w:
+        w.add(_row(0))
+    part = part_files(run / "records")[0]
+    whole = part.read_bytes()
+    part.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(AgentabError) as torn:
+        scan_records(run)
+    assert str(torn.value) == (f"{part}: not a readable Arrow file (out-of-spec: InvalidFooter)")
+    part.write_bytes(whole)
+    foreign = run / "records" / "part-00000099-00000099.arrow"
+    pl.DataFrame({"a": [1]}).write_ipc(foreign)
+    with pytest.raises(AgentabError) as other:
+        scan_records(run)
+    assert str(other.value) == (
+        f"{foreign}: not a part of this run's table (missing request_id, session_id, lane and "
+        "15 more)"
+    )

@@ -112,6 +112,19 @@ def test_sigkill_leaves_every_request_finished_a_second_before(tmp_path: Path) -
     assert len(due) > 50
     assert due <= recorded, sorted(due - recorded)[:5]
     assert df["error_class"].null_count() == df.height
+    # Analysis recognises the run as unfinished and refuses it in one line.
+    report = subprocess.run(
+        [sys.executable, "-m", "agentab", "report", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert report.returncode == 2
+    assert report.stderr == (
+        f"agentab: error: {out} (running: never finalised (its process is gone: killed or "
+        "crashed)): refusing to report on an unfinished run (pass --allow-incomplete to use it "
+        "anyway)\n"
+    )
 
 
 def _interrupt(tmp_path: Path, sig: signal.Signals) -> None:

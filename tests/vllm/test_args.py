@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -212,3 +213,48 @@ def test_config_line_and_info_metric_parsing() -> None:
         "cache_dtype": "auto",
     }
     assert parse_info_metric(text, "vllm:other_info") is None
+
+
+def test_redaction_covers_credentials_json_and_secret_looking_names() -> None:
+    config = '{"decode_backend":"auto","hf":{"api_key":"k1","tokens":["t"]},"n":1}'
+    assert redact(["--credentials", "c", "--additional-config", config, "--pat=x"]) == [
+        "--credentials",
+        "<redacted>",
+        "--additional-config",
+        '{"decode_backend":"auto","hf":{"api_key":"<redacted>","tokens":"<redacted>"},"n":1}',
+        "--pat=<redacted>",
+    ]
+    assert redact(["--additional-config", '{"decode_backend":"auto"}']) == [
+        "--additional-config",
+        '{"decode_backend":"auto"}',
+    ]
+    env = {"GH_PAT": "a", "DB_PASS": "b", "X_TOKEN": "c", "S3_KEY": "d", "PATH": "/bin"}
+    assert redact_env(env) == {
+        "DB_PASS": "<redacted>",
+        "GH_PAT": "<redacted>",
+        "PATH": "/bin",
+        "S3_KEY": "<redacted>",
+        "X_TOKEN": "<redacted>",
+    }
+
+
+def test_credentials_in_a_url_never_reach_the_manifest(tmp_path: Path) -> None:
+    from agentab.replay import ReplayOptions
+    from agentab.replay.manifest import build_manifest
+    from agentab.replay.targets.http import redact_url
+    from agentab.workloads.model import Request, Session, Workload
+
+    assert redact_url("http://user:s3cret@127.0.0.1:8000") == "http://<redacted>@127.0.0.1:8000"
+    assert redact_url("https://host/v1") == "https://host/v1"
+    wl = Workload((Session("s", 16, (Request(t=0.0, in_tokens=4, out_tokens=1),)),))
+    manifest = build_manifest(
+        wl,
+        ReplayOptions(passes=1),
+        tmp_path,
+        target_facts={"url": "http://u:k@h:1"},
+        manifest_extra={"server_url": "http://a:b@h:2/x"},
+    )
+    assert (manifest["url"], manifest["server_url"]) == (
+        "http://<redacted>@h:1",
+        "http://<redacted>@h:2/x",
+    )

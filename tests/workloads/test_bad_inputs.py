@@ -46,6 +46,16 @@ EXPECTED = {
     "only_whitespace.jsonl": ": file is empty",
     "session_is_array.jsonl": ":1: not a JSON object",
     "subagent_without_requests.json": ": session 's1': request 1: missing field 'requests'",
+    "out_too_large.json": (
+        ": session 's1': request 0: field 'out' is out of range (9223372036854775808 > 10,000,000)"
+    ),
+    "in_float_too_large.json": (
+        ": session 's1': request 0: field 'in' is out of range (1e+23 > 10,000,000)"
+    ),
+    "subagents_too_deep.json": (
+        ": session 's1': request " + ".".join(["1"] + ["1"] * 32) + ": subagents nested more "
+        "than 32 levels deep"
+    ),
     "t_is_string.json": ": session 's1': request 0: field 't' must be a number, got string",
     "third_line_negative.jsonl": ":3: session 'c': request 0: field 'in' is negative (-3)",
     "truncated.json": ":1: invalid JSON (unexpected end of data, column 53)",
@@ -106,3 +116,41 @@ def test_missing_path_and_bad_format_names(
     )
     with pytest.raises(AgentabError, match="unknown workload format 'csv'"):
         load(BAD / "empty.json", "csv")
+
+
+def test_a_gzip_bomb_stops_at_the_size_limit(tmp_path: Path) -> None:
+    # 64 MiB of zeros in a 64 KiB file; the limit is lowered to 1 MiB for the test.
+    import gzip
+    import os
+
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        for _ in range(64):
+            f.write(bytes(2**20))
+    env = {**os.environ, "AGENTAB_MAX_WORKLOAD_BYTES": str(2**20)}
+    result = subprocess.run(
+        [sys.executable, "-m", "agentab", "workload", "inspect", str(bomb)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"agentab: error: {bomb}: decompresses to more than 1,048,576 bytes, the most a trace "
+        "may hold (set AGENTAB_MAX_WORKLOAD_BYTES to raise it)\n",
+    )
+    plain = tmp_path / "big.jsonl"
+    plain.write_bytes(b" " * (2**20 + 1))
+    result = subprocess.run(
+        [sys.executable, "-m", "agentab", "workload", "inspect", str(plain)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"agentab: error: {plain}: 1,048,577 bytes is more than the 1,048,576 a trace may hold "
+        "(set AGENTAB_MAX_WORKLOAD_BYTES to raise it)\n"
+    )

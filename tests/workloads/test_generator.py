@@ -104,7 +104,7 @@ def test_calibration_against_published_statistics(wl: Workload) -> None:
     assert 120 <= got["output_tokens"]["p50"] <= 180
     # AgentX/Weka corpus: ~251 requests per session
     assert 180 < got["requests"] / got["sessions"] < 330
-    # issue 2: ~98% pure suffix growth; pauses from sub-second to minutes
+    # AgentX traces: ~98% pure suffix growth; pauses from sub-second to minutes
     assert 0.97 < got["suffix_growth_ratio"] < 0.995
     assert got["pause_s"]["p50"] < 2.0 and got["pause_s"]["max"] > 120.0
     assert got["theoretical_cache_hit_ratio"] > 0.9

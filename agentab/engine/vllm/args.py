@@ -41,8 +41,9 @@ _OWNED_FLAGS: dict[str, str] = {
     "--no-enable-prefix-caching": "enable_prefix_caching",
 }
 # A flag whose last word names a secret (`--api-key`, `--hf-token`), not `--skip-tokenizer-init`.
-_SECRET_FLAG = re.compile(r"(?:^|[-_])(?:key|keys|token|secret|password|passwd)$", re.IGNORECASE)
-_SECRET_ENV = re.compile(r"(?:^|_)(?:KEY|KEYS|TOKEN|SECRET|PASSWORD|PASSWD)(?:$|_)", re.IGNORECASE)
+_SECRET_WORDS = "key|keys|token|tokens|secret|password|passwd|pass|pat|credential|credentials|auth"
+_SECRET_FLAG = re.compile(rf"(?:^|[-_])(?:{_SECRET_WORDS})$", re.IGNORECASE)
+_SECRET_ENV = re.compile(rf"(?:^|_)(?:{_SECRET_WORDS})(?:$|_)", re.IGNORECASE)
 REDACTED = "<redacted>"
 
 
@@ -267,8 +268,31 @@ def redact(args: Sequence[str]) -> list[str]:
                 out.append(arg)
                 hide_next = True
             continue
-        out.append(arg)
+        out.append(_redact_json(arg))
     return out
+
+
+def _redact_json(arg: str) -> str:
+    """A JSON object argument (`--additional-config '{...}'`) with secret-named keys hidden."""
+    if not arg.lstrip().startswith("{"):
+        return arg
+    try:
+        value = json.loads(arg)
+    except ValueError:
+        return arg
+    hidden = _hide_secrets(value)
+    return arg if hidden == value else json.dumps(hidden, separators=(",", ":"))
+
+
+def _hide_secrets(value: object) -> object:
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if _SECRET_FLAG.search(str(k)) else _hide_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_hide_secrets(v) for v in value]
+    return value
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -22,6 +22,10 @@ ERROR_CLASSES: tuple[str, ...] = (
     "broken_stream",  # the connection closed or reset before the stream ended properly
     "malformed_stream",  # a chunk that is not a JSON object, or a stream the client cannot read
     "stream_error",  # the server sent an error object inside the stream
+    "empty_response",  # HTTP 200 and a proper end, but not one content chunk
+    "short_output",  # fewer tokens than max_tokens although ignore_eos was asked
+    "no_usage",  # the stream ended without the usage chunk that was asked for
+    "keepalive_timeout",  # only keep-alive comments, no data, for request_timeout_s
     "engine",  # the in-process engine refused or failed the request
     "client",  # an unexpected failure inside the client (a bug; the message says what)
     "cancelled",  # the run ended (signal, error-rate abort) while the request was in flight

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import orjson
@@ -36,6 +37,17 @@ _REASONING_KEYS = ("reasoning_content", "reasoning")
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,) + (
     (aiohttp.ConnectionTimeoutError,) if hasattr(aiohttp, "ConnectionTimeoutError") else ()
 )
+
+
+def redact_url(url: str) -> str:
+    """`url` with any user name and password replaced: a URL is written into manifests,
+    reports and error messages, and `http://user:key@host` would carry the key along."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"<redacted>@{host}" + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def api_key_from_env(name: str | None) -> str | None:
@@ -98,7 +110,7 @@ class HttpTarget:
     def describe(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "target": "http",
-            "url": self.url,
+            "url": redact_url(self.url),
             "endpoint": self.endpoint,
             "model": self.model,
         }
@@ -127,16 +139,16 @@ class HttpTarget:
                 body = await resp.read()
                 if resp.status != 200:
                     raise AgentabError(
-                        f"{self.url}/v1/models: HTTP {resp.status}: {body[:200]!r} "
+                        f"{redact_url(self.url)}/v1/models: HTTP {resp.status}: {body[:200]!r} "
                         "(pass --model to skip discovery)"
                     )
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise AgentabError(f"{self.url}: cannot reach the server: {exc}") from None
+            raise AgentabError(f"{redact_url(self.url)}: cannot reach the server: {exc}") from None
         try:
             return str(orjson.loads(body)["data"][0]["id"])
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             raise AgentabError(
-                f"{self.url}/v1/models: no model listed (pass --model NAME)"
+                f"{redact_url(self.url)}/v1/models: no model listed (pass --model NAME)"
             ) from None
 
     async def _describe_server(self) -> dict[str, Any]:
@@ -184,6 +196,8 @@ class HttpTarget:
                     deadline = _ReadDeadline(loop, resp.content, self.timeout_s)
                 try:
                     await self._read_stream(resp, out, loop, deadline)
+                    if out.error_class is None:
+                        _check_complete(out, spec.max_tokens)
                 finally:
                     if deadline is not None:
                         deadline.cancel()
@@ -216,20 +230,35 @@ class HttpTarget:
         reasoning = 0
         buf = b""
         done = False
+        keepalives = 0
         content = resp.content
         while not done:
-            data = await content.readany()
+            try:
+                data = await content.readany()
+            except aiohttp.ServerTimeoutError:
+                if keepalives and not times:
+                    out.fail(
+                        "keepalive_timeout",
+                        f"only {keepalives} keep-alive line(s), no data, for {self.timeout_s:g} s",
+                    )
+                    out.end = loop.time()
+                    return
+                raise
             if not data:
                 break
             now = loop.time()
-            if deadline is not None:
-                deadline.last = now
+            stamp = now
             now -= sent
             lines = (buf + data if buf else data).split(b"\n")
             buf = lines.pop()  # an incomplete last line waits for the next read
             for line in lines:
                 if not line.startswith(b"data:"):
-                    continue  # blank separators, comments, other SSE fields
+                    # Blank separators, other SSE fields, and comments: a server's keep-alive
+                    # (": ping") does not count as progress against the silence limit.
+                    keepalives += line.startswith(b":")
+                    continue
+                if deadline is not None:
+                    deadline.last = stamp
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
                     done = True
@@ -332,6 +361,26 @@ class _ReadDeadline:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+def _check_complete(out: Outcome, max_tokens: int) -> None:
+    """A 200 stream that ended properly but did not deliver what was asked is a failure.
+
+    Every request asks for `max_tokens` with `ignore_eos` and usage in the last chunk, so a
+    stream with no content, with fewer tokens than asked, or without usage did not measure the
+    request that was planned: its TTFT and ITL would enter the metrics as if it had.
+    """
+    if not out.chunk_times:
+        out.fail("empty_response", "HTTP 200 and [DONE] without a content chunk")
+        return
+    if out.completion_tokens is None:
+        out.fail("no_usage", "the stream ended without the usage chunk include_usage asks for")
+        return
+    if out.completion_tokens < max_tokens:
+        out.fail(
+            "short_output",
+            f"{out.completion_tokens} of {max_tokens} tokens with ignore_eos",
+        )
 
 
 def _take_usage(out: Outcome, usage: dict[str, Any]) -> None:

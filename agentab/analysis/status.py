@@ -1,0 +1,89 @@
+"""Whether a run finished, read from its manifest: analysis refuses unfinished runs by default.
+
+Replay writes `status: running` before the first request and rewrites it with the outcome at the
+end (`completed`, `interrupted`, `error_rate`, `write_error`). A run killed with SIGKILL, or one
+still going, keeps `running`: its records stop at an arbitrary point and its profiling window is
+cut short, so a headline from it would be a confident number about a different experiment. The
+manifest also names the process that wrote it (`writer.pid`, `writer.host`), which tells a run
+still in progress on this host from one whose writer is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from agentab.errors import AgentabError
+
+COMPLETED = "completed"
+_WHY: dict[str, str] = {
+    "interrupted": "interrupted by a signal before its window ended",
+    "error_rate": "stopped early: its error rate exceeded --max-error-rate",
+    "write_error": "stopped early: its records could not be written",
+    "failed": "failed",
+}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def describe_status(manifest: dict[str, Any]) -> str | None:
+    """None for a completed run, else what the run's status means, in a few words."""
+    status = manifest.get("status")
+    if status == COMPLETED:
+        return None
+    if status == "running":
+        writer = manifest.get("writer")
+        if isinstance(writer, dict) and writer.get("host") == socket.gethostname():
+            pid = writer.get("pid")
+            if isinstance(pid, int) and pid > 0 and pid != os.getpid() and _alive(pid):
+                return f"running: still in progress (process {pid})"
+            return "running: never finalised (its process is gone: killed or crashed)"
+        return "running: still in progress, or killed before its manifest was finalised"
+    if status is None:
+        return "no status in the manifest (not written by a finished replay)"
+    return f"{status}: {_WHY.get(str(status), 'not completed')}"
+
+
+def incomplete_runs(runs: Sequence[tuple[Path, dict[str, Any]]]) -> list[str]:
+    """`PATH (status: why)` for every run of `runs` that did not complete."""
+    out = []
+    for path, manifest in runs:
+        why = describe_status(manifest)
+        if why is not None:
+            out.append(f"{path} ({why})")
+    return out
+
+
+def require_completed(runs: Sequence[tuple[Path, dict[str, Any]]], allow: bool) -> list[str]:
+    """Refuse unfinished runs (one line naming the first and its status) unless `allow`.
+
+    Returns the unfinished runs' descriptions, which a report allowed to use them shows in its
+    first line.
+    """
+    bad = incomplete_runs(runs)
+    if bad and not allow:
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise AgentabError(
+            f"{bad[0]}{more}: refusing to report on an unfinished run "
+            "(pass --allow-incomplete to use it anyway)"
+        )
+    return bad
+
+
+def incomplete_line(descriptions: Sequence[str]) -> str:
+    """The first line of a report that uses unfinished runs (--allow-incomplete)."""
+    return (
+        f"**INCOMPLETE RUN(S)**: {'; '.join(descriptions)}. Their records stop early; "
+        "figures from them do not describe a full profiling window."
+    )

@@ -180,3 +180,24 @@ def test_async_scheduling_gives_the_tokens_of_step_by_step_scheduling(backend):
     stepwise = asyncio.run(serve(engine(backend, kv_blocks=64), False))
     assert ahead == stepwise
     assert [len(ahead[k]) for k in "abc"] == [20, 14, 9]
+
+
+def test_prefill_attention_equals_the_absorbed_form():
+    """The expanded form a prefill chunk uses and the absorbed form decode uses are the same
+    attention: every query of a chunk matches the absorbed computation over its visible keys."""
+    from agentab.engine.local.forward import decode_attention, prefill_attention
+    from agentab.kernels.config import PRESETS
+    from agentab.kernels.weights import init_weights
+
+    cfg = PRESETS["tiny"]
+    w = init_weights(cfg, 2)
+    gen = torch.Generator().manual_seed(8)
+    ctx = torch.randn(70, cfg.kv_width, generator=gen, dtype=torch.float64)
+    q_nope = torch.randn(30, cfg.n_heads, cfg.qk_nope, generator=gen, dtype=torch.float64)
+    q_pe = torch.randn(30, cfg.n_heads, cfg.qk_rope, generator=gen, dtype=torch.float64)
+    positions = torch.arange(40, 70)  # a chunk after a 40-token cached prefix
+    w64 = type(w)(**{k: v.double() for k, v in w.tensors().items()})
+    got = prefill_attention(cfg, w64, q_nope, q_pe, ctx, positions)
+    for i, p in enumerate(positions.tolist()):
+        want = decode_attention(cfg, w64, q_nope[i], q_pe[i], ctx[: p + 1])
+        torch.testing.assert_close(got[i], want, rtol=1e-10, atol=1e-12)

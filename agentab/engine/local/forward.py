@@ -31,7 +31,7 @@ from agentab.kernels.config import LayerConfig
 from agentab.kernels.standard import StandardPath, grouped_topk
 from agentab.kernels.weights import DecodeState, LayerWeights
 
-QUERY_SLICE = 256  # prefill queries attended at once
+PREFILL_QUERY_SLICE = 2048
 
 
 @dataclass
@@ -96,7 +96,13 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 def standard_attention(
     cfg: LayerConfig, w: LayerWeights, x: torch.Tensor, b: DeviceBatch, kv: torch.Tensor
 ) -> torch.Tensor:
-    """Input norm, MLA over the paged cache (absorbed form), output projection, residual."""
+    """Input norm, MLA over the paged cache, output projection, residual.
+
+    As vLLM runs MLA: a decode token (one per row) attends in the absorbed form over the latent
+    cache; a prefill chunk expands the cached latents into per-head keys and values and runs
+    fused attention (`prefill_attention`), which is compute-efficient where the absorbed form
+    would multiply every query by the 576-wide latents.
+    """
     t, nh, kvl, eps = x.shape[0], cfg.n_heads, cfg.kv_lora, cfg.rms_eps
     dt = x.dtype
     hn = F.rms_norm(x, (cfg.hidden,), w.attn_norm.to(dt), eps)
@@ -109,23 +115,61 @@ def standard_attention(
     q_pe = _rope(q[..., cfg.qk_nope :], cos, sin)
     k_pe = _rope(k_pe, cos, sin)
     kv[b.slot_mapping] = torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype)
-    q_lat = torch.einsum("thd,hcd->thc", q[..., : cfg.qk_nope], w.w_uk_t.to(dt))
-    o_lat = torch.empty(t, nh, kvl, device=x.device, dtype=dt)
+    q_nope = q[..., : cfg.qk_nope]
+    o = torch.empty(t, nh, cfg.v_head, device=x.device, dtype=dt)
     for i in range(len(b.context_lens)):
         first, last, n_ctx = b.starts[i], b.starts[i + 1], b.context_lens[i]
         ctx = kv[PagedLatentCache.slots(b.block_tables[i], n_ctx, b.block_size)].to(dt)
-        keys = torch.arange(n_ctx, device=x.device)
-        # queries in slices, so a long prefill chunk's scores stay a few hundred MB
-        for lo in range(first, last, QUERY_SLICE):
-            hi = min(lo + QUERY_SLICE, last)
-            s = torch.einsum("nhc,lc->nhl", q_lat[lo:hi], ctx[:, :kvl])
-            s = (s + torch.einsum("nhr,lr->nhl", q_pe[lo:hi], ctx[:, kvl:])) * cfg.softmax_scale
-            future = keys[None, :] > b.positions[lo:hi, None]  # causal within the chunk
-            s = s.float().masked_fill(future[:, None, :], float("-inf"))
-            p = torch.softmax(s, dim=-1).to(dt)
-            o_lat[lo:hi] = torch.einsum("nhl,lc->nhc", p, ctx[:, :kvl])
-    o = torch.einsum("thc,hvc->thv", o_lat, w.w_uv.to(dt)).reshape(t, nh * cfg.v_head)
-    return x + F.linear(o, w.w_o.to(dt))
+        if last - first == 1:
+            o[first] = decode_attention(cfg, w, q_nope[first], q_pe[first], ctx)
+        else:
+            o[first:last] = prefill_attention(
+                cfg, w, q_nope[first:last], q_pe[first:last], ctx, b.positions[first:last]
+            )
+    return x + F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt))
+
+
+def decode_attention(
+    cfg: LayerConfig, w: LayerWeights, q_nope: torch.Tensor, q_pe: torch.Tensor, ctx: torch.Tensor
+) -> torch.Tensor:
+    """One token's attention in the absorbed form: (n_heads, v_head)."""
+    kvl, dt = cfg.kv_lora, q_nope.dtype
+    q_lat = torch.einsum("hd,hcd->hc", q_nope, w.w_uk_t.to(dt))
+    s = (q_lat @ ctx[:, :kvl].t() + q_pe @ ctx[:, kvl:].t()) * cfg.softmax_scale
+    p = torch.softmax(s.to(torch.promote_types(dt, torch.float32)), dim=-1).to(dt)
+    return torch.einsum("hc,hvc->hv", p @ ctx[:, :kvl], w.w_uv.to(dt))
+
+
+def prefill_attention(
+    cfg: LayerConfig,
+    w: LayerWeights,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ctx: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """A chunk of queries over the sequence's cache, with per-head keys and values expanded
+    from the latents (k = [W_UK c | k_pe], v = W_UV c): (n, n_heads, v_head).
+
+    Query i sees keys 0..positions[i] (earlier chunks and the cached prefix, then causal within
+    the chunk), as a boolean mask to `scaled_dot_product_attention`.
+    """
+    kvl, nh, dt = cfg.kv_lora, cfg.n_heads, q_nope.dtype
+    c, rope = ctx[:, :kvl], ctx[:, kvl:]
+    k_nope = torch.einsum("lc,hcd->hld", c, w.w_uk_t.to(dt))
+    k = torch.cat([k_nope, rope.unsqueeze(0).expand(nh, -1, -1)], dim=-1)
+    v = torch.einsum("lc,hvc->hlv", c, w.w_uv.to(dt))
+    qh = torch.cat([q_nope, q_pe], dim=-1).transpose(0, 1)  # (n_heads, n, qk_head)
+    keys = torch.arange(ctx.shape[0], device=ctx.device)
+    out = torch.empty(nh, qh.shape[1], cfg.v_head, device=ctx.device, dtype=dt)
+    # query slices bound the memory of a backend that materializes the scores
+    for lo in range(0, qh.shape[1], PREFILL_QUERY_SLICE):
+        hi = lo + PREFILL_QUERY_SLICE
+        visible = keys[None, :] <= positions[lo:hi, None]
+        out[:, lo:hi] = F.scaled_dot_product_attention(
+            qh[:, lo:hi], k, v, attn_mask=visible, scale=cfg.softmax_scale
+        )
+    return out.transpose(0, 1)
 
 
 def standard_moe(

@@ -1,8 +1,9 @@
 """Continuous batching with vLLM V1 semantics over a struct-of-arrays running set.
 
-Each step (REFERENCE.md section 4): running requests first, in admission order, each given
-min(remaining, budget) tokens of `max_num_batched_tokens` (a decoding request's remaining work is
-1 + k: its last sampled token plus k drafts); if a running request's blocks cannot be allocated,
+Each step (docs/engine.md, "Scheduling semantics"): running requests first, in admission order,
+each given min(remaining, budget) tokens of `max_num_batched_tokens` (a decoding request's
+remaining work is 1 + k: its last sampled token plus k drafts); if a running request's blocks
+cannot be allocated,
 the most recently admitted running request is preempted (recompute: blocks freed with their
 hashes, back to the head of the waiting queue) until it fits or it preempted itself. Then, only if
 nothing was preempted this step, waiting requests FCFS while the budget lasts and fewer than

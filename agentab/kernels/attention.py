@@ -149,8 +149,8 @@ def split_config(version: int | None = None) -> tuple[int, int, int, int]:
     """(rows per tile, fewest tiles per split, warps, pipeline stages) of the split kernel.
 
     Versions 8-16: 32-row tiles, 8 warps, at least two tiles per split (one for 9 and 10).
-    Version 17: 64-row tiles, one per split at least, 4 warps (session 4, batch 1 / 64: split
-    10.5 / 180.6 us -> 6.3 / 111.1 us; the attention is shared, so both paths gain).
+    Version 17: 64-row tiles, one per split at least, 4 warps (measured at batch 1 / 64: split
+    10.5 / 180.6 us -> 6.3 / 111.1 us, NOTES.md; the attention is shared, so both paths gain).
     """
     v = kernels_version() if version is None else version
     plan = (64, 1, 4, 2) if v >= 17 else (32, 1 if v in (9, 10) else 2, 8, 2)
@@ -189,7 +189,7 @@ def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132,
                  version: int | None = None) -> int:  # fmt: skip
     """Channels per combine program: 128 (version 8); versions 9, 10 and 18 halve it down to 32
     until there are two programs per SM, so batch 1 reads its partials with 256 programs instead
-    of 64 (version 18 on version 17's splits: batch 1 98.2 -> 96.3 us, session 4 call 10)."""
+    of 64 (version 18 on version 17's splits: batch 1 98.2 -> 96.3 us, NOTES.md)."""
     v = kernels_version() if version is None else version
     ct = min(128, kvl)
     if v in (9, 10) or v >= 18 or NARROW_COMBINE:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from agentab.errors import AgentabError
 
 BF16_BYTES = 2
-HBM_ROOFLINE_BYTES_PER_S = 4.3e12  # REFERENCE.md section 7: this workplace's H200, measured copy
+HBM_ROOFLINE_BYTES_PER_S = 4.3e12  # the H200's measured copy bandwidth (docs/kernels.md)
 # benchmarks/kernels/NOTES.md says what each version changed
 KERNEL_VERSIONS = (8, 9, 10, 13, 14, 16, 17, 18)
 DEFAULT_KERNEL_VERSION = 18

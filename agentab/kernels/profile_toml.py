@@ -54,11 +54,12 @@ def render_profile(results: dict[str, Any]) -> str:
 #     The simulator adds context reads itself (context x bytes_per_token_per_layer /
 #     hbm_read_bytes_per_s), so that amount at the bench context is subtracted from each time.
 #     The standard path beyond batch 64 is measured too (profile only).
-#   [R7] REFERENCE.md section 7.   [A] assumption (not measured; kept from the placeholder).
+#   [H] this H200, measured (docs/kernels.md).
+#   [A] assumption (not measured; kept from the placeholder).
 format_version = 1  # profile file format (docs/engine.md)
 name = "h200-tp1-kimi-shard"  # identity, recorded in run manifests with the file hash
 status = "measured"  # the decode tables are measured; fields marked [A] are not
-model = "Kimi-K2-shaped shard (TP8 rank)"  # [R7]
+model = "Kimi-K2-shaped shard (TP8 rank)"  # [H]
 gpu_name = "{results["device"]}"  # [M]
 gpu_count = 1  # one GPU serves the whole (shard) model
 tp = 1  # no tensor parallelism across GPUs
@@ -69,7 +70,7 @@ kv_layers = 30  # [A] every layer is MLA
 block_size_tokens = 16  # vLLM default
 capacity_blocks = 50130  # [A] 27.7 GB of bf16 latent for 30 layers
 bytes_per_token_per_layer = {KV_BYTES_PER_TOKEN}  # bf16 MLA latent: (512 + 64) x 2 bytes
-hbm_read_bytes_per_s = {HBM_READ_BYTES_PER_S:.1e}  # [R7] read-only streaming: about 4.5 TB/s
+hbm_read_bytes_per_s = {HBM_READ_BYTES_PER_S:.1e}  # [H] read-only streaming: about 4.5 TB/s
 
 [decode]
 cuda_graph_max_tokens = 512  # [A] vLLM default capture sizes
@@ -83,8 +84,8 @@ step_fixed_us = 90.0  # [A] LM head shard (293 MB at 4.3 TB/s = 68 us) + samplin
 batch_tokens = {_fmt(spc_b)}  # [M]
 layer_time_us = {_fmt(spc_t)}  # [M] minus KV reads
 step_fixed_us = 90.0  # [A] same LM head and sampling
-max_padded_tokens = 64  # REFERENCE.md section 5
-max_requests_by_q = [64, 32, 19, 16, 12, 10, 8, 8]  # for q = 1..8 (REFERENCE.md section 5)
+max_padded_tokens = 64  # vLLM's latency_specialized limit (docs/engine.md, "Decode paths")
+max_requests_by_q = [64, 32, 19, 16, 12, 10, 8, 8]  # for q = 1..8 (same source)
 
 [spec_decode]
 drafter_step_us = 500.0  # [A] no drafter measured

@@ -3,9 +3,9 @@
 Each step (docs/engine.md, "Scheduling semantics"): running requests first, in admission order,
 each given min(remaining, budget) tokens of `max_num_batched_tokens` (a decoding request's
 remaining work is 1 + k: its last sampled token plus k drafts); if a running request's blocks
-cannot be allocated,
-the most recently admitted running request is preempted (recompute: blocks freed with their
-hashes, back to the head of the waiting queue) until it fits or it preempted itself. Then, only if
+cannot be allocated, the most recently admitted running request is preempted (recompute: blocks
+freed with their hashes, back to the head of the waiting queue) until it fits or it preempted
+itself. Then, only if
 nothing was preempted this step, waiting requests FCFS while the budget lasts and fewer than
 `max_num_seqs` run: a request is admitted only if its whole prompt (less its prefix hit) fits in
 free blocks, and the first one that does not fit stops admission (head-of-line blocking). Prompts

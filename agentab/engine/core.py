@@ -32,8 +32,13 @@ from agentab.engine.executor import Executor
 from agentab.engine.outputs import StepOutput
 from agentab.engine.scheduler import Req, Scheduler, StepPlan, WindowPlan
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
+from agentab.errors import AgentabError
 
 StepObserver = Callable[[dict[str, Any]], None]
+
+
+class EngineFailed(AgentabError):
+    """The engine's step loop died (a bug, or a device error): no request can be served."""
 
 
 class _Channel:
@@ -75,12 +80,30 @@ class Engine:
         self._aborts: list[str] = []
         self._step_no = 0
         self._worker: Any = None  # the thread a measured executor's steps run in
+        self._failure: BaseException | None = None  # why the step loop died, if it did
+        self._channels: set[_Channel] = set()  # every open stream (to wake them on a failure)
 
     # -- public API ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the step loop as a task of the running loop."""
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._loop(), name="engine-loop")
+            self._task = asyncio.get_running_loop().create_task(self._guarded(), name="engine-loop")
+
+    async def _guarded(self) -> None:
+        """The step loop; if it dies, every open stream and every later request fails with the
+        reason, instead of waiting forever for tokens that will not come."""
+        try:
+            await self._loop()
+        except Exception as exc:
+            self._failure = exc
+            for ch in list(self._channels):
+                ch.wake()
+            raise
+
+    def _raise_failure(self) -> None:
+        exc = self._failure
+        assert exc is not None
+        raise EngineFailed(f"the engine's step loop failed: {type(exc).__name__}: {exc}") from exc
 
     async def stop(self) -> None:
         """Stop the loop; requests still in flight end with finish_reason "abort".
@@ -90,7 +113,9 @@ class Engine:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            # a loop that died has told every stream why (EngineFailed); stopping is not the
+            # place to raise it again
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         worker, self._worker = self._worker, None
         if worker is not None:
@@ -101,10 +126,15 @@ class Engine:
                 self._finish(req)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent | FinalUsage]:
-        """Stream `TokenEvent`s, then one `FinalUsage`. Leaving early aborts the request."""
+        """Stream `TokenEvent`s, then one `FinalUsage`. Leaving early aborts the request.
+
+        Raises `EngineFailed` if the engine's step loop has died (now or while streaming)."""
+        if self._failure is not None:
+            self._raise_failure()
         req = self.scheduler.add(request.request_id, request.prompt_token_ids, request.max_tokens)
         ch = _Channel()
         req.sink = ch
+        self._channels.add(ch)
         self._wake()
         loop = asyncio.get_running_loop()
         try:
@@ -114,11 +144,14 @@ class Engine:
                     yield item
                     if type(item) is FinalUsage:
                         return
+                if self._failure is not None:
+                    self._raise_failure()
                 ch.waiter = loop.create_future()
                 await ch.waiter
                 ch.waiter = None
         finally:
-            if not ch.done:
+            self._channels.discard(ch)
+            if not ch.done and self._failure is None:
                 self.abort(request.request_id)
 
     def abort(self, request_id: str) -> None:

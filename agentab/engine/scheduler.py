@@ -247,7 +247,8 @@ class Scheduler:
         self._cap, self._cols = cap, cols
 
     def _take_slot(self, req: Req) -> int:
-        cols_needed = self._blocks_for(len(req.tokens) + self.k)
+        # a verify step reaches k past the last token and reserves k lookahead slots beyond
+        cols_needed = self._blocks_for(len(req.tokens) + 2 * self.k)
         if not self._free_slots or cols_needed > self._cols:
             cap = self._cap * 2 if not self._free_slots else self._cap
             cols = self._cols

@@ -228,3 +228,15 @@ def test_preemption_takes_the_latest_admitted_first_and_prepends():
     assert plan.preempted == ["B"] and sched == {"A": 1}
     assert [r.id for r in s.waiting] == ["B", "C"]  # preempted requests go to the head
     assert s.counters["num_preemptions"] == 2
+
+
+def test_a_verify_step_at_the_end_of_a_request_fits_its_block_table():
+    """The last verify steps of a request reach 2k tokens past its last one (k drafts and k
+    lookahead slots): its block table must hold them, whatever the power-of-two growth gives."""
+    spec = SpecConfig(num_draft_tokens=7, acceptance_length=1)
+    s = make(num_blocks=1000, block_size=4, max_num_batched_tokens=512, spec=spec)
+    s.add("R", prompt(199, 1), 50)  # 249 tokens + 7 = 256: exactly the first table's 64 columns
+    emitted = 0
+    while s.has_work():
+        emitted += sum(step(s)[1].values())
+    assert emitted == 50

@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
-# One device call: `agentab ab` with the local engine on the H200 at one concurrency.
-# On the GPU machine, from the repo root:  CONCURRENCY=8 bash scripts/gpu/local_ab.sh
-# Writes the experiment dir (runs, servers' logs, report.md / comparison.json) under $OUT.
+# `agentab ab` with the local engine on the H200 at one concurrency, in one device call.
+# The GPU machine has no polars / orjson / msgspec and a call carries at most 64 MiB, which the
+# CuTe DSL kit (.gpu) nearly fills, so their wheels travel in a call of their own first:
+#   call 1 (carry [".pyk"]):  bash scripts/gpu/local_ab.sh install
+#   call 2 (carry [".gpu"]), within the machine's idle window:  CONCURRENCY=8 bash scripts/gpu/local_ab.sh
+# (.pyk: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
+# manylinux_2_17_x86_64 -d .pyk polars polars-runtime-32 orjson msgspec`, versions as here.)
+# Writes the experiment dir as one archive (run dirs nest too deep to come back as files), the
+# report and the log under $OUT. EXTRA_SED edits the experiment file (e.g. a longer window).
 set -uo pipefail
+if [ "${1:-}" = install ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pysite .pyk/*.whl
+  PYTHONPATH=/tmp/pysite python3 -c "import polars, orjson, msgspec; print('polars', polars.__version__)"
+  exit
+fi
+[ -d /tmp/pysite/polars ] || { echo "run 'bash scripts/gpu/local_ab.sh install' (carry .pyk) first" >&2; exit 2; }
+export PYTHONPATH=/tmp/pysite${PYTHONPATH:+:$PYTHONPATH}
 source .gpu/setup.sh
 c=${CONCURRENCY:-1}
 exp="$OUT/local-k2-h200-c$c.toml"
 sed -e "s/^concurrency = .*/concurrency = $c/" -e "s/^name = .*/name = \"local-k2-h200-c$c\"/" \
   ${EXTRA_SED:+-e "$EXTRA_SED"} examples/local-k2-h200.toml > "$exp"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env-c$c.log"
-python3 -m agentab ab "$exp" -o "$OUT/ab-c$c" --progress 2>&1 | tee "$OUT/ab-c$c.log"
+timeout "${AB_TIMEOUT:-540}" python3 -m agentab ab "$exp" -o "$OUT/ab-c$c" --progress 2>&1 | tee "$OUT/ab-c$c.log"
 rc=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=memory.used --format=csv | tee -a "$OUT/env-c$c.log"
+tar czf "$OUT/ab-c$c-runs.tgz" -C "$OUT" "ab-c$c" && rm -rf "$OUT/ab-c$c"/*/
 exit "$rc"

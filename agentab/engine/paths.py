@@ -9,9 +9,26 @@ forward. With `auto` every step runs standard.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import numpy as np
 
+from agentab.errors import AgentabError
+
 BACKENDS = ("auto", "latency_specialized")
+
+
+def check_engine_args(backend: str, options: Mapping[str, Any], known: Iterable[str]) -> None:
+    """An engine builder's arguments: a known decode backend and only its own options."""
+    known = tuple(known)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise AgentabError(
+            f"engine options: unknown {', '.join(unknown)} (known: {', '.join(known)})"
+        )
+    if backend not in BACKENDS:
+        raise AgentabError(f"decode_backend: {backend!r} must be one of {', '.join(BACKENDS)}")
 
 
 def padded_tokens(tokens: int, graph_max: int) -> int:

@@ -7,7 +7,7 @@ from typing import Any
 
 from agentab.engine.core import Engine
 from agentab.engine.executor import SimExecutor
-from agentab.engine.paths import BACKENDS
+from agentab.engine.paths import check_engine_args
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
@@ -32,15 +32,7 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
     `kv_blocks` overrides the profile's KV capacity (to force cache pressure); `fast_forward`
     (default True) may be turned off to step one at a time on the virtual clock.
     """
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise AgentabError(
-            f"engine options: unknown {', '.join(unknown)} (known: {', '.join(OPTIONS)})"
-        )
-    if decode_backend not in BACKENDS:
-        raise AgentabError(
-            f"decode_backend: {decode_backend!r} must be one of {', '.join(BACKENDS)}"
-        )
+    check_engine_args(decode_backend, options, OPTIONS)
     prof = load_profile(profile)
     k = int(options.get("num_draft_tokens") or 0)
     probs = options.get("acceptance_probs")

@@ -13,7 +13,7 @@ from typing import Any
 from agentab.engine.core import Engine
 from agentab.engine.local.config import ModelConfig, model_config
 from agentab.engine.local.kv_cache import PagedLatentCache
-from agentab.engine.paths import BACKENDS
+from agentab.engine.paths import check_engine_args
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.errors import AgentabError
 
@@ -82,15 +82,7 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
     from agentab.engine.local.executor import TorchExecutor
     from agentab.engine.local.model import build_weights
 
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise AgentabError(
-            f"engine options: unknown {', '.join(unknown)} (known: {', '.join(OPTIONS)})"
-        )
-    if decode_backend not in BACKENDS:
-        raise AgentabError(
-            f"decode_backend: {decode_backend!r} must be one of {', '.join(BACKENDS)}"
-        )
+    check_engine_args(decode_backend, options, OPTIONS)
     cfg = model_config(
         preset, num_layers=options.get("num_layers"), weight_sets=options.get("weight_sets")
     )

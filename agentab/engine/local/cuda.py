@@ -39,7 +39,7 @@ def graph_sizes(max_batch: int, graph_max: int = 512) -> list[int]:
     return sorted({padded_tokens(n, graph_max) for n in range(1, max_batch + 1)})
 
 
-class _Static:
+class GraphInputs:
     """A graph's inputs as one int64 buffer: [tokens | positions | slots | split | table].
 
     The host fills a pinned copy and one copy moves it to the device before each replay (the
@@ -50,7 +50,8 @@ class _Static:
     def __init__(self, b: int, max_blocks: int, device: torch.device) -> None:
         self.b, self.max_blocks = b, max_blocks
         total = 4 * b + 1 + b * max_blocks
-        self.host = torch.zeros(total, dtype=torch.int64, pin_memory=True)
+        pinned = torch.device(device).type == "cuda"  # pinned host memory needs a GPU
+        self.host = torch.zeros(total, dtype=torch.int64, pin_memory=pinned)
         self.np = self.host.numpy()
         self.dev = torch.zeros(total, dtype=torch.int64, device=device)
         d = self.dev
@@ -107,7 +108,7 @@ class DecodeGraphs:
         self.scratch_slot = scratch_block * cache.block_size
         self.max_blocks = math.ceil(max_len / cache.block_size)
         self.layers_by_size: dict[int, list[Any]] = {}
-        self.static: dict[int, _Static] = {}
+        self.static: dict[int, GraphInputs] = {}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._standard = standard_paths
         self.last_sampled = last_sampled
@@ -128,7 +129,7 @@ class DecodeGraphs:
         ]
 
     def _capture(self, b: int) -> None:
-        st = _Static(b, self.max_blocks, self.cache.data.device)
+        st = GraphInputs(b, self.max_blocks, self.cache.data.device)
         st.fill(None, self.scratch_slot, self.scratch_block, split_plan(b, 1)[1])
         paths = self._paths(b)
         cfg, w, cache = self.cfg, self.w, self.cache

@@ -312,10 +312,12 @@ def _check_engine(
             serve_args(engine, "auto", 0)
         except AgentabError as exc:
             raise AgentabError(f"{where('engine')}: {exc}") from None
-        if (len(gpus) if isinstance(gpus, list) else gpus) != 1:
+        count = len(gpus) if isinstance(gpus, list) else gpus
+        tp = engine.get("tp", 1)
+        if count != tp:
             raise AgentabError(
-                f"{where('gpus')}: the local engine runs on one device (TP1); [gpus] count "
-                f"must be 1 (got {gpus})"
+                f"{where('gpus')}: the local engine runs one device per tensor-parallel rank; "
+                f"[gpus] count {count} is not the engine's tp {tp}"
             )
     elif kind == "http" or attach:
         _check_keys(engine, HTTP_KEYS, "engine", where)

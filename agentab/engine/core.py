@@ -120,6 +120,9 @@ class Engine:
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.shutdown(wait=True)
+        close = getattr(self.executor, "close", None)
+        if close is not None:  # e.g. the local engine's other tensor-parallel ranks
+            close()
         for rid in list(self.scheduler.requests):
             req = self.scheduler.abort(rid)
             if req is not None:

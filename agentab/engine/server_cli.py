@@ -50,6 +50,12 @@ def _with_simulator_options(command: Any) -> Any:
     "--device", default=None, help="Local engine: cpu or cuda [default: cuda where there is one]."
 )
 @click.option("--block-size", type=int, default=None, help="Local engine: KV block tokens (16).")
+@click.option(
+    "--tp",
+    type=int,
+    default=None,
+    help="Local engine: tensor-parallel ranks, one process each (CPU, gloo) [default: 1].",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True, help="0 picks a free port.")
 @click.option(
@@ -93,7 +99,7 @@ def _default_model(kw: dict[str, Any]) -> str:
     return f"agentab-local-{kw['preset']}" if kw["engine_kind"] == "local" else "agentab-sim"
 
 
-_LOCAL_ONLY = ("preset", "num_layers", "weight_sets", "device", "block_size")
+_LOCAL_ONLY = ("preset", "num_layers", "weight_sets", "device", "block_size", "tp")
 _SIM_ONLY = ("profile", "num_draft_tokens", "acceptance_length", "acceptance_probs")
 
 
@@ -122,7 +128,7 @@ def _local_engine(kw: dict[str, Any]) -> Any:
     if extra := _given(kw, _SIM_ONLY):
         raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
     names = ("num_layers", "weight_sets", "kv_blocks", "max_num_seqs", "max_num_batched_tokens")
-    names += ("seed", "device", "max_model_len", "block_size")
+    names += ("seed", "device", "max_model_len", "block_size", "tp")
     options = {n: kw[n] for n in names if kw.get(n) is not None}
     click.echo(f"agentab serve: building the local engine (preset {kw['preset']})", err=True)
     return build_local_engine(kw["preset"], kw["decode_backend"], **options)

@@ -13,6 +13,7 @@ from typing import Any
 from agentab.engine.core import Engine
 from agentab.engine.local.config import ModelConfig, model_config
 from agentab.engine.local.kv_cache import PagedLatentCache
+from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.paths import check_engine_args
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.errors import AgentabError
@@ -27,6 +28,7 @@ OPTIONS = (
     "seed",
     "device",
     "max_model_len",
+    "tp",
 )
 CPU_KV_BLOCKS = 4096  # 65,536 tokens of 16; on the GPU, what memory allows
 GPU_MEMORY_FRACTION = 0.9
@@ -83,8 +85,9 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
     from agentab.engine.local.model import build_weights
 
     check_engine_args(decode_backend, options, OPTIONS)
+    tp = int(options.get("tp") or 1)
     cfg = model_config(
-        preset, num_layers=options.get("num_layers"), weight_sets=options.get("weight_sets")
+        preset, num_layers=options.get("num_layers"), weight_sets=options.get("weight_sets"), tp=tp
     )
     device = torch.device(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type not in ("cpu", "cuda"):
@@ -101,6 +104,17 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
     max_model_len = int(options.get("max_model_len") or DEFAULT_MAX_MODEL_LEN[kind])
     max_num_seqs = int(options.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS[kind])
     dtype = torch.float32 if kind == "cpu" else torch.bfloat16
+    if tp > 1 and kind == "cuda":
+        raise AgentabError(
+            f"tp: {tp} ranks on the GPU are not supported yet (tensor parallelism runs on the "
+            "CPU over gloo); use tp = 1 on the GPU"
+        )
+    group, workers = TPGroup(), []
+    if tp > 1:
+        spec = {"preset": preset, "num_layers": cfg.num_layers, "weight_sets": cfg.weight_sets,
+                "seed": seed, "kv_blocks": kv_blocks, "block_size": block_size,
+                "max_rows": max_num_seqs}  # fmt: skip
+        group, workers = start_ranks(tp, spec)
     _say(f"weights: {cfg.weight_bytes() / 2**30:.1f} GiB ({cfg.weight_sets} sets) on {device}")
     weights = build_weights(cfg, device, seed, dtype)
     # one block past the scheduler's: the scratch block that graph padding rows write
@@ -116,7 +130,8 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
     )
     if kind == "cpu":
         executor = TorchExecutor(cfg, weights, cache, device=device, dtype=dtype,
-                                 decoder_impl="cpu-torch", max_rows=max_num_seqs)  # fmt: skip
+                                 decoder_impl="cpu-torch", max_rows=max_num_seqs, tp=group,
+                                 workers=workers)  # fmt: skip
         gpu_name = "none (CPU)"
     else:
         executor = _cuda_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
@@ -128,8 +143,8 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         **cfg.describe(),
         "gpu_name": gpu_name,
         "max_model_len": max_model_len,
-        "gpu_count": 1,
-        "tp": 1,
+        "gpu_count": tp,  # one device per rank
+        "tp": tp,
         "decode_backend": decode_backend,
         "spec": None,
         "scheduler": {
@@ -191,3 +206,30 @@ def _cuda_executor(
     return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
                          decoder_impl="cute-dsl", max_rows=rows, graphs=graphs, grouped=standard,
                          last_sampled=last_sampled)  # fmt: skip
+
+
+def start_ranks(tp: int, spec: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """Start ranks 1..tp-1 as worker processes and join them as rank 0 (gloo, loopback)."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    import orjson
+    import torch.distributed as dist
+
+    from agentab.engine.local.tensor_parallel import TPGroup
+    from agentab.engine.vllm.process import free_port
+
+    init = f"tcp://127.0.0.1:{free_port()}"
+    module = "agentab.engine.local.tp_worker"
+    workers = []
+    for r in range(1, tp):
+        arg = orjson.dumps({**spec, "rank": r, "world": tp, "init_method": init}).decode()
+        workers.append(
+            subprocess.Popen([sys.executable, "-m", module, arg], stdin=subprocess.DEVNULL)
+        )
+    _say(f"tensor parallel: {tp} ranks (gloo), workers {[p.pid for p in workers]}")
+    dist.init_process_group(
+        "gloo", init_method=init, rank=0, world_size=tp, timeout=timedelta(seconds=600)
+    )
+    return TPGroup(0, tp), workers

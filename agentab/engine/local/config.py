@@ -29,11 +29,12 @@ class ModelConfig:
     layer: LayerConfig
     num_layers: int
     weight_sets: int
-    vocab_rows: int  # embedding / LM-head rows on this rank (the vocabulary shard)
+    vocab_rows: int  # embedding / LM-head rows (the model's vocabulary shard)
     vocab_size: int = 32000  # ids a client may send; an id maps to row id mod vocab_rows
+    tp: int = 1  # tensor-parallel ranks this model is split over (engine.local.tensor_parallel)
 
     def __post_init__(self) -> None:
-        for field_name in ("num_layers", "weight_sets", "vocab_rows", "vocab_size"):
+        for field_name in ("num_layers", "weight_sets", "vocab_rows", "vocab_size", "tp"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or value < 1:
                 raise AgentabError(f"{field_name}: {value!r} must be an integer >= 1")
@@ -41,15 +42,30 @@ class ModelConfig:
             raise AgentabError(
                 f"weight_sets: {self.weight_sets} is more than num_layers {self.num_layers}"
             )
+        if self.vocab_rows % self.tp:
+            raise AgentabError(f"tp: {self.tp} does not divide the {self.vocab_rows} vocab rows")
+        self.rank_layer  # noqa: B018  (refuses a tp that does not divide heads or experts)
+
+    @property
+    def rank_layer(self) -> LayerConfig:
+        """One rank's layer: heads and expert intermediates divided by tp."""
+        from agentab.engine.local.tensor_parallel import shard_config
+
+        return shard_config(self.layer, self.tp)
+
+    @property
+    def rank_vocab_rows(self) -> int:
+        return self.vocab_rows // self.tp
 
     def layer_weight_bytes(self) -> int:
-        """Bytes of one layer's weights: every routed expert plus the dense part (bf16)."""
-        c = self.layer
+        """Bytes of one layer's weights on one rank: every routed expert's slice plus the dense
+        part (bf16)."""
+        c = self.rank_layer
         return (c.dense_weight_elems() + c.n_experts * c.expert_weight_elems()) * BF16_BYTES
 
     def weight_bytes(self) -> int:
-        """Bytes of all weights: the distinct layer sets, embedding, LM head, final norm."""
-        vocab = 2 * self.vocab_rows * self.layer.hidden + self.layer.hidden
+        """Bytes of all weights on one rank: the layer sets, embedding, LM head, final norm."""
+        vocab = 2 * self.rank_vocab_rows * self.layer.hidden + self.layer.hidden
         return self.weight_sets * self.layer_weight_bytes() + vocab * BF16_BYTES
 
     def kv_bytes_per_token(self) -> int:
@@ -62,6 +78,7 @@ class ModelConfig:
             "num_layers": self.num_layers,
             "weight_sets": self.weight_sets,
             "vocab_rows": self.vocab_rows,
+            "tp": self.tp,
             "layer": asdict(self.layer),
         }
 
@@ -77,7 +94,11 @@ PRESETS: dict[str, tuple[str, int, int, int]] = {
 
 
 def model_config(
-    preset: str, *, num_layers: int | None = None, weight_sets: int | None = None
+    preset: str,
+    *,
+    num_layers: int | None = None,
+    weight_sets: int | None = None,
+    tp: int | None = None,
 ) -> ModelConfig:
     """The preset's model, with its depth and weight sets overridable."""
     if preset not in PRESETS:
@@ -92,4 +113,5 @@ def model_config(
         num_layers=layers,
         weight_sets=sets,
         vocab_rows=vocab,
+        tp=1 if tp is None else tp,
     )

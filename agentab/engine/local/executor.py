@@ -32,6 +32,7 @@ from agentab.engine.local.forward import (
 )
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
+from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.outputs import StepInputs, StepOutput
 from agentab.engine.scheduler import StepPlan
 
@@ -68,12 +69,17 @@ class TorchExecutor:
         graphs: dict[str, Any] | None = None,
         grouped: list[Any] | None = None,
         last_sampled: torch.Tensor | None = None,
+        tp: TPGroup | None = None,
+        workers: list[Any] | None = None,
     ) -> None:
         """`max_rows`: the most rows a step has (the scheduler's max_num_seqs); `graphs`: on
         the GPU, each decode path's `cuda.DecodeGraphs`, which write their sampled ids into
         `last_sampled`; `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU's
-        eager steps use."""
+        eager steps use; `tp`: this rank's place in a tensor-parallel group, and on rank 0 the
+        other ranks' processes (`workers`), which run every step rank 0 broadcasts."""
         self.cfg = cfg
+        self.tp = tp or TPGroup()
+        self.workers = workers or []
         self.w = weights
         self.cache = cache
         self.device = device
@@ -118,6 +124,8 @@ class TorchExecutor:
         assert inputs is not None
         t0 = time.perf_counter()
         n = inputs.num_rows
+        if self.tp.active and self.tp.rank == 0:
+            self.tp.broadcast(("step", plan, inputs))  # the other ranks run it alongside
         with torch.inference_mode():
             events = None
             if self.cuda:
@@ -134,11 +142,17 @@ class TorchExecutor:
                 if events is not None:
                     events[0].record()
                 b = DeviceBatch.of(inputs, self.device, self.last_sampled)
+                tp = self.tp
                 if plan.path == "specialized" and not self.cuda:
-                    x = specialized_decode_cpu(self.cfg, self.w, self.cache, b)
+                    x = specialized_decode_cpu(self.cfg, self.w, self.cache, b, tp)
                 else:
-                    x = standard_forward(self.cfg, self.w, self.cache, b, self.dtype, self.grouped)
-                ids = (greedy_cuda if self.cuda else greedy)(self.cfg, self.w, x)
+                    x = standard_forward(
+                        self.cfg, self.w, self.cache, b, self.dtype, self.grouped, tp
+                    )
+                if self.cuda:
+                    ids = greedy_cuda(self.cfg, self.w, x)
+                else:
+                    ids = greedy(self.cfg, self.w, x, tp)
                 self.last_sampled[:n].copy_(ids)
                 self.counters["eager_steps"] += 1
             host = self._host[self._next_host][:n]
@@ -181,6 +195,18 @@ class TorchExecutor:
             if decode:
                 c["decode_device_idle_seconds"] += out.idle_s
         self._last_end = end
+
+    def close(self) -> None:
+        """Stop the other ranks (rank 0) and leave the process group."""
+        if not (self.tp.active and self.tp.rank == 0):
+            return
+        import torch.distributed as dist
+
+        self.tp.broadcast(("stop",))
+        for proc in self.workers:
+            proc.wait(timeout=60)
+        dist.destroy_process_group()
+        self.tp = TPGroup()
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from agentab.engine.local.config import ModelConfig
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
+from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.outputs import StepInputs
 from agentab.kernels import reference
 from agentab.kernels.config import LayerConfig
@@ -32,6 +33,7 @@ from agentab.kernels.standard import StandardPath, grouped_topk
 from agentab.kernels.weights import DecodeState, LayerWeights
 
 PREFILL_QUERY_SLICE = 2048
+SINGLE = TPGroup()  # one rank: every collective is a no-op
 
 
 @dataclass
@@ -77,15 +79,28 @@ class DeviceBatch:
         )
 
 
-def embed(cfg: ModelConfig, w: ModelWeights, token_ids: torch.Tensor) -> torch.Tensor:
-    """Rank-local embedding lookup (an id maps to row id mod vocab_rows)."""
-    return w.embed.index_select(0, token_ids % cfg.vocab_rows)
+def embed(
+    cfg: ModelConfig, w: ModelWeights, token_ids: torch.Tensor, tp: TPGroup = SINGLE
+) -> torch.Tensor:
+    """Embedding lookup (an id maps to row id mod vocab_rows); with tensor parallelism each
+    rank holds a block of rows and the all-reduce adds the one rank that had the row."""
+    rows = token_ids % cfg.vocab_rows
+    if not tp.active:
+        return w.embed.index_select(0, rows)
+    local = rows - tp.rank * cfg.rank_vocab_rows
+    mine = (local >= 0) & (local < cfg.rank_vocab_rows)
+    x = w.embed.index_select(0, local.clamp(0, cfg.rank_vocab_rows - 1))
+    return tp.all_reduce(x * mine[:, None].to(x.dtype))
 
 
-def greedy(cfg: ModelConfig, w: ModelWeights, x: torch.Tensor) -> torch.Tensor:
-    """Final norm, LM head over the vocabulary shard (fp32 logits), argmax: (rows,) int64."""
+def greedy(
+    cfg: ModelConfig, w: ModelWeights, x: torch.Tensor, tp: TPGroup = SINGLE
+) -> torch.Tensor:
+    """Final norm, LM head over the vocabulary shard (fp32 logits), argmax: (rows,) int64.
+    With tensor parallelism the ranks' logits are gathered first, so every rank samples the
+    same ids."""
     h = F.rms_norm(x.float(), (x.shape[-1],), w.final_norm.float(), cfg.layer.rms_eps)
-    logits = h @ w.lm_head.float().t()
+    logits = tp.all_gather_last(h @ w.lm_head.float().t())
     return logits.argmax(dim=-1)
 
 
@@ -94,7 +109,12 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def standard_attention(
-    cfg: LayerConfig, w: LayerWeights, x: torch.Tensor, b: DeviceBatch, kv: torch.Tensor
+    cfg: LayerConfig,
+    w: LayerWeights,
+    x: torch.Tensor,
+    b: DeviceBatch,
+    kv: torch.Tensor,
+    tp: TPGroup = SINGLE,
 ) -> torch.Tensor:
     """Input norm, MLA over the paged cache, output projection, residual.
 
@@ -126,7 +146,7 @@ def standard_attention(
             o[first:last] = prefill_attention(
                 cfg, w, q_nope[first:last], q_pe[first:last], ctx, b.positions[first:last]
             )
-    return x + F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt))
+    return x + tp.all_reduce(F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt)))
 
 
 def decode_attention(
@@ -173,7 +193,11 @@ def prefill_attention(
 
 
 def standard_moe(
-    cfg: LayerConfig, w: LayerWeights, h1: torch.Tensor, grouped: StandardPath | None = None
+    cfg: LayerConfig,
+    w: LayerWeights,
+    h1: torch.Tensor,
+    grouped: StandardPath | None = None,
+    tp: TPGroup = SINGLE,
 ) -> torch.Tensor:
     """Post-attention norm, router (fp32 logits), grouped top-k, shared + routed experts.
 
@@ -185,7 +209,7 @@ def standard_moe(
     if grouped is not None:
         logits = torch.mm(hn, w.w_gate.t(), out_dtype=torch.float32)
         ids, weights = grouped_topk(cfg, logits, w.gate_bias)
-        return h1 + grouped.moe(hn, ids, weights)
+        return h1 + tp.all_reduce(grouped.moe(hn, ids, weights))
     logits = hn.float() @ w.w_gate.float().t()
     ids, weights = grouped_topk(cfg, logits, w.gate_bias.float())
     out = torch.zeros_like(hn)
@@ -195,7 +219,7 @@ def standard_moe(
         tok, slot = (ids == e).nonzero(as_tuple=True)
         y = _swiglu(hn[tok], w.w13_all[e], w.w2_all[e])
         out.index_add_(0, tok, y * weights[tok, slot][:, None].to(dt))
-    return h1 + out
+    return h1 + tp.all_reduce(out)
 
 
 def _swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -211,24 +235,34 @@ def standard_forward(
     b: DeviceBatch,
     dtype: torch.dtype,
     grouped: list[StandardPath] | None = None,
+    tp: TPGroup = SINGLE,
 ) -> torch.Tensor:
     """Any step (prefill, mixed, decode) on the standard path: the rows' last hidden states.
 
     `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU uses."""
-    x = embed(cfg, w, b.token_ids).to(dtype)
+    layer_cfg = cfg.rank_layer
+    x = embed(cfg, w, b.token_ids, tp).to(dtype)
     for layer in range(cfg.num_layers):
         lw = w.layer(layer)
-        h1 = standard_attention(cfg.layer, lw, x, b, cache.layer(layer))
+        h1 = standard_attention(layer_cfg, lw, x, b, cache.layer(layer), tp)
         path = None if grouped is None else grouped[layer % len(grouped)]
-        x = standard_moe(cfg.layer, lw, h1, path)
+        x = standard_moe(layer_cfg, lw, h1, path, tp)
     return x.index_select(0, b.last_token)
 
 
 def specialized_decode_cpu(
-    cfg: ModelConfig, w: ModelWeights, cache: PagedLatentCache, b: DeviceBatch
+    cfg: ModelConfig,
+    w: ModelWeights,
+    cache: PagedLatentCache,
+    b: DeviceBatch,
+    tp: TPGroup = SINGLE,
 ) -> torch.Tensor:
-    """A pure-decode step (one token per row) through the reference layer, fp32."""
-    x = embed(cfg, w, b.token_ids).float()
+    """A pure-decode step (one token per row) through the reference layer, fp32.
+
+    With tensor parallelism the reference runs on the rank's slice, whose attention and MoE
+    outputs are partial sums: each is all-reduced before its residual add."""
+    layer_cfg = cfg.rank_layer
+    x = embed(cfg, w, b.token_ids, tp).float()
     pos = b.positions.to(torch.int32)
     width = max(b.context_lens)
     earlier = [
@@ -241,7 +275,9 @@ def specialized_decode_cpu(
         ctx = torch.zeros(len(earlier), width, cache.kv_width, dtype=kv.dtype)
         for i, sl in enumerate(earlier):
             ctx[i, : len(sl)] = kv[sl]
-        a = reference.attention_stage(cfg.layer, lw, x, DecodeState(cache=ctx, positions=pos))
+        a = reference.attention_stage(layer_cfg, lw, x, DecodeState(cache=ctx, positions=pos))
         kv[b.slot_mapping] = a.cache_entry
-        x = reference.moe_stage(cfg.layer, lw, a.h1).out
+        h1 = x + tp.all_reduce(a.h1 - x) if tp.active else a.h1
+        out = reference.moe_stage(layer_cfg, lw, h1).out
+        x = h1 + tp.all_reduce(out - h1) if tp.active else out
     return x

@@ -60,16 +60,20 @@ def bf16_weights(cfg: LayerConfig, seed: int, device: torch.device) -> LayerWeig
 
 
 def build_weights(
-    cfg: ModelConfig, device: torch.device, seed: int, dtype: torch.dtype
+    cfg: ModelConfig, device: torch.device, seed: int, dtype: torch.dtype, rank: int = 0
 ) -> ModelWeights:
     """Seeded random weights: set i from seed + i, the vocabulary from seed + D. On the CPU
-    `init_weights` (the kernels' own, fp32 draws); on the GPU `bf16_weights`."""
+    `init_weights` (the kernels' own, fp32 draws); on the GPU `bf16_weights`. With tp > 1 every
+    rank draws the whole model and keeps its slice, so the ranks together are the tp = 1 model."""
+    from agentab.engine.local.tensor_parallel import shard_layer, shard_rows
+
     sets = []
     for i in range(cfg.weight_sets):
         if device.type == "cuda":
-            sets.append(bf16_weights(cfg.layer, seed + i, device))
-            continue
-        w = init_weights(cfg.layer, seed + i, device)
+            w = bf16_weights(cfg.layer, seed + i, device)
+        else:
+            w = init_weights(cfg.layer, seed + i, device)
+        w = shard_layer(w, cfg.layer, rank, cfg.tp)
         sets.append(w if dtype == torch.bfloat16 else _as_dtype(w, dtype))
     gen = torch.Generator(device=device).manual_seed(seed + cfg.weight_sets)
     h = cfg.layer.hidden
@@ -78,7 +82,7 @@ def build_weights(
         t = torch.randn(cfg.vocab_rows, h, generator=gen, device=device, dtype=torch.float32)
         return t.to(torch.bfloat16).to(dtype)
 
-    embed = table()
-    lm_head = table().mul_(h**-0.5)
+    embed = shard_rows(table(), rank, cfg.tp)
+    lm_head = shard_rows(table().mul_(h**-0.5), rank, cfg.tp)
     final_norm = torch.ones(h, device=device, dtype=dtype)
     return ModelWeights(embed=embed, lm_head=lm_head, final_norm=final_norm, sets=sets)

@@ -15,6 +15,7 @@ every step leaves its sampled ids in one device buffer, from which the next step
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -200,11 +201,18 @@ class TorchExecutor:
         """Stop the other ranks (rank 0) and leave the process group."""
         if not (self.tp.active and self.tp.rank == 0):
             return
+        import subprocess
+
         import torch.distributed as dist
 
-        self.tp.broadcast(("stop",))
+        with contextlib.suppress(RuntimeError):  # a worker already gone needs no "stop"
+            self.tp.broadcast(("stop",))
         for proc in self.workers:
-            proc.wait(timeout=60)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         dist.destroy_process_group()
         self.tp = TPGroup()
 

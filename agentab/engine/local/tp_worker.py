@@ -8,6 +8,7 @@ every collective, until rank 0 says "stop" (or dies, which breaks the group's co
 
 from __future__ import annotations
 
+import signal
 import sys
 from datetime import timedelta
 from typing import Any
@@ -16,6 +17,11 @@ import orjson
 
 
 def run(spec: dict[str, Any]) -> None:
+    # Rank 0 stops the group: a SIGTERM or SIGINT sent to the whole process group (how a
+    # server is stopped) must not take a worker away under a collective. If rank 0 dies, the
+    # group's connections break and the worker's next collective raises, ending it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     import torch.distributed as dist
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
+import os
 import signal
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -199,8 +201,12 @@ class Runner:
         self._signals = []
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        # A second signal falls through to the default handler (the user insists).
+        # The run stops at once; what remains is writing the run dir (records, manifest,
+        # closing the HTTP session), which a second signal must not cut short: it is noted,
+        # and only a third one ends the process where it stands (the user insists).
         self._remove_signals()
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, _SignalWhileFinishing())
         self.stats.signal = int(sig)
         self.abort("interrupted", f"interrupted by {sig.name}")
 
@@ -464,3 +470,19 @@ class Runner:
                 "error_message": out.error_message,
             }
         )
+
+
+class _SignalWhileFinishing:
+    """The handler of SIGINT / SIGTERM once a run is stopping: the first repeat is ignored
+    with a line on stderr, the next one gets the default action."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.seen += 1
+        if self.seen == 1:
+            sys.stderr.write("agentab: finishing the run dir; signal once more to abandon it\n")
+            return
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

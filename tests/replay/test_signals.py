@@ -182,3 +182,32 @@ def test_sigint_records_in_flight_as_cancelled(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_sigterm_records_in_flight_as_cancelled(tmp_path: Path) -> None:
     _interrupt(tmp_path, signal.SIGTERM)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gap_s", [0.001, 0.05])
+def test_two_sigints_in_a_row_still_finish_the_run_dir(tmp_path: Path, gap_s: float) -> None:
+    """A user who presses Ctrl-C twice: the second one arrives while the first is being
+    handled (records flushed, sessions closed) or after. The run dir must still end
+    `interrupted`, with no traceback and no unclosed HTTP session. (A signal that comes after
+    everything is written may still end the process by the default action: status -SIGINT.)"""
+    wl = _workload(tmp_path / "wl.jsonl", turns=50, out=50)
+    out = tmp_path / "run"
+    with FaultServer(
+        token_interval_s=0.005, hold_after=lambda rid: 3 if node_of(rid) == 2 else 0
+    ) as srv:
+        proc = _replay(wl, srv.url, out)
+        try:
+            _wait_for(lambda: len(srv.held) == 4)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(gap_s)
+            proc.send_signal(signal.SIGINT)
+            _stdout, stderr = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode in (128 + signal.SIGINT, -signal.SIGINT), stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert "Traceback" not in stderr and "Unclosed client session" not in stderr
+    assert "interrupted by SIGINT; 4 in-flight request(s) recorded as cancelled" in stderr

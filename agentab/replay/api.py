@@ -80,11 +80,13 @@ async def _run(
     stop_scrape = asyncio.Event()
     try:
         await target.start()
+        facts = target.describe()
+        manifest_extra = {**(manifest_extra or {}), **_backend_label(facts, manifest_extra)}
         manifest = build_manifest(
             workload,
             replay,
             run_dir,
-            target_facts=target.describe(),
+            target_facts=facts,
             manifest_extra=manifest_extra,
         )
         loop = asyncio.get_running_loop()
@@ -127,6 +129,22 @@ async def _run(
     )
     write_manifest(run_dir, manifest)
     return stats, manifest
+
+
+def _backend_label(facts: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
+    """Whether the run's decode backend is what the server says it runs, or only what the
+    experiment declares; a server that contradicts the declared label is refused (two attach
+    URLs swapped would otherwise report the specialized server as `auto`)."""
+    declared = (extra or {}).get("decode_backend")
+    server = facts.get("server") if isinstance(facts.get("server"), dict) else {}
+    observed = facts.get("decode_backend", server.get("decode_backend"))
+    if declared is not None and observed is not None and declared != observed:
+        where = facts.get("url") or "the server"
+        raise AgentabError(
+            f"decode_backend: the arm declares {declared!r} but {where} runs {observed!r} "
+            "(are the arms' URLs swapped?)"
+        )
+    return {"decode_backend_source": "declared" if observed is None else "observed"}
 
 
 YOUNG_LIMIT = 500_000

@@ -208,8 +208,18 @@ def summarize_requests(
             "decode_throughput_tok_s": _ratio(h["decode_tokens"], busy_s),
             "output_throughput_tok_s": _ratio(h["output_tokens"], wall),
             "gpu_count": gpu_count,
+            "request_throughput_req_s": _ratio(h["requests_ok"], wall),
             "throughput_per_gpu_tok_s": (
                 _ratio(h["input_tokens"] + h["output_tokens"], wall * gpu_count)
+                if wall is not None and gpu_count
+                else None
+            ),
+            # InferenceX counts cached input tokens as served; this one does not
+            "throughput_per_gpu_uncached_tok_s": (
+                _ratio(
+                    h["input_tokens"] - (h["cached_sum"] or 0) + h["output_tokens"],
+                    wall * gpu_count,
+                )
                 if wall is not None and gpu_count
                 else None
             ),

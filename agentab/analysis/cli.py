@@ -89,6 +89,28 @@ def _ab_sweep(experiment, out: Path | None, progress: bool, fail_if_worse: bool)
 
 
 @click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "-o", "--out", type=click.Path(path_type=Path), required=True, help="The Parquet file."
+)
+@ALLOW_INCOMPLETE
+def export(run_dirs: tuple[Path, ...], out: Path, allow_incomplete: bool) -> None:
+    """Write every request of the runs (run dirs or folders of them) to one Parquet file.
+
+    One row per request: TTFT, ITL (AIPerf) = TPOT (vLLM), chunk ITL mean, E2E, tokens, error
+    class; the columns are listed in docs/analysis.md.
+    """
+    from agentab.analysis.export import write_parquet
+    from agentab.analysis.load import load_runs
+    from agentab.analysis.status import require_completed
+
+    runs = [run for path in run_dirs for run in load_runs(path)]
+    require_completed([(r.path, r.manifest) for r in runs], allow_incomplete)
+    write_parquet(runs, out)
+    click.echo(f"{out}: {len(runs)} run(s)")
+
+
+@click.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json instead of the table.")
 @ALLOW_INCOMPLETE

@@ -24,6 +24,8 @@ from agentab.analysis.metrics import request_table
 
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 STAT_KEYS: tuple[str, ...] = ("mean", *QUANTILES)
+# beside the percentiles, as AIPerf and `vllm bench serve` print them (std: sample, ddof 1)
+SPREAD_KEYS: tuple[str, ...] = ("min", "max", "std")
 
 # summary.json name -> request-table column; population: successful profiling requests.
 DISTRIBUTIONS: dict[str, str] = {
@@ -64,6 +66,8 @@ def stat_exprs(column: str, name: str) -> list[pl.Expr]:
     col = pl.col(column)
     exprs = [col.mean().alias(f"{name}.mean")]
     exprs += [col.quantile(q, "linear").alias(f"{name}.{k}") for k, q in QUANTILES.items()]
+    exprs += [col.min().alias(f"{name}.min"), col.max().alias(f"{name}.max")]
+    exprs.append(col.std().alias(f"{name}.std"))
     return exprs
 
 

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "ab": "agentab.analysis.cli:ab",
     "report": "agentab.analysis.cli:report",
     "compare": "agentab.analysis.cli:compare",
+    "export": "agentab.analysis.cli:export",
     "kernels": "agentab.kernels.cli:kernels",
 }
 

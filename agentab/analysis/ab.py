@@ -61,11 +61,16 @@ def load_workload(experiment: Experiment):  # -> agentab.workloads.Workload
         raise AgentabError(f"{experiment.path}: [workload.generate]: {exc}") from None
 
 
-def replay_options(experiment: Experiment, repeat: int):  # -> ReplayOptions
+def replay_options(
+    experiment: Experiment, repeat: int, point: int | float | None = None
+):  # -> ReplayOptions
+    """Repeat k's replay options (seed + k in both arms); at a sweep point, with the swept
+    option (`concurrency` or `rate`) set to the point."""
     from agentab.replay.options import ReplayOptions
 
+    swept = {experiment.sweep.variable: point} if experiment.sweep and point is not None else {}
     return ReplayOptions.from_mapping(
-        {**experiment.replay, "seed": experiment.seed + repeat},
+        {**experiment.replay, **swept, "seed": experiment.seed + repeat},
         where=f"{experiment.path}: [replay]",
     )
 
@@ -78,14 +83,18 @@ def run_arm(
     run_dir: Path,
     *,
     progress: bool,
+    point: int | float | None = None,
 ) -> Path:
-    """One run of one arm into `run_dir`, on the experiment's engine kind."""
-    replay = replay_options(experiment, repeat)
+    """One run of one arm into `run_dir`, on the experiment's engine kind (at a sweep point,
+    with the swept replay option set to it)."""
+    replay = replay_options(experiment, repeat, point)
     extra: dict[str, Any] = {
         "arm": arm.name,
         "repeat": repeat,
         "experiment": experiment.name,
     }
+    if experiment.sweep is not None and point is not None:
+        extra["sweep_point"] = {experiment.sweep.variable: point}
     kind = experiment.engine_kind
     if kind == "simulator":
         options = {
@@ -193,8 +202,10 @@ def check_before_running(experiment: Experiment) -> None:
     """Fail before any run on anything a later run would fail on: the replay options of every
     repeat and, on the simulator, the profile's GPU count and each arm's engine (its decode
     backend and spec-decode settings), so a bad arm B is not found after arm A has run."""
-    for repeat in range(experiment.repeats):
-        replay_options(experiment, repeat)
+    points = experiment.sweep.points if experiment.sweep else (None,)
+    for point in points:
+        for repeat in range(experiment.repeats):
+            replay_options(experiment, repeat, point)
     if experiment.engine_kind != "simulator":
         return
     from agentab.engine import build_simulator

@@ -32,22 +32,82 @@ ALLOW_DIFF = click.option(
     "--out",
     type=click.Path(path_type=Path),
     default=None,
-    help="Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS).",
+    help="Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS; a sweep: runs/NAME, so that the "
+    "same command resumes it).",
 )
 @click.option("--progress/--no-progress", default=False, help="Per-run progress on stderr.")
-def ab(experiment_file: Path, out: Path | None, progress: bool) -> None:
+@click.option(
+    "--fail-if-worse",
+    is_flag=True,
+    help="Exit 1 when B's P90 interactivity is significantly worse (at any sweep point).",
+)
+def ab(experiment_file: Path, out: Path | None, progress: bool, fail_if_worse: bool) -> None:
     """Run an A/B experiment (two arms, interleaved repeats) and print its report.
 
     Writes every run dir, comparison.json, report.md and report.html into the experiment dir.
+    With a [sweep] table, both arms run at every load point; running the same command again
+    completes only the runs that are missing, and the report leads with a recommendation.
     """
-    from agentab.analysis.ab import run_experiment
     from agentab.analysis.experiment import load_experiment
 
     experiment = load_experiment(experiment_file)
+    if experiment.sweep is not None:
+        _ab_sweep(experiment, out, progress, fail_if_worse)
+        return
+    from agentab.analysis.ab import run_experiment
+    from agentab.analysis.compare import WORSE
+
     if out is None:
         out = Path("runs") / f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    _, markdown = run_experiment(experiment, out, progress=progress)
+    comparison, markdown = run_experiment(experiment, out, progress=progress)
     click.echo(markdown, nl=False)
+    if fail_if_worse and comparison.metrics["p90_interactivity_tok_s"].verdict == WORSE:
+        click.echo(
+            f"agentab: {comparison.arm_b} is significantly worse in P90 interactivity "
+            "(--fail-if-worse)",
+            err=True,
+        )
+        raise SystemExit(1)
+
+
+def _ab_sweep(experiment, out: Path | None, progress: bool, fail_if_worse: bool) -> None:
+    from agentab.analysis.sweep import run_sweep
+    from agentab.analysis.sweep_report import write_sweep_reports
+
+    out = out if out is not None else Path("runs") / experiment.name
+    points = run_sweep(experiment, out, progress=progress)
+    data, markdown = write_sweep_reports(experiment, points, out)
+    click.echo(markdown, nl=False)
+    worse = data["recommendation"]["worse_points"]
+    if fail_if_worse and worse:
+        click.echo(
+            f"agentab: {experiment.arms[1].name} is significantly worse in P90 interactivity at "
+            f"{experiment.sweep.variable} {', '.join(f'{p:g}' for p in worse)} (--fail-if-worse)",
+            err=True,
+        )
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "-o", "--out", type=click.Path(path_type=Path), required=True, help="The Parquet file."
+)
+@ALLOW_INCOMPLETE
+def export(run_dirs: tuple[Path, ...], out: Path, allow_incomplete: bool) -> None:
+    """Write every request of the runs (run dirs or folders of them) to one Parquet file.
+
+    One row per request: TTFT, ITL (AIPerf) = TPOT (vLLM), chunk ITL mean, E2E, tokens, error
+    class; the columns are listed in docs/analysis.md.
+    """
+    from agentab.analysis.export import write_parquet
+    from agentab.analysis.load import load_runs
+    from agentab.analysis.status import require_completed
+
+    runs = [run for path in run_dirs for run in load_runs(path)]
+    require_completed([(r.path, r.manifest) for r in runs], allow_incomplete)
+    write_parquet(runs, out)
+    click.echo(f"{out}: {len(runs)} run(s)")
 
 
 @click.command()

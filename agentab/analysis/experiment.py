@@ -37,6 +37,7 @@ TOP_KEYS = (
     "replay",
     "engine",
     "analysis",
+    "sweep",
     "arms",
 )
 ARM_KEYS = ("name", "decode_backend", "url", "gpu_count")
@@ -44,6 +45,7 @@ WORKLOAD_KEYS = ("path", "format", "generate")
 GENERATE_KEYS = ("preset", "sessions", "seed", "config")
 GPUS_KEYS = ("count", "ids")
 ANALYSIS_KEYS = ("resamples", "confidence")
+SWEEP_KEYS = ("concurrency", "rate")  # closed loop (lanes) or open loop (sessions per second)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -55,6 +57,19 @@ class Arm:
     decode_backend: str
     url: str | None = None
     gpu_count: int | None = None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """The load points of a sweep: one replay option (`concurrency` or `rate`) and its values,
+    in the order the file gives them (the report sorts them)."""
+
+    variable: str
+    points: tuple[int | float, ...]
+
+    def label(self, point: int | float) -> str:
+        """The point's folder name in the experiment dir, e.g. `concurrency-8`, `rate-0.5`."""
+        return f"{self.variable}-{point:g}"
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,7 @@ class Experiment:
     notes: tuple[str, ...] = ()
     resamples: int = 10_000
     confidence: float = 0.95
+    sweep: Sweep | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -199,6 +215,7 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
             "(repeat k of both arms uses seed + k)"
         )
     _check_replay(replay, where)
+    sweep = _sweep(_table(data, "sweep", where, required=False), replay, where)
 
     engine = dict(_table(data, "engine", where, required=True))
     kind = engine.pop("kind", None)
@@ -239,6 +256,7 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
         notes=tuple(notes),
         resamples=resamples,
         confidence=confidence,
+        sweep=sweep,
         raw=data,
     )
 
@@ -296,6 +314,47 @@ def _check_replay(replay: dict[str, Any], where: _Where) -> None:
         ReplayOptions.from_mapping(replay, where="[replay]")
     except AgentabError as exc:
         raise AgentabError(f"{where('replay')}: {exc}") from None
+
+
+def _sweep(table: dict[str, Any], replay: dict[str, Any], where: _Where) -> Sweep | None:
+    """The [sweep] table: exactly one of concurrency (integers >= 1) or rate (numbers > 0),
+    distinct values; the swept option must not also be fixed in [replay]."""
+    if not table:
+        return None
+    _check_keys(table, SWEEP_KEYS, "sweep", where)
+    if len(table) != 1:
+        raise AgentabError(
+            f"{where('sweep')}: [sweep] needs exactly one of concurrency (closed loop) or rate "
+            "(open loop)"
+        )
+    ((variable, values),) = table.items()
+    at = where("sweep", variable)
+    if not isinstance(values, list) or not values:
+        raise AgentabError(f"{at}: [sweep] {variable} must be a non-empty array")
+    for value in values:
+        if variable == "concurrency":
+            _int(value, "[sweep] concurrency values", at, 1)
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise AgentabError(f"{at}: [sweep] rate values must be numbers > 0 (got {value!r})")
+    if len(set(values)) != len(values):
+        raise AgentabError(f"{at}: [sweep] {variable} lists a value twice ({values})")
+    if variable in replay:
+        raise AgentabError(
+            f"{where('replay', variable)}: [replay] {variable} is set by [sweep] {variable}; "
+            "remove it from [replay]"
+        )
+    if variable == "concurrency" and ("rate" in replay or "time_scale" in replay):
+        key = "rate" if "rate" in replay else "time_scale"
+        raise AgentabError(
+            f"{where('replay', key)}: a concurrency sweep is closed loop; [replay] {key} makes "
+            "it open loop"
+        )
+    if variable == "rate" and "time_scale" in replay:
+        raise AgentabError(
+            f"{where('replay', 'time_scale')}: a rate sweep sets the arrival rate; remove "
+            "[replay] time_scale"
+        )
+    return Sweep(variable, tuple(values))
 
 
 def _check_engine(

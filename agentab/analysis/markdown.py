@@ -16,7 +16,7 @@ from agentab.analysis.caveats import simulator_caveats
 from agentab.analysis.compare import WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
 from agentab.analysis.status import describe_status, incomplete_line
-from agentab.analysis.summary import DISTRIBUTIONS, STAT_KEYS, RunSummary
+from agentab.analysis.summary import DISTRIBUTIONS, SPREAD_KEYS, STAT_KEYS, RunSummary
 
 # The rows of the printed comparison table (compare --json and report.html have them all).
 TABLE_METRICS: tuple[str, ...] = (
@@ -34,7 +34,9 @@ TABLE_METRICS: tuple[str, ...] = (
     "interactivity_tok_s.p90",
     "decode_throughput_tok_s",
     "output_throughput_tok_s",
+    "request_throughput_req_s",
     "throughput_per_gpu_tok_s",
+    "throughput_per_gpu_uncached_tok_s",
     "cache_hit_ratio",
     "error_rate",
 )
@@ -45,11 +47,13 @@ DEFINITIONS = (
     "linear-interpolated percentile.",
     "- **interactivity pNN** = percentiles of the per-request 1/ITL_i (AIPerf's definition; its "
     "p90 is the *fast* tail): a different number from the headline.",
-    "- ITL_i = (last chunk - first chunk) / (OSL_i - 1); TTFT = first chunk; E2E = last chunk "
+    "- ITL_i = (last chunk - first chunk) / (OSL_i - 1): AIPerf's ITL, and vLLM bench serve's "
+    "TPOT (vLLM's own 'ITL' is the gap between chunks); TTFT = first chunk; E2E = last chunk "
     "(all from the client's send time). Lower is better for ITL, TTFT, E2E and error rate.",
     "- **decode throughput** excludes prefill: decode tokens (OSL_i - 1) / seconds during which at "
     "least one request was decoding. Output throughput = output tokens / profiling wall time. "
-    "Throughput per GPU = (input + output tokens) / wall time / GPU count.",
+    "Throughput per GPU = (input + output tokens) / wall time / GPU count, counting cached input "
+    "tokens (as InferenceX does); the uncached figure leaves them out.",
     "- CI of B/A: the envelope of (1) a percentile bootstrap resampling sessions (paired: the same "
     "sessions weigh both arms), pooled over repeats, and (2) with two or more runs per arm, a "
     "Student t interval over the per-run values (paired by repeat), because run-to-run noise "
@@ -315,14 +319,24 @@ def run_markdown(summary: RunSummary) -> str:
             if key == "interactivity_tok_s"
             else key
         )
-        rows.append([label, *(fmt(stats.get(s), unit) for s in STAT_KEYS)])
-    lines += _table(["metric", *STAT_KEYS], rows)
+        rows.append([label, *(fmt(stats.get(s), unit) for s in (*STAT_KEYS, *SPREAD_KEYS))])
+    lines += _table(["metric", *STAT_KEYS, *SPREAD_KEYS], rows)
     if unmeasured:
         lines += ["", f"Not measured in this run: {', '.join(unmeasured)}."]
     scalars = [
         ("decode throughput (prefill excluded), tok/s", v["decode_throughput_tok_s"], "tok/s"),
         ("output throughput, tok/s", v["output_throughput_tok_s"], "tok/s"),
-        ("throughput per GPU (input + output), tok/s/GPU", v["throughput_per_gpu_tok_s"], "tok"),
+        ("request throughput (successful), req/s", v.get("request_throughput_req_s"), "tok"),
+        (
+            "throughput per GPU (input incl. cached + output), tok/s/GPU",
+            v["throughput_per_gpu_tok_s"],
+            "tok",
+        ),
+        (
+            "throughput per GPU (uncached input + output), tok/s/GPU",
+            v.get("throughput_per_gpu_uncached_tok_s"),
+            "tok",
+        ),
         ("cache hit ratio (client: cached / prompt tokens)", v["cache_hit_ratio"], ""),
         ("cache hit ratio (server, scraped)", v.get("server_cache_hit_ratio"), ""),
         ("spec-decode acceptance length (server, scraped)", v.get("spec_acceptance_length"), "x"),

@@ -52,7 +52,19 @@ METRICS: tuple[Metric, ...] = (
     ),
     Metric("decode_throughput_tok_s", "decode throughput (prefill excluded)", "tok/s", True),
     Metric("output_throughput_tok_s", "output throughput", "tok/s", True),
-    Metric("throughput_per_gpu_tok_s", "throughput per GPU (input + output)", "tok/s/GPU", True),
+    Metric("request_throughput_req_s", "request throughput (successful)", "req/s", True),
+    Metric(
+        "throughput_per_gpu_tok_s",
+        "throughput per GPU (input incl. cached + output; InferenceX)",
+        "tok/s/GPU",
+        True,
+    ),
+    Metric(
+        "throughput_per_gpu_uncached_tok_s",
+        "throughput per GPU (uncached input + output)",
+        "tok/s/GPU",
+        True,
+    ),
     Metric("cache_hit_ratio", "cache hit ratio (client: cached / prompt tokens)", "", True),
     Metric("error_rate", "error rate", "", False),
 )
@@ -110,7 +122,13 @@ class ArmSample:
         out["decode_throughput_tok_s"] = _div(s["decode_tokens"], np.full(len(w), self.busy_s))
         out["output_throughput_tok_s"] = _div(s["output_tokens"], np.full(len(w), self.wall_s))
         gpus = np.full(len(w), self.wall_s * (self.gpu_count or 0))
+        out["request_throughput_req_s"] = _div(
+            s["requests"] - s["errors"], np.full(len(w), self.wall_s)
+        )
         out["throughput_per_gpu_tok_s"] = _div(s["input_tokens"] + s["output_tokens"], gpus)
+        out["throughput_per_gpu_uncached_tok_s"] = _div(
+            s["input_tokens"] - s["cached"] + s["output_tokens"], gpus
+        )
         hit = _div(s["cached"], s["cached_prompt"])
         out["cache_hit_ratio"] = np.where(s["cached_reported"] > 0, hit, np.nan)
         out["error_rate"] = _div(s["errors"], s["requests"])

@@ -24,6 +24,8 @@ from agentab.analysis.metrics import request_table
 
 QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 STAT_KEYS: tuple[str, ...] = ("mean", *QUANTILES)
+# beside the percentiles, as AIPerf and `vllm bench serve` print them (std: sample, ddof 1)
+SPREAD_KEYS: tuple[str, ...] = ("min", "max", "std")
 
 # summary.json name -> request-table column; population: successful profiling requests.
 DISTRIBUTIONS: dict[str, str] = {
@@ -64,6 +66,8 @@ def stat_exprs(column: str, name: str) -> list[pl.Expr]:
     col = pl.col(column)
     exprs = [col.mean().alias(f"{name}.mean")]
     exprs += [col.quantile(q, "linear").alias(f"{name}.{k}") for k, q in QUANTILES.items()]
+    exprs += [col.min().alias(f"{name}.min"), col.max().alias(f"{name}.max")]
+    exprs.append(col.std().alias(f"{name}.std"))
     return exprs
 
 
@@ -208,8 +212,18 @@ def summarize_requests(
             "decode_throughput_tok_s": _ratio(h["decode_tokens"], busy_s),
             "output_throughput_tok_s": _ratio(h["output_tokens"], wall),
             "gpu_count": gpu_count,
+            "request_throughput_req_s": _ratio(h["requests_ok"], wall),
             "throughput_per_gpu_tok_s": (
                 _ratio(h["input_tokens"] + h["output_tokens"], wall * gpu_count)
+                if wall is not None and gpu_count
+                else None
+            ),
+            # InferenceX counts cached input tokens as served; this one does not
+            "throughput_per_gpu_uncached_tok_s": (
+                _ratio(
+                    h["input_tokens"] - (h["cached_sum"] or 0) + h["output_tokens"],
+                    wall * gpu_count,
+                )
                 if wall is not None and gpu_count
                 else None
             ),

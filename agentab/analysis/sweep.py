@@ -1,0 +1,211 @@
+"""`agentab ab` with a [sweep]: both arms at every load point, resumable, guarded as a whole.
+
+Order: for each point (in the file's order), repeat 1 of A, repeat 1 of B, repeat 2 of A, ...;
+repeat k of both arms uses replay seed `seed + k` at every point, so the arms of one point see
+the same sessions, lane start points and salts. Every (point, arm, repeat) is its own run dir:
+
+    experiment.toml                       a copy of the file that was run
+    concurrency-8/<arm>/run-1/ ...        one run dir per (point, arm, repeat)
+    concurrency-8/comparison.json         that point's `compare --json` object
+    concurrency-8/report.md               that point's A/B report
+    sweep.json                            every point's B/A, the frontier, the recommendation
+    report.md / report.html               the sweep report (recommendation first, then plots)
+
+Resume: running the same command on the same experiment dir runs only what is missing. A run
+counts as done when its manifest status is `completed`; a run dir in any other state (killed,
+interrupted, stopped by its error rate) is removed and run again. A dir holding a different
+experiment is refused, so a resume never mixes two configurations.
+
+The guard sees the whole sweep before any point is analysed: the manifests of every arm-A run
+against every arm-B run, with only the swept option masked, so one confounded point (a server
+that restarted with other settings, say) refuses the sweep instead of one line of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentab.analysis.ab import Log, _stderr, check_before_running, load_workload, run_arm
+from agentab.analysis.compare import Comparison, compare_runs
+from agentab.analysis.experiment import Experiment, Sweep
+from agentab.analysis.guard import check, manifest_differences
+from agentab.analysis.load import MANIFEST, Run, load_run
+from agentab.analysis.markdown import comparison_markdown
+from agentab.analysis.summary import SUMMARY_FILE, summarize_run, write_summary
+from agentab.errors import AgentabError
+
+COPY = "experiment.toml"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One load point: its value and the comparison of its two arms."""
+
+    point: int | float
+    comparison: Comparison
+
+
+def run_dir(out_dir: Path, sweep: Sweep, point: int | float, arm: str, repeat: int) -> Path:
+    """Where (point, arm, repeat) lives in the experiment dir (repeat counts from 0)."""
+    return out_dir / sweep.label(point) / arm / f"run-{repeat + 1}"
+
+
+def is_complete(path: Path) -> bool:
+    """A run is done when its manifest says `completed`; anything else is run again."""
+    try:
+        manifest = orjson.loads((path / MANIFEST).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("status") == "completed"
+
+
+def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
+    """Create the experiment dir, or accept it for a resume when it holds this experiment.
+
+    Returns whether it is a resume. The copy is compared as parsed TOML, so a comment edited in
+    the file does not block a resume, while any changed value does.
+    """
+    if out_dir.exists() and any(out_dir.iterdir()):
+        copied = out_dir / COPY
+        try:
+            data = tomllib.loads(copied.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            raise AgentabError(
+                f"{out_dir}: exists and is not a sweep of this experiment (no readable {COPY}); "
+                "use -o NEW_DIR"
+            ) from None
+        if data != experiment.raw:
+            raise AgentabError(
+                f"{out_dir}: holds a different experiment ({copied} differs from "
+                f"{experiment.path}); resume only with the same file, or use -o NEW_DIR"
+            )
+        return True
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(experiment.path, out_dir / COPY)
+    return False
+
+
+def run_sweep(
+    experiment: Experiment, out_dir: Path, *, progress: bool = False, log: Log = _stderr
+) -> list[SweepPoint]:
+    """Run every missing (point, repeat, arm), then guard and compare every point."""
+    sweep = experiment.sweep
+    if sweep is None:
+        raise AgentabError(f"{experiment.path}: no [sweep] table")
+    check_before_running(experiment)
+    resumed = prepare_dir(experiment, out_dir)
+    started = time.monotonic()
+    plan = [
+        (point, repeat, arm)
+        for point in sweep.points
+        for repeat in range(experiment.repeats)
+        for arm in experiment.arms
+    ]
+    todo = [
+        item
+        for item in plan
+        if not is_complete(run_dir(out_dir, sweep, item[0], item[2].name, item[1]))
+    ]
+    workload = load_workload(experiment) if todo else None
+    what = f"{len(sweep.points)} {sweep.variable} points x {experiment.repeats} repeats x 2 arms"
+    if resumed:
+        log(
+            f"agentab ab: {experiment.name}: resuming {out_dir}: {len(plan) - len(todo)} of "
+            f"{len(plan)} runs complete, {len(todo)} to run ({what})"
+        )
+    else:
+        log(f"agentab ab: {experiment.name}: {what} -> {out_dir}")
+    for done, (point, repeat, arm) in enumerate(todo, start=1):
+        path = run_dir(out_dir, sweep, point, arm.name, repeat)
+        if path.exists():
+            shutil.rmtree(path)  # an unfinished run: its records would mix two attempts
+        t0 = time.monotonic()
+        run_arm(experiment, arm, repeat, workload, path, progress=progress, point=point)
+        summary = summarize_run(load_run(path))
+        write_summary(summary)
+        p90 = summary.values["p90_interactivity_tok_s"]
+        log(
+            f"  [{done}/{len(todo)}] {sweep.variable} {point:g} {arm.name} repeat {repeat + 1}: "
+            f"P90 interactivity {'–' if p90 is None else f'{p90:.1f}'} tok/s/user "
+            f"({time.monotonic() - t0:.1f} s)"
+        )
+    points = analyse_sweep(experiment, out_dir)
+    log(f"agentab ab: sweep done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
+    return points
+
+
+def _runs(experiment: Experiment, out_dir: Path) -> dict[int | float, tuple[list[Run], list[Run]]]:
+    sweep = experiment.sweep
+    assert sweep is not None
+    a, b = experiment.arms
+    out: dict[int | float, tuple[list[Run], list[Run]]] = {}
+    for point in sweep.points:
+        sides = []
+        for arm in (a, b):
+            paths = [run_dir(out_dir, sweep, point, arm.name, k) for k in range(experiment.repeats)]
+            for path in paths:
+                if not is_complete(path):
+                    raise AgentabError(f"{path}: run did not complete; run the sweep again")
+            sides.append([load_run(p) for p in paths])
+        out[point] = (sides[0], sides[1])
+    return out
+
+
+def _masked(manifest: dict[str, Any], variable: str) -> dict[str, Any]:
+    """The manifest without what differs between points by design: the swept option."""
+    m = copy.deepcopy(manifest)
+    m.pop("sweep_point", None)
+    if isinstance(m.get("replay"), dict):
+        m["replay"].pop(variable, None)
+    return m
+
+
+def guard_sweep(variable: str, runs: dict[Any, tuple[list[Run], list[Run]]]) -> None:
+    """Refuse the whole sweep when any run of A differs from any run of B (or the runs of one
+    arm differ among themselves) in anything but the decode backend and the swept option."""
+    manifests_a = [_masked(r.manifest, variable) for a, _ in runs.values() for r in a]
+    manifests_b = [_masked(r.manifest, variable) for _, b in runs.values() for r in b]
+    try:
+        check(manifest_differences(manifests_a, manifests_b))
+    except AgentabError as exc:
+        raise AgentabError(f"refusing the sweep as a whole: {exc}") from None
+
+
+def analyse_sweep(experiment: Experiment, out_dir: Path) -> list[SweepPoint]:
+    """Guard the sweep, compare each point's arms, write each point's comparison and report."""
+    sweep = experiment.sweep
+    assert sweep is not None
+    runs = _runs(experiment, out_dir)
+    guard_sweep(sweep.variable, runs)
+    a, b = experiment.arms
+    points = []
+    for point, (runs_a, runs_b) in runs.items():
+        comparison = compare_runs(
+            runs_a,
+            runs_b,
+            resamples=experiment.resamples,
+            seed=experiment.seed,
+            confidence=experiment.confidence,
+        )
+        for summary in comparison.runs_a + comparison.runs_b:
+            if not (summary.run.path / SUMMARY_FILE).is_file():
+                write_summary(summary)
+        comparison.extra["sweep_point"] = {sweep.variable: point}
+        folder = out_dir / sweep.label(point)
+        (folder / "comparison.json").write_bytes(
+            orjson.dumps(comparison.to_json(), option=orjson.OPT_INDENT_2)
+        )
+        title = f"{experiment.name} at {sweep.variable} {point:g}: {a.name} (A) vs {b.name} (B)"
+        (folder / "report.md").write_text(
+            comparison_markdown(comparison, title=title), encoding="utf-8"
+        )
+        points.append(SweepPoint(point, comparison))
+    return sorted(points, key=lambda p: p.point)

@@ -122,6 +122,18 @@ def _decoder_note(comparison: Comparison) -> str:
     return note
 
 
+def _label_note(comparison: Comparison) -> list[str]:
+    """A line when an arm's decode backend is only what the experiment declares: the server
+    did not say what it runs (vLLM in attach mode), so a swapped URL would go unnoticed."""
+    runs = comparison.runs_a + comparison.runs_b
+    if any(s.run.manifest.get("decode_backend_source") == "declared" for s in runs):
+        return [
+            "- Arm labels are **declared**, not observed: the servers do not report their "
+            "decode backend, so the report cannot check that each arm runs what it is called."
+        ]
+    return []
+
+
 def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]:
     """What was compared: arms, runs, GPUs, engine, workload, replay window, bootstrap."""
     first = comparison.runs_a[0].run.manifest if comparison.runs_a else {}
@@ -133,6 +145,7 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         f"- GPUs: {gpus} x {_manifest_value(comparison, 'gpu_name')} in both arms, "
         f"TP {_manifest_value(comparison, 'tp')}; model {_manifest_value(comparison, 'model')}; "
         f"engine {_manifest_value(comparison, 'engine')}" + _decoder_note(comparison) + ".",
+        *_label_note(comparison),
         f"- Workload {str(_manifest_value(comparison, 'workload_hash'))[:12]}; "
         f"{comparison.sessions} sessions played; replay concurrency "
         f"{replay.get('concurrency', '?')}, profiling window "

@@ -63,3 +63,32 @@ def test_a_backend_the_server_reports_is_marked_observed(tmp_path: Path) -> None
     manifest = orjson.loads((run / "manifest.json").read_bytes())
     assert manifest["decode_backend"] == "latency_specialized"
     assert manifest["decode_backend_source"] == "observed"
+
+
+def test_a_report_says_when_labels_are_declared_not_observed(tmp_path: Path) -> None:
+    """Against servers that report no backend (as vLLM in attach mode), the A/B report says
+    that its arm labels are the experiment's word only."""
+    from agentab.analysis.compare import compare_runs
+    from agentab.analysis.load import load_run
+    from agentab.analysis.markdown import comparison_markdown
+
+    from .fault_server import FaultServer
+
+    workload = generate(load_config("agentx-coding"), 1, 3)
+    runs = []
+    with FaultServer() as srv:
+        for backend in ("auto", "latency_specialized"):
+            runs.append(
+                replay_to_dir(
+                    workload,
+                    url=srv.url,
+                    replay=OPTS,
+                    out_dir=tmp_path / backend,
+                    manifest_extra={"decode_backend": backend, "arm": backend},
+                    progress=False,
+                )
+            )
+    manifests = [orjson.loads((r / "manifest.json").read_bytes()) for r in runs]
+    assert [m["decode_backend_source"] for m in manifests] == ["declared", "declared"]
+    report = comparison_markdown(compare_runs([load_run(runs[0])], [load_run(runs[1])]))
+    assert "Arm labels are **declared**, not observed" in report

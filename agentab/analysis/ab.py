@@ -37,7 +37,7 @@ from agentab.replay import replay_to_dir, simulate_to_dir
 Log = Callable[[str], None]
 
 
-def _stderr(line: str) -> None:
+def stderr_line(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
@@ -230,7 +230,7 @@ def run_experiment(
     out_dir: Path,
     *,
     progress: bool = False,
-    log: Log = _stderr,
+    log: Log = stderr_line,
 ) -> tuple[Comparison, str]:
     """Run every (repeat, arm) interleaved, compare, write the reports; returns the Markdown."""
     check_before_running(experiment)

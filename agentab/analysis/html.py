@@ -16,6 +16,7 @@ import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -56,7 +57,7 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.quantile(values, probs), probs
 
 
-def _md_inline(text: str) -> str:
+def md_inline(text: str) -> str:
     """The few inline markdown marks the shared lines use (**bold**, `code`), escaped."""
     parts = html.escape(text).split("**")
     text = "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(parts))
@@ -274,54 +275,62 @@ def _add_server_cache(fig, summary: RunSummary, t0: float, name: str, i: int, co
     )
 
 
-def comparison_html(
-    comparison: Comparison, *, title: str | None = None, header: Sequence[str] = ()
-) -> str:
-    """The self-contained report page (plotly JS inlined; no network needed to open it)."""
+def report_page(title: str, body: list[str], figures: Any, height: int) -> str:
+    """A self-contained report page: `body` (HTML parts), then the plots that `figures()`
+    makes (plotly JS inlined once, so the file opens without a network; without plotly the page
+    keeps its tables and says how to get the plots), then the metric definitions."""
     try:
         import plotly.offline
     except ImportError:
-        plotly = None  # the page still carries the tables
-    heading = title or f"{comparison.arm_a} vs {comparison.arm_b}"
-    body: list[str] = []
-    if comparison.confounded_by:
-        line = _md_inline(confounded_line(comparison.differences))
-        body.append(f'<p class="confounded">{line}</p>')
-    body.append(f"<h1>A/B report: {html.escape(heading)}</h1>")
-    body.append(
-        "<ul>"
-        + "".join(f"<li>{_md_inline(x[2:])}</li>" for x in setup_lines(comparison, header))
-        + "</ul>"
-    )
-    headline = headline_line(comparison)
-    body.append(f'<p class="headline">{_md_inline(headline)}</p>')
-    rows = metric_rows(comparison, [m.name for m in METRICS])
-    body.append(_html_table(TABLE_HEADER, rows))
-    server = server_rows(comparison)
-    if server:
-        body.append(_html_table(["server metric", "A per run", "B per run"], server))
+        plotly = None
+    body = list(body)
     head_js = ""
     if plotly is not None:
         head_js = f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
-        for fig in _figures(comparison):
-            fig.update_layout(template="plotly_white", height=420, margin={"t": 60})
+        for fig in figures():
+            fig.update_layout(template="plotly_white", height=height, margin={"t": 60})
             body.append(fig.to_html(full_html=False, include_plotlyjs=False))
     else:
         body.append("<p>Plots need plotly: <code>pip install 'agentab[report]'</code>.</p>")
     body.append("<h2>Definitions</h2><ul>")
-    body += [f"<li>{_md_inline(d[2:])}</li>" for d in DEFINITIONS]
+    body += [f"<li>{md_inline(d[2:])}</li>" for d in DEFINITIONS]
     body.append("</ul>")
     return (
         '<!DOCTYPE html><html><head><meta charset="utf-8">'
-        f"<title>agentab: {html.escape(heading)}</title>{head_js}<style>{_CSS}</style></head>"
+        f"<title>{html.escape(title)}</title>{head_js}<style>{CSS}</style></head>"
         f"<body>{''.join(body)}</body></html>"
     )
+
+
+def comparison_html(
+    comparison: Comparison, *, title: str | None = None, header: Sequence[str] = ()
+) -> str:
+    """The self-contained report page (plotly JS inlined; no network needed to open it)."""
+    heading = title or f"{comparison.arm_a} vs {comparison.arm_b}"
+    body: list[str] = []
+    if comparison.confounded_by:
+        line = md_inline(confounded_line(comparison.differences))
+        body.append(f'<p class="confounded">{line}</p>')
+    body.append(f"<h1>A/B report: {html.escape(heading)}</h1>")
+    body.append(
+        "<ul>"
+        + "".join(f"<li>{md_inline(x[2:])}</li>" for x in setup_lines(comparison, header))
+        + "</ul>"
+    )
+    headline = headline_line(comparison)
+    body.append(f'<p class="headline">{md_inline(headline)}</p>')
+    rows = metric_rows(comparison, [m.name for m in METRICS])
+    body.append(html_table(TABLE_HEADER, rows))
+    server = server_rows(comparison)
+    if server:
+        body.append(html_table(["server metric", "A per run", "B per run"], server))
+    return report_page(f"agentab: {heading}", body, lambda: _figures(comparison), 420)
 
 
 _VERDICT_CLASS = {"better": "better", "worse": "worse"}
 
 
-def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
         "<tr>"
@@ -332,7 +341,7 @@ def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-_CSS = """
+CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; color: #222; }
 table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; white-space: nowrap; }

@@ -232,7 +232,7 @@ TABLE_HEADER = [
 ]
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     return out
@@ -270,11 +270,11 @@ def comparison_markdown(
         "",
         headline_line(comparison),
         "",
-        *_table(TABLE_HEADER, metric_rows(comparison)),
+        *markdown_table(TABLE_HEADER, metric_rows(comparison)),
     ]
     server = server_rows(comparison)
     if server:
-        lines += ["", *_table(["server metric", "A per run", "B per run"], server)]
+        lines += ["", *markdown_table(["server metric", "A per run", "B per run"], server)]
     lines += ["", "Definitions:", *DEFINITIONS]
     return "\n".join(lines) + "\n"
 
@@ -333,7 +333,7 @@ def run_markdown(summary: RunSummary) -> str:
             else key
         )
         rows.append([label, *(fmt(stats.get(s), unit) for s in (*STAT_KEYS, *SPREAD_KEYS))])
-    lines += _table(["metric", *STAT_KEYS, *SPREAD_KEYS], rows)
+    lines += markdown_table(["metric", *STAT_KEYS, *SPREAD_KEYS], rows)
     if unmeasured:
         lines += ["", f"Not measured in this run: {', '.join(unmeasured)}."]
     scalars = [
@@ -355,5 +355,5 @@ def run_markdown(summary: RunSummary) -> str:
         ("spec-decode acceptance length (server, scraped)", v.get("spec_acceptance_length"), "x"),
         ("profiling wall time", v["phase_wall_s"], "s"),
     ]
-    lines += ["", *_table(["figure", "value"], [[k, fmt(x, u)] for k, x, u in scalars])]
+    lines += ["", *markdown_table(["figure", "value"], [[k, fmt(x, u)] for k, x, u in scalars])]
     return "\n".join(lines) + "\n"

@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from agentab.analysis.ab import Log, _stderr, check_before_running, load_workload, run_arm
+from agentab.analysis.ab import Log, check_before_running, load_workload, run_arm, stderr_line
 from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.experiment import Experiment, Sweep
 from agentab.analysis.guard import check, manifest_differences
@@ -94,7 +94,7 @@ def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
 
 
 def run_sweep(
-    experiment: Experiment, out_dir: Path, *, progress: bool = False, log: Log = _stderr
+    experiment: Experiment, out_dir: Path, *, progress: bool = False, log: Log = stderr_line
 ) -> list[SweepPoint]:
     """Run every missing (point, repeat, arm), then guard and compare every point."""
     sweep = experiment.sweep

@@ -18,8 +18,8 @@ import orjson
 
 from agentab.analysis.experiment import Experiment
 from agentab.analysis.frontier import HEADLINE, THROUGHPUT, point_json, point_verdict
-from agentab.analysis.html import _CSS, COLORS, _html_table, _md_inline
-from agentab.analysis.markdown import DEFINITIONS, _table, fmt, setup_lines
+from agentab.analysis.html import COLORS, html_table, md_inline, report_page
+from agentab.analysis.markdown import DEFINITIONS, fmt, markdown_table, setup_lines
 from agentab.analysis.recommend import Recommendation, recommend
 from agentab.analysis.sweep import SweepPoint
 
@@ -122,7 +122,7 @@ def sweep_markdown(experiment: Experiment, points: Sequence[SweepPoint], data: d
         "",
         *_setup(experiment, points),
         "",
-        *_table(TABLE_HEADER, _rows(data)),
+        *markdown_table(TABLE_HEADER, _rows(data)),
         "",
         "Definitions:",
         *DEFINITIONS,
@@ -216,36 +216,17 @@ def _error_bars(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def sweep_html(experiment: Experiment, points: Sequence[SweepPoint], data: dict) -> str:
     """The self-contained sweep page (plotly JS inlined once)."""
-    try:
-        import plotly.offline
-    except ImportError:
-        plotly = None
     a, b = experiment.arms
     heading = f"{experiment.name}: {a.name} (A) vs {b.name} (B)"
     body = [
         f'<p class="headline"><b>Recommendation</b>: '
         f"{html.escape(data['recommendation']['line'])}.</p>",
         f"<h1>Sweep report: {html.escape(heading)}</h1>",
-        "<ul>" + "".join(f"<li>{_md_inline(x[2:])}</li>" for x in _setup(experiment, points)),
+        "<ul>" + "".join(f"<li>{md_inline(x[2:])}</li>" for x in _setup(experiment, points)),
         "</ul>",
-        _html_table(TABLE_HEADER, _rows(data)),
+        html_table(TABLE_HEADER, _rows(data)),
     ]
-    head_js = ""
-    if plotly is not None:
-        head_js = f'<script type="text/javascript">{plotly.offline.get_plotlyjs()}</script>'
-        for fig in _figures(data):
-            fig.update_layout(template="plotly_white", height=480, margin={"t": 60})
-            body.append(fig.to_html(full_html=False, include_plotlyjs=False))
-    else:
-        body.append("<p>Plots need plotly: <code>pip install 'agentab[report]'</code>.</p>")
-    body.append("<h2>Definitions</h2><ul>")
-    body += [f"<li>{_md_inline(d[2:])}</li>" for d in DEFINITIONS]
-    body.append("</ul>")
-    return (
-        '<!DOCTYPE html><html><head><meta charset="utf-8">'
-        f"<title>agentab sweep: {html.escape(heading)}</title>{head_js}<style>{_CSS}</style>"
-        f"</head><body>{''.join(body)}</body></html>"
-    )
+    return report_page(f"agentab sweep: {heading}", body, lambda: _figures(data), 480)
 
 
 def write_sweep_reports(

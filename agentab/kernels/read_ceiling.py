@@ -1,5 +1,5 @@
 """A plain streaming read of a buffer (Triton): the HBM read ceiling the kernels are measured
-against (NOTES.md: 43.2 us for the batch-1 layer's 182.6 MB in session 3, 44.7 in session 8).
+against (NOTES.md: 43.2 and 44.7 us for the batch-1 layer's 182.6 MB on two machines).
 
 Each program sums its own contiguous share of the buffer; `per_sm` programs per SM set how
 many loads are in flight (2 per SM leaves the HBM half idle, 8 reaches ~95% of 4.3 TB/s).

@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (log lines)
-"""One device call for session 3's questions (benchmarks/kernels/NOTES.md, "Session 3").
+"""One device call: read ceilings, the PDL trigger A/B and checks (benchmarks/kernels/NOTES.md).
 
 Run on the GPU machine (repo root):  source .gpu/setup.sh && python3 scripts/gpu/explore.py
   A  read ceilings: one plain streaming read (Triton) of the sizes the layer's kernels read,
@@ -53,7 +53,7 @@ def read_ceilings() -> None:
 
     out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)
     mb = 1 << 20
-    # (call 1 of session 3 measured these sizes with a fully unrolled loop; the 1 GB case then
+    # (a first call measured these sizes with a fully unrolled loop; the 1 GB case then
     # spent the call compiling, so the loop is a plain loop now and the list is short)
     sizes = {"qkv_a 30.3MB": 30_277_632, "moe_up 66MB": 66_060_288}
     for name, nbytes in sizes.items():
@@ -96,7 +96,7 @@ def read_ceilings() -> None:
 
 
 def trace_moe(cfg: Any, weights: list, dev: Any, variant: Any) -> None:
-    """Session 4: %globaltimer stamps of moe_up / moe_down CTAs 0-127 (cute.moe.TRACE) in the
+    """%globaltimer stamps of moe_up / moe_down CTAs 0-127 (cute.moe.TRACE) in the
     batch-1 layer graph: when each CTA starts, leaves its PDL wait, has routed / staged its
     list, and ends, in us after moe_up's first CTA started."""
     import torch
@@ -168,7 +168,7 @@ def main() -> int:
 
     OUT.mkdir(parents=True, exist_ok=True)
     log(f"torch {torch.__version__} {torch.cuda.get_device_name()}")
-    if os.environ.get("EXPLORE_READ", "0") == "1":  # measured in call 2 (NOTES.md)
+    if os.environ.get("EXPLORE_READ", "0") == "1":  # measured before (NOTES.md)
         try:
             read_ceilings()
         except Exception:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 3's device call: explore.py (read ceilings, PDL trigger A/B, checks), then Nsight
+# One device call: explore.py (read ceilings, PDL trigger A/B, checks), then Nsight
 # Compute on the CuTe DSL kernels at batch 1 and 64. Logs under $OUT.
 set -uo pipefail
 source scripts/gpu/prologue.sh
@@ -18,7 +18,7 @@ if [ -n "$NCU" ] && [ "${NCU_FIRST:-1}" = 1 ]; then
   echo "ncu rc=$? ($(wc -l < "$OUT/ncu.txt") lines)"
   grep -E "^  kernel_cutlass|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Issue Slots Busy|No Eligible" "$OUT/ncu.txt" | cut -c1-110 | head -80
 fi
-if [ "${PERSIST:-0}" = 1 ]; then  # session 4: the persistent-layer read ceiling
+if [ "${PERSIST:-0}" = 1 ]; then  # the persistent-layer read ceiling
   timeout "${PERSIST_TIMEOUT:-240}" python3 scripts/gpu/persistent_read.py 2>&1 | tee "$OUT/persistent_read.log"
 fi
 [ "${EXPLORE:-1}" = 1 ] && python3 scripts/gpu/explore.py 2>&1 | tee "$OUT/explore.log" | grep -v "^\[" ; tail -n 4 "$OUT/explore.log"

@@ -3,10 +3,10 @@
 dependent kernels in one CUDA graph, with programmatic dependent launch (PDL) and each kernel's
 first weights requested before its wait.
 
-The question (benchmarks/kernels/NOTES.md, session 9): issue 7 prescribes separate fused kernels
+The question (benchmarks/kernels/NOTES.md): the prescribed structure is separate fused kernels
 (a) norm + q_a/kv_a, (b) q_b + absorb, (c) o_proj + residual + norm, (d) router, (e) all experts
 in one persistent kernel, plus the attention core, with PDL between them, and asks for >= 75% of
-the roofline at batch 1 (56.6 us). Session 4 measured nine plain-read kernels *without* PDL at
+the roofline at batch 1 (56.6 us). Nine plain-read kernels were measured *without* PDL at
 64.2 us; the persistent skeleton (one kernel, grid barriers) reached 66%. This script measures the
 most favourable version of the prescribed structure: plain Triton reads (no arithmetic, 95% of the
 roofline as one kernel), each kernel launched with PDL, its dependents allowed to launch right
@@ -131,7 +131,7 @@ def _experts(shared_ptr, experts_ptr, ids_ptr, row, col0, ncols, chunk, prev_ptr
 
 
 # structure:pdl:pre:per_sm (structure "read" is one plain read of the same bytes): the best of
-# session 9's 24 configurations and their references (each call's set is in its log)
+# the 24 measured configurations and their references (each call's set is in its log)
 DEFAULT_VARIANTS = "read:0:0:8 nine:0:0:8 nine:1:2:8 nine:1:2:10 six:0:0:8 six:1:2:8 six:0:0:16"
 
 

@@ -1,8 +1,8 @@
 """The read ceiling of a persistent layer: the layer's nine weight reads as nine phases of ONE
-kernel separated by grid barriers, against nine kernels in one graph (session 3: 67.6 us) and
+kernel separated by grid barriers, against nine kernels in one graph (NOTES.md: 67.6 us) and
 one plain read of the same 182.6 MB (43.2 us).
 
-The question it answers (benchmarks/kernels/NOTES.md, session 4): does a persistent design
+The question it answers (benchmarks/kernels/NOTES.md): does a persistent design
 (one launch, a grid-wide barrier where a kernel boundary was, the next phase's first weights
 requested before the barrier) keep HBM busy across the dependencies well enough for the batch-1
 goal (75% of 4.3 TB/s = 56.6 us for 182.6 MB)? Plain Triton reads, no math: a ceiling.
@@ -139,7 +139,7 @@ def main() -> None:
         ("barriers, 2 blocks early, 4 programs/SM", True, 2, 4),
         ("nine kernels, one per tensor, 8 programs/SM", None, 0, 8),
         # no barrier variant at 8 programs/SM: 1,056 programs are not all resident, and the
-        # grid barrier then waits forever (session 4, call 4 lost ~150 s to it)
+        # grid barrier then waits forever (one device call lost ~150 s to it)
     ):
         t0 = time.time()
         grid = (132 * per_sm,)

@@ -1,11 +1,11 @@
 # ruff: noqa: E501  (log lines)
 """Measure the persistent GEMV chain (agentab/kernels/cute/stream_chain.py) on the layer's bytes.
 
-The question (NOTES.md, session 5): with the weight stream decoupled from the data (a producer
+The question (NOTES.md): with the weight stream decoupled from the data (a producer
 warp per SM filling a shared-memory ring with bulk copies, consumers behind grid barriers), how
 close does a chain of dependent GEMVs with the batch-1 layer's 182.6 MB get to the 4.3 TB/s
 roofline? The batch-1 goal is 75% (56.6 us); nine kernels of plain reads took 64-68 us, one
-barrier-free read 51.8 us (session 4).
+barrier-free read 51.8 us (NOTES.md).
 
 Phases: the layer's tensors as GEMVs of the same bytes (absorb and the latent cache reshaped to
 k >= 256), the MoE split into shared and routed halves, the routed weights gated on the router
@@ -16,7 +16,7 @@ far above L2) are timed, median of 50 replays.
 Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
 Each variant runs in its own process (LIMIT_S); writes $OUT/stream_chain_<variant>.json (the
 device tool returns at most 8 files: keep VARIANTS at 7). Run a reference in every call
-(`BEST`: 65.92 us in session 7, 66.0-66.3 in session 8; `EF4`, session 8's best: 64.80 / 64.83
+(`BEST`: 65.92 and 66.0-66.3 us; `EF4`, the best measured: 64.80 / 64.83
 us): machines differ, so compare within a call.
 """
 
@@ -141,11 +141,11 @@ BEST = dict(DYN4, gap=100)
 ALONE4 = dict(ALONE, layers=4)
 BIG = dict(BEST, chunk_bytes=32768, stages=6, rolled=True)  # 32 KB stages (compiles rolled)
 BIGF = dict(BIG, evict_first=True)
-EF = dict(BEST, evict_first=True, rolled=True)  # 65.19 us (session 8 call 5)
-EF4 = dict(EF, warps=4)  # session 8's best: 64.80 us (call 5)
+EF = dict(BEST, evict_first=True, rolled=True)  # 65.19 us (NOTES.md)
+EF4 = dict(EF, warps=4)  # the best measured: 64.80 us
 STATIC4 = dict(EF4, dynamic=False)  # units in a fixed round robin
 VARIANTS = [
-    # session 8 call 8: at most 8 / 6 / 4 copies in flight: 74.2-74.3 us (EF4 64.73), without
+    # NOTES.md: at most 8 / 6 / 4 copies in flight: 74.2-74.3 us (EF4 64.73), without
     # input waits 69.8 (EF4 52.9): the boundaries cost 4.4 us instead of 11.9, but the capped
     # stream is slow. Is it the cap itself (11 of 12), or the cap with claimed units?
     ("evict-first, rolled, 4 consumer warps (dynamic, stored, 4 layers, 100 ns)", EF4),
@@ -267,7 +267,7 @@ def one(vi: int) -> int:
 
 def triton_read(layers: list, per_layer: int, doc: dict, label: str) -> None:
     """The read ceiling of the same buffers: one plain Triton streaming read per launch
-    buffer (session 3's kernel: each program sums a contiguous share), 2 and 8 programs/SM."""
+    buffer (the plain read kernel: each program sums a contiguous share), 2 and 8 programs/SM."""
     from agentab.kernels.read_ceiling import plain_read
 
     out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)

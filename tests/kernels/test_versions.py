@@ -37,7 +37,7 @@ def test_combine_tiles() -> None:
 
 
 def test_versions_13_to_16_plan_the_attention_as_version_8() -> None:
-    # versions 13, 14 and 16 changed only the MoE kernels (NOTES.md, sessions 3 and 4)
+    # versions 13, 14 and 16 changed only the MoE kernels (NOTES.md)
     for v in (13, 14, 16):
         assert attention.split_plan(1, 4097, version=v) == (43, 96)
         assert attention.combine_tile(1, 16, 512, version=v) == 128

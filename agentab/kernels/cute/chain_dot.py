@@ -3,7 +3,7 @@ reduces a ring stage's whole weight rows against the phase input in shared memor
 
 Why two kinds: the CUDA-core dot (`row_dot`) is the plain form; the tensor-core form
 (`unit_mma`) takes a lane's 16-byte weight chunk as a whole m16n8k16 A fragment, which cut a
-warp's time per 16 KB stage from ~2.9 to ~1.2 us (NOTES.md, sessions 5-6).
+warp's time per 16 KB stage from ~2.9 to ~1.2 us (NOTES.md).
 """
 
 # No `from __future__ import annotations`: CuTe DSL reads the kernels' annotations at trace time.

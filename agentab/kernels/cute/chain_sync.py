@@ -103,9 +103,9 @@ def poll_staggered(where, arg, depth: cutlass.Constexpr, gap_ns: cutlass.Constex
     flight, issued `gap_ns` apart; the caller's fence then acquires.
 
     Why: a lone poll sees an arrival only with its next round trip, 1.5 round trips after it
-    lands on average, and a round trip under the weight stream is 0.2-3 us (session 6's probe),
+    lands on average, and a round trip under the weight stream is 0.2-3 us (a probe, NOTES.md),
     on every phase boundary's critical path. Staggered loads in flight cut that to about one
-    return trip plus the gap. Measured slower (session 7: +1.8 / +3.3 us per layer with 2 / 4
+    return trip plus the gap. Measured slower (NOTES.md: +1.8 / +3.3 us per layer with 2 / 4
     in flight): the polls queue at the counter's L2 line with the arrivals they wait for; a
     sleep between single polls (`poll`'s `gap`) is what helped."""
     vals = [ld_relaxed_kept(where)]

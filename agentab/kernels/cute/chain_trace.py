@@ -3,7 +3,7 @@
 Why a buffer of %globaltimer stamps: the chain's cost lies between its phases (who waits for
 whom, for how long), which a kernel-level profiler does not show; CTA 0 stamps its ring
 positions and phase boundaries, every CTA its units-done times, and an optional probe warp
-times L2 round trips while the weight stream runs (NOTES.md, sessions 5-6).
+times L2 round trips while the weight stream runs (NOTES.md).
 """
 
 # No `from __future__ import annotations`: CuTe DSL reads the kernels' annotations at trace time.

@@ -10,7 +10,7 @@ does the same for the same reason.
 
 Both accesses are relaxed at GPU scope: they bypass the non-coherent L1 and the compiler keeps
 every poll. Not `.volatile`: that is system scope (LDG.STRONG.SYS), and such loads took 5-8 us
-under the weight stream where GPU-scope ones take ~0.3 us (session 6, calls 3-5).
+under the weight stream where GPU-scope ones take ~0.3 us (NOTES.md).
 """
 
 from cutlass import Float32, Int32, Int64

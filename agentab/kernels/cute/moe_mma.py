@@ -1,6 +1,6 @@
 """moe_up on the tensor cores: the batch > 4 variant of the specialized MoE's first kernel.
 
-Session 3's profile of the SIMT moe_up at batch 64 (ncu: 55% SM throughput, 59% of DRAM
+The profile of the SIMT moe_up (NOTES.md) at batch 64 (ncu: 55% SM throughput, 59% of DRAM
 bandwidth) showed it issue-bound: per token and weight element it converted, multiplied and
 reduced across lanes. Here the weights sit on the MMA M side (`mma.sync.m16n8k16`, bf16 in,
 fp32 accumulate), as the issue asks for larger batches: an item is (segment of <= 8 tokens,
@@ -45,8 +45,8 @@ from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
 STEP_COLS = 32  # columns per warp step: 4 lanes x 8
 # Plan knobs, read at trace time (scripts/gpu/explore.py times alternatives by setting them).
-# Session 3, batch 64 (us per layer, each against 1309.8 with unroll 7, 2 CTAs/SM, contiguous
-# runs): round-robin items 1261.4, unroll 14 with 1 CTA/SM 1268.3, unroll 4 1310.0, weights
+# Measured, batch 64 (NOTES.md; us per layer, each against 1309.8 with unroll 7, 2 CTAs/SM,
+# contiguous runs): round-robin items 1261.4, unroll 14 with 1 CTA/SM 1268.3, unroll 4 1310.0, weights
 # through L1 1304.2. The defaults combine the two gains.
 UNROLL = 14  # steps whose loads are in flight together (divides 28)
 CTAS_PER_SM = 1

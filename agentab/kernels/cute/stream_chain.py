@@ -2,7 +2,7 @@
 
 Why: at batch 1 a decode layer is a chain of skinny GEMVs, each needing the previous one's
 output, and every kernel boundary (or grid barrier) leaves HBM idle for ~2.7 us while the next
-phase starts its loads (NOTES.md, sessions 3-4: nine kernels read the layer's 182.6 MB at 62%
+phase starts its loads (NOTES.md: nine kernels read the layer's 182.6 MB at 62%
 of the roofline, one barrier-free kernel at 82%). But the weights do not depend on the data, only
 the arithmetic does. So one CTA per SM splits into a producer warp, which streams the CTA's
 slices of every phase's weights, in phase order, into a ring of shared-memory stages with bulk
@@ -22,14 +22,14 @@ launch, which used them, has completed: no PDL), so a CUDA graph of an even numb
 replays without a reset kernel. The grid must be co-resident: one CTA per SM (the ring fills the
 shared memory), at most as many CTAs as SMs.
 
-Measured variants and options (NOTES.md, sessions 5-7): tensor-core consumers (`mma`), the
+Measured variants and options (NOTES.md): tensor-core consumers (`mma`), the
 spare units rotated over the CTAs (`rotate`), barriers by red.release / ld.acquire (`sync`),
 or no barriers at all with flagged output words (`sync="flags"`, `flagged.py`), units claimed
 at run time (`dynamic`), row sums by shuffles (`row_sum`), several layers per launch as a
 runtime loop (`layers`), an L2 lookahead (`prefetch`), the counters' polls (`polls`, `gap`)
 and layout (`spacing`), phase ends without marker stages (`ends`), how a stage is filled
 (`copy`: bulk or per-lane cp.async), an evict-first L2 policy on the copies (`evict_first`),
-runtime consumer loops (`rolled`). Best measured (session 8): mma, sync="red", dynamic,
+runtime consumer loops (`rolled`). Best measured (NOTES.md): mma, sync="red", dynamic,
 row_sum="store", layers=4, gap=100, evict_first, rolled, warps=4: 64.8 us for the batch-1
 layer's 182.6 MB, 66% of the HBM roofline; the same kernel without its input waits 52.9 us.
 """
@@ -341,7 +341,7 @@ def _issue_claimed(plan: cutlass.Constexpr, p: cutlass.Constexpr, mW: cute.Tenso
     ends="slots": no end markers; the stages carry the launch's phase number `seq` in their
     tags, and the phase's end position goes into the shared word ends[seq] (`_filled_or_ended`).
     Why: six markers per phase hold ring stages until the consumers pass the phase, so the
-    producer ran at most about two phases ahead (session 7 call 1's trace: o_proj's copies
+    producer ran at most about two phases ahead (a trace in NOTES.md: o_proj's copies
     issued 8-13 us late, behind the small phases' markers). Measured slower all the same
     (68.7 vs 66.0 us, call 7): copies issued further ahead queue in front of the current
     phase's (up to 15 us from issue to landing)."""
@@ -398,7 +398,7 @@ def _prefetch(plan: cutlass.Constexpr, mW: cute.Tensor, mCnt: cute.Tensor, slot,
     (issue to filled 3-4 us at phase starts). Weights already in L2 decouple the HBM from the
     consumers' waits, and the ring's copies then land from L2. Gated phases (routed experts)
     are prefetched only after their gate, as their addresses would come from routing.
-    Measured slower (session 7: +5.7 to +7.5 us per layer for 4-16 MB ahead): the ring was not
+    Measured slower (NOTES.md: +5.7 to +7.5 us per layer for 4-16 MB ahead): the ring was not
     what stalled the stream, and more requests in flight lengthen every queue."""
     if lane == 0:
         grid = plan.grid
@@ -515,7 +515,7 @@ def _stage_flagged(mX: cute.Tensor, mY: cute.Tensor, xs: cute.Tensor, k: cutlass
                    bidx):  # fmt: skip
     """Stage a phase's k input values into xs as bf16 from the layer input or the flagged
     words from y0 (one 16-byte vector's four loads at a time: issuing all of a thread's loads
-    first measured slower, session 6 call 8). `poll`: reload until every word carries `flag`
+    first measured slower, NOTES.md). `poll`: reload until every word carries `flag`
     (the flagged-word grid sync), under the watchdog."""
     if cutlass.const_expr(src < 0):
         _stage_input(mX, mY, xs, k, True, 0, tidx, threads)
@@ -567,7 +567,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     copies in flight: every global load a consumer makes (its phase's input) queues behind
     the SM's in-flight weight bytes (12 x 16 KB at ~25 GB/s per SM: ~7 us), while ~4 copies
     already keep the HBM busy; the rest of the ring then only buffers landed stages (measured:
-    no shorter boundaries; with dynamic units any cap costs ~9 us, session 8). `probe`
+    no shorter boundaries; with dynamic units any cap costs ~9 us, NOTES.md). `probe`
     (with `trace`: "word" or "y") adds a warp to CTA 0 that times L2 round trips during the
     launch (`probe_l2`). `dynamic` (counters only): CTAs claim each phase's units at run
     time, `claim` per claim (`_issue_claimed`), instead of a fixed round robin. `row_sum`
@@ -583,7 +583,7 @@ def build(phases: tuple[Phase, ...], grid: int, x_len: int, stages: int = 12,
     end-marker stage per consumer warp; "slots" publishes the phase's end position in shared
     memory instead, so the ring holds only weights (`_issue_claimed`). `copy`: how the
     producer fills a stage: "bulk" (lane 0's cp.async.bulk, the TMA engine) or "lsu" (the
-    whole warp's 16-byte cp.async through the load-store units, `_copy_unit`; session 8:
+    whole warp's 16-byte cp.async through the load-store units, `_copy_unit`; NOTES.md:
     faster alone, 47.4 vs 53.3 us, but 82.7 vs 66.3 in the chain, where its copy instructions
     compete with the consumers' shared-memory loads). `evict_first` (bulk): the copies carry
     an evict-first L2 policy (alone -2.5 us, in the chain -0.5). `rolled`: the tensor-core

@@ -46,8 +46,8 @@ RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
 STEP_COLS = 32  # columns per warp step: 4 lanes x 8
 # Plan knobs, read at trace time (scripts/gpu/explore.py times alternatives by setting them).
 # Measured, batch 64 (NOTES.md; us per layer, each against 1309.8 with unroll 7, 2 CTAs/SM,
-# contiguous runs): round-robin items 1261.4, unroll 14 with 1 CTA/SM 1268.3, unroll 4 1310.0, weights
-# through L1 1304.2. The defaults combine the two gains.
+# contiguous runs): round-robin items 1261.4, unroll 14 with 1 CTA/SM 1268.3, unroll 4 1310.0,
+# weights through L1 1304.2. The defaults combine the two gains.
 UNROLL = 14  # steps whose loads are in flight together (divides 28)
 CTAS_PER_SM = 1
 CONTIGUOUS = False  # round robin: all CTAs stream through neighbouring row blocks together

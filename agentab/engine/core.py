@@ -29,7 +29,6 @@ import numpy as np
 
 from agentab.clock import is_virtual
 from agentab.engine.executor import Executor
-from agentab.engine.outputs import StepOutput
 from agentab.engine.scheduler import Req, Scheduler, StepPlan, WindowPlan
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
@@ -243,7 +242,7 @@ class Engine:
             await asyncio.sleep(delay if delay > 0 else 0)
             t = loop.time() if not virtual else max(loop.time(), end)
             if self.step_observer is not None:
-                self._observe_step(plan, t0, t, output)
+                self._observe_step(plan, t0, t, self._step_rows(plan))
             reqs, counts, finished = sched.update(plan, output)
             for req, n in zip(reqs, counts, strict=True):
                 ch: _Channel = req.sink  # type: ignore[assignment]
@@ -265,7 +264,7 @@ class Engine:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentab-step")
         worker = self._worker
-        inflight: deque[tuple[StepPlan, Any, Any, float]] = deque()
+        inflight: deque[tuple[StepPlan, Any, Any, float, list[Any]]] = deque()
         # a device that runs launched work by itself gets the next step queued behind the
         # current one; a CPU computes inside launch, so running ahead would only delay tokens
         depth = 2 if ex.launches_async else 1
@@ -278,17 +277,18 @@ class Engine:
                 if plan.total_tokens:
                     inputs = sched.model_inputs(plan)
                     launched = loop.run_in_executor(worker, ex.launch, plan, inputs)
-                    inflight.append((plan, launched, sched.advance(plan), t0))
+                    rows = self._step_rows(plan) if self.step_observer is not None else []
+                    inflight.append((plan, launched, sched.advance(plan), t0, rows))
                     continue
                 if not inflight:
                     await asyncio.sleep(0)  # everything was preempted: the next step re-admits
                     continue
             if inflight:
-                plan, launched, adv, t0 = inflight.popleft()
+                plan, launched, adv, t0, rows = inflight.popleft()
                 output = await loop.run_in_executor(worker, ex.collect, await launched)
                 t = loop.time()
                 if self.step_observer is not None:
-                    self._observe_step(plan, t0, t, output)
+                    self._observe_step(plan, t0, t, rows)
                 sched.fill(adv, output.sampled)
                 for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
                     ch: _Channel = req.sink  # type: ignore[assignment]
@@ -353,12 +353,15 @@ class Engine:
                 self._finish(req)
 
     # -- step records (engine trace) ----------------------------------------------------------
-    def _observe_step(self, plan: StepPlan, t0: float, t: float, output: StepOutput) -> None:
+    def _step_rows(self, plan: StepPlan) -> list[dict[str, Any]]:
+        """The trace's rows of a step, read while its requests still hold their slots."""
         slot_req = self.scheduler.slot_req
-        rows = [
+        return [
             {"id": slot_req[s].id, "tokens": n, "cached_tokens": max(slot_req[s].cached_tokens, 0)}  # type: ignore[union-attr]
             for s, n in zip(plan.slots.tolist(), plan.num_sched.tolist(), strict=True)
         ]
+
+    def _observe_step(self, plan: StepPlan, t0: float, t: float, rows: list[Any]) -> None:
         self._emit_record(
             t0,
             t - t0,

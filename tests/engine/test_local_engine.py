@@ -201,3 +201,28 @@ def test_prefill_attention_equals_the_absorbed_form():
     for i, p in enumerate(positions.tolist()):
         want = decode_attention(cfg, w64, q_nope[i], q_pe[i], ctx[: p + 1])
         torch.testing.assert_close(got[i], want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_step_observer_sees_every_step_of_the_measured_loop():
+    """Step records (the engine trace) of a real model scheduled one step ahead: one per step,
+    each naming its rows, also for the step that finishes a request."""
+    import asyncio
+
+    from agentab.engine.types import EngineRequest
+
+    eng = engine("latency_specialized")
+    eng.executor.launches_async = True
+    records: list[dict] = []
+    eng.step_observer = records.append
+
+    async def main() -> None:
+        eng.start()
+        try:
+            async for _ in eng.generate(EngineRequest("solo", prompt(20, 2), 3)):
+                pass
+        finally:
+            await eng.stop()
+
+    asyncio.run(main())
+    assert [r["path"] for r in records] == ["standard", "specialized", "specialized"]
+    assert [[row["id"] for row in r["requests"]] for r in records] == [["solo"]] * 3

@@ -18,29 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from agentab.engine import build_simulator
-from agentab.engine.server import EngineServer, start_server
 from agentab.replay import ReplayOptions, run_to_dir, scan_records
-from agentab.replay.targets.http import HttpTarget
+from agentab.replay.targets.loopback import LoopbackTarget
 from agentab.workloads.model import Request, Session, Workload
 
 PROFILE = "h200-tp1-kimi-shard"
-
-
-class ServedTarget(HttpTarget):
-    """An HttpTarget whose server runs on the client's loop (one clock for both)."""
-
-    def __init__(self) -> None:
-        super().__init__("http://127.0.0.1:1")
-        self.server = EngineServer(build_simulator(PROFILE), record_emissions=True)
-
-    async def start(self) -> None:
-        self._runner, port = await start_server(self.server, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{port}"
-        await super().start()
-
-    async def close(self) -> None:
-        await super().close()
-        await self._runner.cleanup()
 
 
 def session(i: int, out_scale: int) -> Session:
@@ -76,7 +58,7 @@ def main() -> None:
         idle_cap_global_s=0,
         idle_cap_tree_s=0,
     )
-    target = ServedTarget()
+    target = LoopbackTarget(build_simulator(PROFILE))
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = run_to_dir(
             workload, target, replay=options, out_dir=Path(tmp) / "r", virtual=False, progress=False

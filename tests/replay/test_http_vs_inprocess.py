@@ -16,10 +16,9 @@ import polars as pl
 import pytest
 
 from agentab.engine import build_simulator
-from agentab.engine.server import EngineServer, start_server
 from agentab.replay import ReplayOptions, replay_to_dir, run_to_dir, scan_records, simulate_to_dir
 from agentab.replay.records import scan_metrics
-from agentab.replay.targets.http import HttpTarget
+from agentab.replay.targets.loopback import LoopbackTarget
 from agentab.workloads.model import Request, Session, Subagent, Workload
 
 PROFILE = "h200-tp1-kimi-shard"
@@ -96,26 +95,9 @@ def _lags(records: pl.DataFrame, emissions: dict[str, list[float]], t0: float) -
     return d
 
 
-class _ServedHttpTarget(HttpTarget):
-    """HttpTarget whose server (EngineServer over the simulator) runs on the client's loop."""
-
-    def __init__(self) -> None:
-        super().__init__("http://127.0.0.1:1")
-        self.server = EngineServer(build_simulator(PROFILE), record_emissions=True)
-
-    async def start(self) -> None:
-        self._runner, port = await start_server(self.server, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{port}"
-        await super().start()
-
-    async def close(self) -> None:
-        await super().close()
-        await self._runner.cleanup()
-
-
 def test_client_chunk_times_match_server_writes(tmp_path: Path) -> None:
     wl = Workload(tuple(_session(i, out_scale=5) for i in range(3)))
-    target = _ServedHttpTarget()
+    target = LoopbackTarget(build_simulator(PROFILE))
     run_dir = run_to_dir(
         wl, target, replay=OPTS, out_dir=tmp_path / "r", virtual=False, progress=False
     )

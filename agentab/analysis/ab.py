@@ -5,6 +5,10 @@ neighbour, cache warmth of the host) falls on both arms alike. Repeat k of both 
 seed `seed + k`: the two arms of a repeat see the same lane start points and salts, and repeats
 differ from each other (with the deterministic simulator, identical repeats would add nothing).
 
+Running the same command on the same experiment dir runs only the runs that are missing (a dir
+of another experiment is refused; `agentab.analysis.experiment_dir`), so a long A/B can be
+completed in several sittings (`--max-runs`).
+
 Layout of the experiment dir:
     experiment.toml      a copy of the file that was run
     <arm A>/run-1/ ...   one run dir per (arm, repeat), each with its summary.json
@@ -16,7 +20,6 @@ Layout of the experiment dir:
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +30,7 @@ import orjson
 
 from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.experiment import Arm, Experiment
+from agentab.analysis.experiment_dir import clear_unfinished, is_complete, prepare_dir
 from agentab.analysis.html import write_html
 from agentab.analysis.load import load_run
 from agentab.analysis.markdown import comparison_markdown
@@ -231,40 +235,52 @@ def run_experiment(
     *,
     progress: bool = False,
     log: Log = stderr_line,
-) -> tuple[Comparison, str]:
-    """Run every (repeat, arm) interleaved, compare, write the reports; returns the Markdown."""
+    max_runs: int | None = None,
+) -> tuple[Comparison, str] | None:
+    """Run every missing (repeat, arm) interleaved, compare, write the reports; returns the
+    comparison and its Markdown, or None when `max_runs` stopped it before every run was done
+    (running it again on the same dir completes it)."""
     check_before_running(experiment)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise AgentabError(f"{out_dir}: experiment dir exists and is not empty (use -o NEW_DIR)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(experiment.path, out_dir / "experiment.toml")
+    resumed = prepare_dir(experiment, out_dir)
     started = time.monotonic()
-    workload = load_workload(experiment)
-    log(
-        f"agentab ab: {experiment.name}: {len(workload)} sessions, "
-        f"{workload.num_requests()} requests; {_repeats(experiment.repeats)} x 2 arms -> {out_dir}"
-    )
-    runs: dict[str, list[Path]] = {arm.name: [] for arm in experiment.arms}
-    total = 2 * experiment.repeats
-    for repeat in range(experiment.repeats):
-        for arm in experiment.arms:
-            run_dir = out_dir / arm.name / f"run-{repeat + 1}"
-            t0 = time.monotonic()
-            path = run_arm(experiment, arm, repeat, workload, run_dir, progress=progress)
-            summary = summarize_run(load_run(path))
-            write_summary(summary)
-            runs[arm.name].append(path)
-            done = sum(len(v) for v in runs.values())
-            v = summary.values
+    plan = [(repeat, arm) for repeat in range(experiment.repeats) for arm in experiment.arms]
+    todo = [(k, arm) for k, arm in plan if not is_complete(_run_dir(out_dir, arm, k))]
+    what = f"{_repeats(experiment.repeats)} x 2 arms"
+    workload = load_workload(experiment) if todo else None
+    if resumed:
+        log(
+            f"agentab ab: {experiment.name}: resuming {out_dir}: {len(plan) - len(todo)} of "
+            f"{len(plan)} runs complete, {len(todo)} to run ({what})"
+        )
+    else:
+        log(
+            f"agentab ab: {experiment.name}: {len(workload)} sessions, "
+            f"{workload.num_requests()} requests; {what} -> {out_dir}"
+        )
+    for done, (repeat, arm) in enumerate(todo, start=1):
+        if max_runs is not None and done > max_runs:
             log(
-                f"  [{done}/{total}] {arm.name} repeat {repeat + 1}: {v['requests_ok']} requests "
-                f"ok, P90 interactivity {_num(v['p90_interactivity_tok_s'])} tok/s/user "
-                f"({time.monotonic() - t0:.1f} s)"
+                f"agentab ab: stopped after {max_runs} run(s) (--max-runs): "
+                f"{len(plan) - len(todo) + max_runs} of {len(plan)} runs complete; run the "
+                f"same command on {out_dir} to continue"
             )
+            return None
+        run_dir = _run_dir(out_dir, arm, repeat)
+        clear_unfinished(run_dir)
+        t0 = time.monotonic()
+        path = run_arm(experiment, arm, repeat, workload, run_dir, progress=progress)
+        summary = summarize_run(load_run(path))
+        write_summary(summary)
+        v = summary.values
+        log(
+            f"  [{done}/{len(todo)}] {arm.name} repeat {repeat + 1}: {v['requests_ok']} "
+            f"requests ok, P90 interactivity {_num(v['p90_interactivity_tok_s'])} tok/s/user "
+            f"({time.monotonic() - t0:.1f} s)"
+        )
     a, b = experiment.arms
     comparison = compare_runs(
-        [load_run(p) for p in runs[a.name]],
-        [load_run(p) for p in runs[b.name]],
+        [load_run(_run_dir(out_dir, a, k)) for k in range(experiment.repeats)],
+        [load_run(_run_dir(out_dir, b, k)) for k in range(experiment.repeats)],
         resamples=experiment.resamples,
         seed=experiment.seed,
         confidence=experiment.confidence,
@@ -287,6 +303,11 @@ def run_experiment(
     write_html(comparison, out_dir / "report.html", title=title, header=header)
     log(f"agentab ab: done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
     return comparison, markdown
+
+
+def _run_dir(out_dir: Path, arm: Arm, repeat: int) -> Path:
+    """Where (arm, repeat) lives in the experiment dir (repeat counts from 0)."""
+    return out_dir / arm.name / f"run-{repeat + 1}"
 
 
 def _repeats(n: int) -> str:

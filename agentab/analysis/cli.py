@@ -33,25 +33,43 @@ ALLOW_DIFF = click.option(
     type=click.Path(path_type=Path),
     default=None,
     help="Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS; a sweep: runs/NAME, so that the "
-    "same command resumes it).",
+    "same command resumes it). A dir of the same experiment is resumed: only its missing runs "
+    "are run.",
 )
 @click.option("--progress/--no-progress", default=False, help="Per-run progress on stderr.")
+@click.option(
+    "--max-runs",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Run at most N of the missing runs, then stop without a report; the same command on "
+    "the same -o dir continues (for A/Bs longer than one sitting on a shared machine).",
+)
 @click.option(
     "--fail-if-worse",
     is_flag=True,
     help="Exit 1 when B's P90 interactivity is significantly worse (at any sweep point).",
 )
-def ab(experiment_file: Path, out: Path | None, progress: bool, fail_if_worse: bool) -> None:
+def ab(
+    experiment_file: Path,
+    out: Path | None,
+    progress: bool,
+    max_runs: int | None,
+    fail_if_worse: bool,
+) -> None:
     """Run an A/B experiment (two arms, interleaved repeats) and print its report.
 
     Writes every run dir, comparison.json, report.md and report.html into the experiment dir.
-    With a [sweep] table, both arms run at every load point; running the same command again
-    completes only the runs that are missing, and the report leads with a recommendation.
+    Running the same command on the same -o dir completes only the runs that are missing. With
+    a [sweep] table, both arms run at every load point, and the report leads with a
+    recommendation.
     """
     from agentab.analysis.experiment import load_experiment
 
     experiment = load_experiment(experiment_file)
     if experiment.sweep is not None:
+        if max_runs is not None:
+            raise click.UsageError("--max-runs applies to an A/B without a [sweep] table")
         _ab_sweep(experiment, out, progress, fail_if_worse)
         return
     from agentab.analysis.ab import run_experiment
@@ -59,7 +77,10 @@ def ab(experiment_file: Path, out: Path | None, progress: bool, fail_if_worse: b
 
     if out is None:
         out = Path("runs") / f"{experiment.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    comparison, markdown = run_experiment(experiment, out, progress=progress)
+    result = run_experiment(experiment, out, progress=progress, max_runs=max_runs)
+    if result is None:
+        return
+    comparison, markdown = result
     click.echo(markdown, nl=False)
     if fail_if_worse and comparison.metrics["p90_interactivity_tok_s"].verdict == WORSE:
         click.echo(

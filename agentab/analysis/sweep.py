@@ -11,10 +11,8 @@ the same sessions, lane start points and salts. Every (point, arm, repeat) is it
     sweep.json                            every point's B/A, the frontier, the recommendation
     report.md / report.html               the sweep report (recommendation first, then plots)
 
-Resume: running the same command on the same experiment dir runs only what is missing. A run
-counts as done when its manifest status is `completed`; a run dir in any other state (killed,
-interrupted, stopped by its error rate) is removed and run again. A dir holding a different
-experiment is refused, so a resume never mixes two configurations.
+Resume: running the same command on the same experiment dir runs only what is missing
+(`agentab.analysis.experiment_dir` says when a run counts as done).
 
 The guard sees the whole sweep before any point is analysed: the manifests of every arm-A run
 against every arm-B run, with only the swept option masked, so one confounded point (a server
@@ -24,9 +22,7 @@ that restarted with other settings, say) refuses the sweep instead of one line o
 from __future__ import annotations
 
 import copy
-import shutil
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,13 +32,12 @@ import orjson
 from agentab.analysis.ab import Log, check_before_running, load_workload, run_arm, stderr_line
 from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.experiment import Experiment, Sweep
+from agentab.analysis.experiment_dir import clear_unfinished, is_complete, prepare_dir
 from agentab.analysis.guard import check, manifest_differences
-from agentab.analysis.load import MANIFEST, Run, load_run
+from agentab.analysis.load import Run, load_run
 from agentab.analysis.markdown import comparison_markdown
 from agentab.analysis.summary import SUMMARY_FILE, summarize_run, write_summary
 from agentab.errors import AgentabError
-
-COPY = "experiment.toml"
 
 
 @dataclass(frozen=True)
@@ -56,41 +51,6 @@ class SweepPoint:
 def run_dir(out_dir: Path, sweep: Sweep, point: int | float, arm: str, repeat: int) -> Path:
     """Where (point, arm, repeat) lives in the experiment dir (repeat counts from 0)."""
     return out_dir / sweep.label(point) / arm / f"run-{repeat + 1}"
-
-
-def is_complete(path: Path) -> bool:
-    """A run is done when its manifest says `completed`; anything else is run again."""
-    try:
-        manifest = orjson.loads((path / MANIFEST).read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("status") == "completed"
-
-
-def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
-    """Create the experiment dir, or accept it for a resume when it holds this experiment.
-
-    Returns whether it is a resume. The copy is compared as parsed TOML, so a comment edited in
-    the file does not block a resume, while any changed value does.
-    """
-    if out_dir.exists() and any(out_dir.iterdir()):
-        copied = out_dir / COPY
-        try:
-            data = tomllib.loads(copied.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError):
-            raise AgentabError(
-                f"{out_dir}: exists and is not a sweep of this experiment (no readable {COPY}); "
-                "use -o NEW_DIR"
-            ) from None
-        if data != experiment.raw:
-            raise AgentabError(
-                f"{out_dir}: holds a different experiment ({copied} differs from "
-                f"{experiment.path}); resume only with the same file, or use -o NEW_DIR"
-            )
-        return True
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(experiment.path, out_dir / COPY)
-    return False
 
 
 def run_sweep(
@@ -125,8 +85,7 @@ def run_sweep(
         log(f"agentab ab: {experiment.name}: {what} -> {out_dir}")
     for done, (point, repeat, arm) in enumerate(todo, start=1):
         path = run_dir(out_dir, sweep, point, arm.name, repeat)
-        if path.exists():
-            shutil.rmtree(path)  # an unfinished run: its records would mix two attempts
+        clear_unfinished(path)
         t0 = time.monotonic()
         run_arm(experiment, arm, repeat, workload, path, progress=progress, point=point)
         summary = summarize_run(load_run(path))

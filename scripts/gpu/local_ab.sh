@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# `agentab ab` with the local engine on the H200 at one concurrency, in one device call.
+# `agentab ab` with the local engine on the H200 at one concurrency, over one or more device calls.
 # The GPU machine has no polars / orjson / msgspec and a call carries at most 64 MiB, which the
 # CuTe DSL kit (.gpu) nearly fills, so their wheels travel in a call of their own first:
 #   call 1 (carry [".pyk"]):  bash scripts/gpu/local_ab.sh install
 #   call 2 (carry [".gpu"]), within the machine's idle window:  CONCURRENCY=8 bash scripts/gpu/local_ab.sh
 # (.pyk: `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 # manylinux_2_17_x86_64 -d .pyk polars polars-runtime-32 orjson msgspec`, versions as here.)
-# Writes the experiment dir as one archive (run dirs nest too deep to come back as files), the
-# report and the log under $OUT. EXTRA_SED edits the experiment file (e.g. a longer window).
+# The experiment dir lives in out/ (git-ignored, kept on a warm machine between calls), so an A/B
+# longer than one call runs as several: MAX_RUNS=N runs N more runs and stops; the same command
+# again resumes (`agentab ab` keeps completed runs). Each call archives the dir to $OUT (run dirs
+# nest too deep to come back as files); RESTORE=path.tgz unpacks such an archive first when the
+# machine is a fresh one. EXTRA_SED edits the experiment file (e.g. a longer window).
 set -uo pipefail
 if [ "${1:-}" = install ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pysite .pyk/*.whl
@@ -18,12 +21,21 @@ fi
 export PYTHONPATH=/tmp/pysite${PYTHONPATH:+:$PYTHONPATH}
 source .gpu/setup.sh
 c=${CONCURRENCY:-1}
-exp="$OUT/local-k2-h200-c$c.toml"
+mkdir -p out
+exp="out/local-k2-h200-c$c.toml"
+dir="out/ab-c$c"
 sed -e "s/^concurrency = .*/concurrency = $c/" -e "s/^name = .*/name = \"local-k2-h200-c$c\"/" \
   ${EXTRA_SED:+-e "$EXTRA_SED"} examples/local-k2-h200.toml > "$exp"
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env-c$c.log"
-timeout "${AB_TIMEOUT:-540}" python3 -m agentab ab "$exp" -o "$OUT/ab-c$c" --progress 2>&1 | tee "$OUT/ab-c$c.log"
+cp "$exp" "$OUT/"
+if [ ! -d "$dir" ] && [ -n "${RESTORE:-}" ]; then
+  tar xzf "$RESTORE" -C out && echo "restored $dir from $RESTORE"
+fi
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee -a "$OUT/env-c$c.log"
+timeout "${AB_TIMEOUT:-580}" python3 -m agentab ab "$exp" -o "$dir" --progress \
+  ${MAX_RUNS:+--max-runs "$MAX_RUNS"} 2>&1 | tee "$OUT/ab-c$c.log"
 rc=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=memory.used --format=csv | tee -a "$OUT/env-c$c.log"
-tar czf "$OUT/ab-c$c-runs.tgz" -C "$OUT" "ab-c$c" && rm -rf "$OUT/ab-c$c"/*/
+tar czf "$OUT/ab-c$c-runs.tgz" -C out "ab-c$c"
+cp "$dir"/report.md "$dir"/comparison.json "$OUT/" 2>/dev/null
+ls -la "$OUT"
 exit "$rc"

@@ -11,6 +11,9 @@ Stages (STAGES, comma-separated; default all):
           LM head, and the device's idle time between consecutive decode steps (steps driven
           directly: schedule -> execute -> update)
   serve   the same at batch 1 through the engine loop (worker thread, asyncio), as served
+  prefill k2-tp8-shard at full depth on the standard path with the A/B's engine options: prefill
+          throughput of one 32k prompt and of 16 prompts of 16k (chunks of 8,192 tokens), then
+          the decode step at batch 16 (sizes the windows of an A/B at concurrency 16)
 Writes $OUT/local_engine.json and prints a short table last.
 """
 
@@ -309,6 +312,49 @@ def stage_serve() -> None:
         free(eng)
     RESULTS["serve"] = res
     save()
+
+
+def stage_prefill() -> None:
+    from agentab.engine.local import build_local_engine
+
+    rng = np.random.default_rng(7)
+    eng = build_local_engine(
+        "k2-tp8-shard",
+        "auto",
+        device="cuda",
+        kv_blocks=40960,
+        max_num_seqs=16,
+        max_num_batched_tokens=8192,
+        max_model_len=36864,
+    )
+    res = {}
+    for name, sizes in (("one-32k", [32000]), ("16x16k", [16000] * 16)):
+        torch.cuda.synchronize()
+        t = time.time()
+        _outs, steps = drive(eng, [rng.integers(1, 32000, size=n) for n in sizes], 24)
+        wall = time.time() - t
+        pre = [s for s in steps if not s["decode"]]
+        pre_s = sum(s["device_s"] for s in pre)
+        dec = [s for s in steps if s["decode"] and s["rows"] == len(sizes)][4:]
+        row = {
+            "prompt_tokens": sum(sizes),
+            "prefill_steps": len(pre),
+            "prefill_device_s": pre_s,
+            "prefill_tok_s": sum(sizes) / pre_s if pre_s else None,
+            "wall_s": wall,
+            "decode_step_us": statistics.median(s["device_s"] for s in dec) * 1e6 if dec else None,
+            "decode_rows": len(sizes),
+        }
+        res[name] = row
+        log(
+            f"prefill {name}: {sum(sizes)} tokens in {len(pre)} steps, {pre_s:.2f} s on the device "
+            f"({row['prefill_tok_s']:.0f} tok/s); decode step at batch {len(sizes)} "
+            f"{row['decode_step_us']:.0f} us; wall {wall:.1f} s"
+        )
+        save()
+    RESULTS["prefill"] = res
+    save()
+    free(eng)
 
 
 def main() -> int:

@@ -122,13 +122,57 @@ def test_ab_refuses_a_gpu_count_the_profile_does_not_have(tmp_path: Path) -> Non
     assert not (tmp_path / "out").exists()
 
 
-def test_ab_refuses_a_used_experiment_dir(experiment, tmp_path: Path) -> None:
+def test_ab_refuses_a_dir_of_another_experiment(experiment, tmp_path: Path) -> None:
     out, _ = experiment
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT.replace("repeats = 2", "repeats = 3"))
+    result = agentab("ab", path, "-o", out)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"agentab: error: {out}: holds a different experiment")
+    assert result.stderr.count("\n") == 1
+
+
+def test_an_ab_stopped_by_max_runs_resumes_to_the_same_report(experiment, tmp_path: Path) -> None:
+    full, whole = experiment
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    out = tmp_path / "out"
+    first = agentab("ab", path, "-o", out, "--max-runs", "3")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "" and not (out / "report.md").exists()
+    assert (
+        f"agentab ab: stopped after 3 run(s) (--max-runs): 3 of 4 runs complete; run the same "
+        f"command on {out} to continue"
+    ) in first.stderr
+    kept = (out / "fast" / "run-1" / "manifest.json").read_text()
+    second = agentab("ab", path, "-o", out)
+    assert second.returncode == 0, second.stderr
+    assert f"resuming {out}: 3 of 4 runs complete, 1 to run" in second.stderr
+    assert (out / "fast" / "run-1" / "manifest.json").read_text() == kept  # not run again
+    # the simulator is deterministic: the resumed A/B reports what the one-shot A/B reported
+    assert second.stdout == whole.stdout
+    again = agentab("ab", path, "-o", out)
+    assert "4 of 4 runs complete, 0 to run" in again.stderr
+    assert again.stdout == whole.stdout
+
+
+def test_an_unfinished_run_is_run_again_on_resume(experiment, tmp_path: Path) -> None:
+    import shutil
+
+    full, whole = experiment
+    out = tmp_path / "out"
+    shutil.copytree(full, out)
+    manifest = out / "auto" / "run-2" / "manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "status": "interrupted"}))
+    (out / "auto" / "run-2" / "stray.txt").write_text("from the attempt that was cut short")
     path = tmp_path / "exp.toml"
     path.write_text(EXPERIMENT)
     result = agentab("ab", path, "-o", out)
-    assert result.returncode == 2
-    assert "experiment dir exists and is not empty" in result.stderr
+    assert result.returncode == 0, result.stderr
+    assert "3 of 4 runs complete, 1 to run" in result.stderr
+    assert json.loads(manifest.read_text())["status"] == "completed"
+    assert not (out / "auto" / "run-2" / "stray.txt").exists()
+    assert result.stdout == whole.stdout
 
 
 @pytest.mark.parametrize(

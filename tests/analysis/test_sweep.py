@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentab.analysis.experiment import load_experiment
-from agentab.analysis.sweep import is_complete
+from agentab.analysis.experiment_dir import is_complete
 from agentab.errors import AgentabError
 
 SWEEP = """\

@@ -1,0 +1,62 @@
+"""An experiment dir that can be completed in several sittings.
+
+A run counts as done when its manifest status is `completed`; a run dir in any other state
+(killed, interrupted, stopped by its error rate) is removed and run again, so its records never
+mix two attempts. The dir keeps a copy of the experiment file, and a dir holding a different
+experiment is refused, so a resume never mixes two configurations.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import orjson
+
+from agentab.analysis.experiment import Experiment
+from agentab.analysis.load import MANIFEST
+from agentab.errors import AgentabError
+
+COPY = "experiment.toml"
+
+
+def is_complete(path: Path) -> bool:
+    """A run is done when its manifest says `completed`; anything else is run again."""
+    try:
+        manifest = orjson.loads((path / MANIFEST).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("status") == "completed"
+
+
+def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
+    """Create the experiment dir, or accept it for a resume when it holds this experiment.
+
+    Returns whether it is a resume. The copy is compared as parsed TOML, so a comment edited in
+    the file does not block a resume, while any changed value does.
+    """
+    if out_dir.exists() and any(out_dir.iterdir()):
+        copied = out_dir / COPY
+        try:
+            data = tomllib.loads(copied.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            raise AgentabError(
+                f"{out_dir}: exists and is not a dir of this experiment (no readable {COPY}); "
+                "use -o NEW_DIR"
+            ) from None
+        if data != experiment.raw:
+            raise AgentabError(
+                f"{out_dir}: holds a different experiment ({copied} differs from "
+                f"{experiment.path}); resume only with the same file, or use -o NEW_DIR"
+            )
+        return True
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(experiment.path, out_dir / COPY)
+    return False
+
+
+def clear_unfinished(path: Path) -> None:
+    """Remove a run dir left unfinished before it is run again."""
+    if path.exists():
+        shutil.rmtree(path)

@@ -133,7 +133,7 @@ def test_ab_refuses_a_dir_of_another_experiment(experiment, tmp_path: Path) -> N
 
 
 def test_an_ab_stopped_by_max_runs_resumes_to_the_same_report(experiment, tmp_path: Path) -> None:
-    full, whole = experiment
+    _, whole = experiment
     path = tmp_path / "exp.toml"
     path.write_text(EXPERIMENT)
     out = tmp_path / "out"

@@ -332,7 +332,16 @@ def stage_prefill() -> None:
         max_model_len=36864,
     )
     res = {}
-    for name, sizes in (("one-32k", [32000]), ("16x16k", [16000] * 16)):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        drive(eng, [rng.integers(1, 32000, size=8192)], 1)
+    table = prof.key_averages().table(
+        sort_by="cuda_time_total", row_limit=15, max_name_column_width=60
+    )
+    (OUT / "prefill-profile.txt").write_text(table)
+    print(table[:4000], flush=True)
+    for name, sizes in (("one-32k", [32000]), ("4x16k", [16000] * 4)):
         torch.cuda.synchronize()
         t = time.time()
         _outs, steps = drive(eng, [rng.integers(1, 32000, size=n) for n in sizes], 24)
@@ -346,7 +355,7 @@ def stage_prefill() -> None:
             "prefill_device_s": pre_s,
             "prefill_tok_s": sum(sizes) / pre_s if pre_s else None,
             "wall_s": wall,
-            "decode_step_us": statistics.median(s["device_s"] for s in dec) * 1e6 if dec else None,
+            "decode_step_us": statistics.median(s["device_s"] for s in dec) * 1e6 if dec else 0.0,
             "decode_rows": len(sizes),
         }
         res[name] = row

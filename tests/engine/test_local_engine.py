@@ -197,10 +197,11 @@ def test_prefill_attention_equals_the_absorbed_form():
     q_pe = torch.randn(30, cfg.n_heads, cfg.qk_rope, generator=gen, dtype=torch.float64)
     positions = torch.arange(40, 70)  # a chunk after a 40-token cached prefix
     w64 = type(w)(**{k: v.double() for k, v in w.tensors().items()})
-    got = prefill_attention(cfg, w64, q_nope, q_pe, ctx, positions)
-    for i, p in enumerate(positions.tolist()):
-        want = decode_attention(cfg, w64, q_nope[i], q_pe[i], ctx[: p + 1])
-        torch.testing.assert_close(got[i], want, rtol=1e-10, atol=1e-12)
+    for query_slice in (None, 7, 30):  # slices must keep each query's visible keys
+        got = prefill_attention(cfg, w64, q_nope, q_pe, ctx, query_slice)
+        for i, p in enumerate(positions.tolist()):
+            want = decode_attention(cfg, w64, q_nope[i], q_pe[i], ctx[: p + 1])
+            torch.testing.assert_close(got[i], want, rtol=1e-10, atol=1e-12)
 
 
 def test_a_step_observer_sees_every_step_of_the_measured_loop():

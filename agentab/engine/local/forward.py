@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from agentab.engine.local.config import ModelConfig
 from agentab.engine.local.kv_cache import PagedLatentCache
@@ -143,9 +144,7 @@ def standard_attention(
         if last - first == 1:
             o[first] = decode_attention(cfg, w, q_nope[first], q_pe[first], ctx)
         else:
-            o[first:last] = prefill_attention(
-                cfg, w, q_nope[first:last], q_pe[first:last], ctx, b.positions[first:last]
-            )
+            o[first:last] = prefill_attention(cfg, w, q_nope[first:last], q_pe[first:last], ctx)
     return x + tp.all_reduce(F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt)))
 
 
@@ -166,29 +165,37 @@ def prefill_attention(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
     ctx: torch.Tensor,
-    positions: torch.Tensor,
+    query_slice: int | None = None,
 ) -> torch.Tensor:
     """A chunk of queries over the sequence's cache, with per-head keys and values expanded
     from the latents (k = [W_UK c | k_pe], v = W_UV c): (n, n_heads, v_head).
 
-    Query i sees keys 0..positions[i] (earlier chunks and the cached prefix, then causal within
-    the chunk), as a boolean mask to `scaled_dot_product_attention`.
+    The chunk is the last n tokens of `ctx` (the cached prefix and earlier chunks come first),
+    so query i sees keys 0..len(ctx)-n+i: a causal mask aligned to the lower right, which
+    `scaled_dot_product_attention` runs in its flash and memory-efficient kernels without
+    materializing a mask or the scores. The values are zero-padded to the query/key head width
+    because the flash kernel wants one width for all three (as vLLM pads them for MLA prefill).
+    On the CPU, whose kernel materializes the scores, queries go in slices of `query_slice`.
     """
     kvl, nh, dt = cfg.kv_lora, cfg.n_heads, q_nope.dtype
+    n, total = q_nope.shape[0], ctx.shape[0]
     c, rope = ctx[:, :kvl], ctx[:, kvl:]
     k_nope = torch.einsum("lc,hcd->hld", c, w.w_uk_t.to(dt))
     k = torch.cat([k_nope, rope.unsqueeze(0).expand(nh, -1, -1)], dim=-1)
-    v = torch.einsum("lc,hvc->hlv", c, w.w_uv.to(dt))
+    v = F.pad(torch.einsum("lc,hvc->hlv", c, w.w_uv.to(dt)), (0, cfg.qk_head - cfg.v_head))
     qh = torch.cat([q_nope, q_pe], dim=-1).transpose(0, 1)  # (n_heads, n, qk_head)
-    keys = torch.arange(ctx.shape[0], device=ctx.device)
-    out = torch.empty(nh, qh.shape[1], cfg.v_head, device=ctx.device, dtype=dt)
-    # query slices bound the memory of a backend that materializes the scores
-    for lo in range(0, qh.shape[1], PREFILL_QUERY_SLICE):
-        hi = lo + PREFILL_QUERY_SLICE
-        visible = keys[None, :] <= positions[lo:hi, None]
+    step = query_slice or (n if ctx.is_cuda else PREFILL_QUERY_SLICE)
+    out = torch.empty(nh, n, cfg.v_head, device=ctx.device, dtype=dt)
+    for lo in range(0, n, step):
+        hi = min(lo + step, n)
+        seen = total - n + hi  # keys visible to the slice's last query
         out[:, lo:hi] = F.scaled_dot_product_attention(
-            qh[:, lo:hi], k, v, attn_mask=visible, scale=cfg.softmax_scale
-        )
+            qh[:, lo:hi],
+            k[:, :seen],
+            v[:, :seen],
+            attn_mask=causal_lower_right(hi - lo, seen),
+            scale=cfg.softmax_scale,
+        )[..., : cfg.v_head]
     return out.transpose(0, 1)
 
 

@@ -12,8 +12,8 @@ Stages (STAGES, comma-separated; default all):
           directly: schedule -> execute -> update)
   serve   the same at batch 1 through the engine loop (worker thread, asyncio), as served
   prefill k2-tp8-shard at full depth on the standard path with the A/B's engine options: prefill
-          throughput of one 32k prompt and of 16 prompts of 16k (chunks of 8,192 tokens), then
-          the decode step at batch 16 (sizes the windows of an A/B at concurrency 16)
+          kernels of one 8,192-token chunk (torch profiler), throughput of one 32k prompt and of
+          4 prompts of 16k (chunks of 8,192 tokens), then the decode step at that batch
 Writes $OUT/local_engine.json and prints a short table last.
 """
 

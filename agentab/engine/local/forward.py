@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from agentab.engine.local.config import ModelConfig
@@ -34,6 +35,10 @@ from agentab.kernels.standard import StandardPath, grouped_topk
 from agentab.kernels.weights import DecodeState, LayerWeights
 
 PREFILL_QUERY_SLICE = 2048
+# On the GPU, prefill attention must run in a fused kernel: an error rather than a silent
+# fallback to the math kernel (fp32 scores, an order of magnitude slower).
+FUSED_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+ANY_SDPA = [*FUSED_SDPA, SDPBackend.MATH]
 SINGLE = TPGroup()  # one rank: every collective is a no-op
 
 
@@ -173,8 +178,10 @@ def prefill_attention(
     The chunk is the last n tokens of `ctx` (the cached prefix and earlier chunks come first),
     so query i sees keys 0..len(ctx)-n+i: a causal mask aligned to the lower right, which
     `scaled_dot_product_attention` runs in its flash and memory-efficient kernels without
-    materializing a mask or the scores. The values are zero-padded to the query/key head width
-    because the flash kernel wants one width for all three (as vLLM pads them for MLA prefill).
+    materializing a mask or the scores (given 4-D inputs; with 3-D ones it falls back to a math
+    kernel that upcasts to fp32 and was measured 10x slower on the H200). The values are
+    zero-padded to the query/key head width because the flash kernel wants one width for all
+    three (as vLLM pads them for MLA prefill).
     On the CPU, whose kernel materializes the scores, queries go in slices of `query_slice`.
     """
     kvl, nh, dt = cfg.kv_lora, cfg.n_heads, q_nope.dtype
@@ -189,14 +196,17 @@ def prefill_attention(
     for lo in range(0, n, step):
         hi = min(lo + step, n)
         seen = total - n + hi  # keys visible to the slice's last query
-        out[:, lo:hi] = F.scaled_dot_product_attention(
-            qh[:, lo:hi],
-            k[:, :seen],
-            v[:, :seen],
-            attn_mask=causal_lower_right(hi - lo, seen),
-            scale=cfg.softmax_scale,
-        )[..., : cfg.v_head]
+        with sdpa_kernel(FUSED_SDPA if ctx.is_cuda else ANY_SDPA):
+            o = _sdpa(qh[:, lo:hi], k[:, :seen], v[:, :seen], cfg.softmax_scale)
+        out[:, lo:hi] = o[..., : cfg.v_head]
     return out.transpose(0, 1)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Lower-right causal attention of (heads, n, d) queries over (heads, m, d) keys, as a
+    batch of one: the fused kernels take 4-D inputs only."""
+    mask = causal_lower_right(q.shape[1], k.shape[1])
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale)[0]
 
 
 def standard_moe(

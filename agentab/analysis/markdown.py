@@ -245,11 +245,13 @@ def server_rows(comparison: Comparison) -> list[list[str]]:
         ("spec_acceptance_length", "spec-decode acceptance length (server)"),
         ("server_cache_hit_ratio", "prefix-cache hit ratio (server)"),
         ("specialized_decode_share", "decode steps on the specialized path (server)"),
+        ("decode_step_device_s", "pure-decode step, device time (server)"),
+        ("prefill_device_share", "device time in prefill and mixed steps (server)"),
     ):
         a = [s.values.get(key) for s in comparison.runs_a]
         b = [s.values.get(key) for s in comparison.runs_b]
         if any(v is not None for v in a + b):
-            unit = "x" if key == "spec_acceptance_length" else ""  # the others are shares
+            unit = {"spec_acceptance_length": "x", "decode_step_device_s": "s"}.get(key, "")
             rows.append([label, _spread(a, unit), _spread(b, unit)])
     return rows
 

@@ -237,13 +237,15 @@ def summarize_requests(
 
 
 def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[str, Any]:
-    """Cache-hit ratio, spec-decode acceptance length and the specialized decode share from
-    the scraped counters."""
+    """Cache-hit ratio, spec-decode acceptance length, the specialized decode share and where
+    the device's time went, from the scraped counters."""
     if metrics is None or metrics.is_empty():
         return {
             "server_cache_hit_ratio": None,
             "spec_acceptance_length": None,
             "specialized_decode_share": None,
+            "prefill_device_share": None,
+            "decode_step_device_s": None,
         }
     special = counter_delta(metrics, "agentab:decode_steps_specialized_total", since_s)
     standard = counter_delta(metrics, "agentab:decode_steps_standard_total", since_s)
@@ -252,14 +254,21 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
     drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
     accepted = counter_delta(metrics, "vllm:spec_decode_num_accepted_tokens_total", since_s)
     acceptance = _ratio(accepted, drafts)
+    busy = counter_delta(metrics, "agentab:device_busy_seconds_total", since_s)
+    decode_busy = counter_delta(metrics, "agentab:decode_device_busy_seconds_total", since_s)
+    decode_steps = None if special is None or standard is None else special + standard
     return {
         "server_cache_hit_ratio": _ratio(hits, queries),
         "spec_acceptance_length": None if acceptance is None else 1.0 + acceptance,
         # agentab engines count their pure-decode steps by path: the share the specialized
         # decoder served (the rest fell back to the standard forward)
-        "specialized_decode_share": (
-            None if special is None or standard is None else _ratio(special, special + standard)
+        "specialized_decode_share": _ratio(special, decode_steps),
+        # the local engine times every step on the device: the share spent in prefill and
+        # mixed steps (the standard forward in both arms) bounds what a faster decode can gain
+        "prefill_device_share": (
+            None if busy is None or decode_busy is None else _ratio(busy - decode_busy, busy)
         ),
+        "decode_step_device_s": _ratio(decode_busy, decode_steps),
     }
 
 

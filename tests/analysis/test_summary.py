@@ -82,6 +82,14 @@ HAND_METRICS = [
     _sample(15.0, "vllm:spec_decode_num_drafts_total", 40.0),
     _sample(-1.0, "vllm:spec_decode_num_accepted_tokens_total", 20.0),
     _sample(15.0, "vllm:spec_decode_num_accepted_tokens_total", 110.0),
+    _sample(-1.0, "agentab:decode_steps_specialized_total", 0.0),
+    _sample(15.0, "agentab:decode_steps_specialized_total", 100.0),
+    _sample(-1.0, "agentab:decode_steps_standard_total", 10.0),
+    _sample(15.0, "agentab:decode_steps_standard_total", 60.0),
+    _sample(-1.0, "agentab:device_busy_seconds_total", 2.0),
+    _sample(15.0, "agentab:device_busy_seconds_total", 12.0),
+    _sample(-1.0, "agentab:decode_device_busy_seconds_total", 1.0),
+    _sample(15.0, "agentab:decode_device_busy_seconds_total", 7.0),
 ]
 
 H11 = 83711 / 27720  # 1 + 1/2 + ... + 1/11
@@ -123,6 +131,10 @@ EXPECTED = {
     "cache_hit_ratio": 13184 / 21800,
     "server_cache_hit_ratio": 13184 / 22600,
     "spec_acceptance_length": 4.0,
+    # 100 of 150 pure-decode steps specialized; 10 s busy on the device, 6 s in decode steps
+    "specialized_decode_share": 100 / 150,
+    "prefill_device_share": 4 / 10,
+    "decode_step_device_s": 6 / 150,
     "gpu_count": 16,
 }  # fmt: skip
 

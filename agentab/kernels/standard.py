@@ -35,6 +35,11 @@ from agentab.kernels.config import LayerConfig
 from agentab.kernels.reference import rope_cos_sin
 from agentab.kernels.weights import DecodeState, LayerWeights
 
+# Routed rows go back to their tokens by an atomic index_add_ for decode-sized batches (one
+# kernel), and by a gather and a sum over the k choices for prefill-sized ones, where the
+# atomics took a third of an 8,192-token chunk on the H200 (benchmarks/kernels/NOTES.md).
+GATHER_COMBINE_TOKENS = 256
+
 
 @dataclass
 class StepOut:
@@ -136,7 +141,12 @@ class StandardPath:
         act = F.silu(gu[:, :inter]) * gu[:, inter:]
         y = torch._grouped_mm(act, self.w2, offs=offs)
         y = y * weights.flatten().index_select(0, order)[:, None].to(y.dtype)
-        routed = torch.zeros_like(hn).index_add_(0, tok, y)
+        if hn.shape[0] < GATHER_COMBINE_TOKENS:
+            routed = torch.zeros_like(hn).index_add_(0, tok, y)
+        else:  # back to (token, choice) order, then a sum over the k choices
+            unsort = torch.empty_like(order)
+            unsort[order] = torch.arange(order.numel(), device=order.device)
+            routed = y.index_select(0, unsort).view(-1, k, hn.shape[-1]).sum(1)
         shared = torch.zeros_like(hn)
         for s in range(cfg.n_shared):
             gs = F.linear(hn, w.ws13[s])

@@ -59,3 +59,24 @@ def test_compare_flags_a_wrong_output() -> None:
         TINY, w, x, before, so.out, so.h1, wrong_ids, so.weights, so.router_in, True, state.cache
     )
     assert c2.expert_mismatches == 1 and not c2.ok
+
+
+def test_the_two_moe_combines_agree() -> None:
+    """Prefill-sized batches put routed rows back with a gather, decode-sized ones with an
+    index_add_: the same tokens give the same output either way."""
+    from agentab.kernels.standard import GATHER_COMBINE_TOKENS, grouped_topk
+
+    w = init_weights(TINY, 12)
+    path = StandardPath(TINY, w, max_position=64)
+    gen = torch.Generator().manual_seed(5)
+    n = GATHER_COMBINE_TOKENS + 44
+    hn = torch.randn(n, TINY.hidden, generator=gen).to(torch.bfloat16)
+    ids, weights = grouped_topk(TINY, (hn.float() @ w.w_gate.float().t()), w.gate_bias)
+    whole = path.moe(hn, ids, weights)  # one batch: the gather
+    parts = torch.cat(
+        [
+            path.moe(hn[i : i + 100], ids[i : i + 100], weights[i : i + 100])
+            for i in range(0, n, 100)
+        ]
+    )  # batches under the threshold: index_add_
+    torch.testing.assert_close(whole.float(), parts.float(), rtol=2e-2, atol=2e-2)

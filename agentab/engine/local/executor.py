@@ -176,10 +176,13 @@ class TorchExecutor:
         plan, c = step.plan, self.counters
         c["prefill_tokens_computed"] += plan.num_prefill_tokens
         c["decode_tokens_computed"] += plan.num_decode_tokens
-        c["step_seconds_" + plan.path] += duration
         out = StepOutput(duration_s=duration, sampled=sampled)
         if step.events is not None:
             self._device_times(out, step.events[0], step.events[1], bool(plan.is_decode.all()))
+        # Seconds by path: the device's time where it is measured, since under async scheduling
+        # one step's launch-to-collect host time overlaps the next one's; on the CPU, which runs
+        # a step when it is launched, the host time is the step's.
+        c["step_seconds_" + plan.path] += duration if out.device_s is None else out.device_s
         return out
 
     def _device_times(self, out: StepOutput, start: Any, end: Any, decode: bool) -> None:

@@ -49,7 +49,7 @@ def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
             type=float,
             default=3600.0,
             show_default=True,
-            help="Dispatch window in seconds (0: no limit).",
+            help="Profiling window in seconds, counted from the end of the warmup (0: no limit).",
         ),
         click.option("--max-requests", type=int, default=None, help="Stop after N requests."),
         click.option(

@@ -25,6 +25,7 @@ class ReplayOptions:
     Closed loop (default): `concurrency` lanes each hold one session tree until it drains.
     Open loop: `rate` (Poisson session arrivals per second) or `time_scale` (recorded session
     arrival offsets multiplied by this factor; 0.5 replays arrivals twice as fast).
+    `duration_s` is the profiling window: it opens when the last warmup request has finished.
     `None` for `duration_s`, `max_requests` and `passes` means "no limit from this rule".
     Idle caps of 0 disable that compression rule.
     """

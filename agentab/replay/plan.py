@@ -88,6 +88,11 @@ class TreeSchedule:
     def requests(self) -> list[Node]:
         return [n for n in self.nodes if n.kind == "request"]
 
+    @cached_property
+    def warmup_requests(self) -> int:
+        """How many of its requests are warmup: the profiling window opens once all are done."""
+        return sum(1 for n in self.nodes if n.phase == "warmup")
+
 
 @dataclass(frozen=True)
 class Play:

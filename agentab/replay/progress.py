@@ -41,8 +41,12 @@ class ProgressView:
         )
         grid = Table.grid(padding=(0, 1))
         duration = self.runner.opts.duration_s
-        if duration:
-            grid.add_row(ProgressBar(total=duration, completed=min(t, duration), width=16), line)
+        window = self.runner.profiling_s
+        if window is None:
+            grid.add_row(Text("warmup", style="yellow"), line)
+        elif duration:
+            bar = ProgressBar(total=duration, completed=min(window, duration), width=16)
+            grid.add_row(bar, line)
         else:
             grid.add_row(line)
         return grid

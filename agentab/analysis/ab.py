@@ -4,6 +4,8 @@ Order: repeat 1 of A, repeat 1 of B, repeat 2 of A, ... so slow drift (thermal s
 neighbour, cache warmth of the host) falls on both arms alike. Repeat k of both arms uses replay
 seed `seed + k`: the two arms of a repeat see the same lane start points and salts, and repeats
 differ from each other (with the deterministic simulator, identical repeats would add nothing).
+One prompt salt is drawn per invocation (or read from `[replay] prompt_salt`) and shared by every
+run, so running the experiment again against warm servers does not start on cached prompts.
 
 Layout of the experiment dir:
     experiment.toml      a copy of the file that was run
@@ -33,6 +35,7 @@ from agentab.analysis.markdown import comparison_markdown
 from agentab.analysis.summary import summarize_run, write_summary
 from agentab.errors import AgentabError
 from agentab.replay import replay_to_dir, simulate_to_dir
+from agentab.replay.options import new_prompt_salt
 
 Log = Callable[[str], None]
 
@@ -62,15 +65,27 @@ def load_workload(experiment: Experiment):  # -> agentab.workloads.Workload
 
 
 def replay_options(
-    experiment: Experiment, repeat: int, point: int | float | None = None
+    experiment: Experiment,
+    repeat: int,
+    point: int | float | None = None,
+    prompt_salt: str | None = None,
 ):  # -> ReplayOptions
     """Repeat k's replay options (seed + k in both arms); at a sweep point, with the swept
-    option (`concurrency` or `rate`) set to the point."""
+    option (`concurrency` or `rate`) set to the point.
+
+    `prompt_salt` is the invocation's salt (the file's `[replay] prompt_salt` when it sets
+    one): both arms of a repeat get the same, so they send identical prompts, and the seed
+    keeps the repeats apart. At a sweep point the point is appended, so runs of two points
+    against one server do not share cached prompts either.
+    """
     from agentab.replay.options import ReplayOptions
 
     swept = {experiment.sweep.variable: point} if experiment.sweep and point is not None else {}
+    salt = experiment.replay.get("prompt_salt") or prompt_salt
+    if salt is not None and experiment.sweep is not None and point is not None:
+        salt = f"{salt}@{experiment.sweep.label(point)}"
     return ReplayOptions.from_mapping(
-        {**experiment.replay, **swept, "seed": experiment.seed + repeat},
+        {**experiment.replay, **swept, "seed": experiment.seed + repeat, "prompt_salt": salt},
         where=f"{experiment.path}: [replay]",
     )
 
@@ -84,10 +99,11 @@ def run_arm(
     *,
     progress: bool,
     point: int | float | None = None,
+    prompt_salt: str | None = None,
 ) -> Path:
     """One run of one arm into `run_dir`, on the experiment's engine kind (at a sweep point,
     with the swept replay option set to it)."""
-    replay = replay_options(experiment, repeat, point)
+    replay = replay_options(experiment, repeat, point, prompt_salt)
     extra: dict[str, Any] = {
         "arm": arm.name,
         "repeat": repeat,
@@ -246,11 +262,14 @@ def run_experiment(
     )
     runs: dict[str, list[Path]] = {arm.name: [] for arm in experiment.arms}
     total = 2 * experiment.repeats
+    salt = new_prompt_salt()
     for repeat in range(experiment.repeats):
         for arm in experiment.arms:
             run_dir = out_dir / arm.name / f"run-{repeat + 1}"
             t0 = time.monotonic()
-            path = run_arm(experiment, arm, repeat, workload, run_dir, progress=progress)
+            path = run_arm(
+                experiment, arm, repeat, workload, run_dir, progress=progress, prompt_salt=salt
+            )
             summary = summarize_run(load_run(path))
             write_summary(summary)
             runs[arm.name].append(path)

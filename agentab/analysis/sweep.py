@@ -5,6 +5,7 @@ repeat k of both arms uses replay seed `seed + k` at every point, so the arms of
 the same sessions, lane start points and salts. Every (point, arm, repeat) is its own run dir:
 
     experiment.toml                       a copy of the file that was run
+    prompt_salt                           the sweep's prompt salt (a resume reuses it)
     concurrency-8/<arm>/run-1/ ...        one run dir per (point, arm, repeat)
     concurrency-8/comparison.json         that point's `compare --json` object
     concurrency-8/report.md               that point's A/B report
@@ -41,8 +42,10 @@ from agentab.analysis.load import MANIFEST, Run, load_run
 from agentab.analysis.markdown import comparison_markdown
 from agentab.analysis.summary import SUMMARY_FILE, summarize_run, write_summary
 from agentab.errors import AgentabError
+from agentab.replay.options import new_prompt_salt
 
 COPY = "experiment.toml"
+SALT_FILE = "prompt_salt"
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,20 @@ def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
     return False
 
 
+def sweep_prompt_salt(out_dir: Path) -> str:
+    """The sweep's prompt salt, kept in the experiment dir so that a resumed run gets the salt
+    of the other arm of its repeat (the point is appended per run, see `replay_options`)."""
+    path = out_dir / SALT_FILE
+    try:
+        salt = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        salt = ""
+    if not salt:
+        salt = new_prompt_salt()
+        path.write_text(salt + "\n", encoding="utf-8")
+    return salt
+
+
 def run_sweep(
     experiment: Experiment, out_dir: Path, *, progress: bool = False, log: Log = stderr_line
 ) -> list[SweepPoint]:
@@ -123,12 +140,22 @@ def run_sweep(
         )
     else:
         log(f"agentab ab: {experiment.name}: {what} -> {out_dir}")
+    salt = sweep_prompt_salt(out_dir)
     for done, (point, repeat, arm) in enumerate(todo, start=1):
         path = run_dir(out_dir, sweep, point, arm.name, repeat)
         if path.exists():
             shutil.rmtree(path)  # an unfinished run: its records would mix two attempts
         t0 = time.monotonic()
-        run_arm(experiment, arm, repeat, workload, path, progress=progress, point=point)
+        run_arm(
+            experiment,
+            arm,
+            repeat,
+            workload,
+            path,
+            progress=progress,
+            point=point,
+            prompt_salt=salt,
+        )
         summary = summarize_run(load_run(path))
         write_summary(summary)
         p90 = summary.values["p90_interactivity_tok_s"]

@@ -80,6 +80,10 @@ def test_ab_runs_the_arms_interleaved_and_prints_the_report(experiment) -> None:
         assert m["decode_backend"] == ("auto" if arm == "auto" else "latency_specialized")
         assert (out / arm / f"run-{k}" / "summary.json").is_file()
     assert (out / "experiment.toml").read_text() == EXPERIMENT
+    # One prompt salt per invocation, shared by every run: both arms of a repeat send
+    # identical prompts (the seed keeps repeats apart).
+    salts = {m["replay"]["prompt_salt"] for m in manifests.values()}
+    assert len(salts) == 1 and len(salts.pop()) == 16
 
 
 def test_a_report_on_simulated_runs_says_so_from_the_manifests(experiment) -> None:

@@ -35,7 +35,13 @@ ALLOW_DIFF = click.option(
     help="Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS; a sweep: runs/NAME, so that the "
     "same command resumes it).",
 )
-@click.option("--progress/--no-progress", default=False, help="Per-run progress on stderr.")
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Each run's progress on stderr: a live bar in a terminal, else a line every "
+    "AGENTAB_PROGRESS_INTERVAL_S seconds (default 10) and one at its end.",
+)
 @click.option(
     "--fail-if-worse",
     is_flag=True,

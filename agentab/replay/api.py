@@ -24,7 +24,7 @@ from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir, wr
 from agentab.replay.metrics import scrape_loop
 from agentab.replay.options import ReplayOptions, new_prompt_salt
 from agentab.replay.plan import build_plan
-from agentab.replay.progress import ProgressView
+from agentab.replay.progress import ProgressView, line_interval_s
 from agentab.replay.records import (
     METRICS_DIR,
     METRICS_SCHEMA,
@@ -55,6 +55,8 @@ def run_to_dir(
     Raises AgentabError (after writing everything) when the run was interrupted or its error
     rate exceeded `replay.max_error_rate`.
     """
+    if progress:
+        line_interval_s()  # a bad AGENTAB_PROGRESS_INTERVAL_S fails before the run dir exists
     if replay.prompt_salt is None:
         replay = dataclasses.replace(replay, prompt_salt=new_prompt_salt())
     plan = build_plan(workload, replay)
@@ -108,7 +110,7 @@ async def _run(
                 )
             )
         with (
-            ProgressView(runner, enabled=progress, label=label),
+            ProgressView(runner, enabled=progress, label=f"{label} {run_dir}"),
             _gc_frozen(loop),
             eager_tasks(loop) if not is_virtual(loop) else contextlib.nullcontext(),
         ):

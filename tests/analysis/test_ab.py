@@ -84,6 +84,11 @@ def test_ab_runs_the_arms_interleaved_and_prints_the_report(experiment) -> None:
     # identical prompts (the seed keeps repeats apart).
     salts = {m["replay"]["prompt_salt"] for m in manifests.values()}
     assert len(salts) == 1 and len(salts.pop()) == 16
+    # Progress by default: outside a terminal, each run ends with a plain line of its counters.
+    for (arm, k), m in manifests.items():
+        run = out / arm / f"run-{k}"
+        last = [line for line in result.stderr.splitlines() if line.startswith(f"simulate {run}:")]
+        assert last and f"done {m['stats']['finished']:,} in flight 0 errors 0" in last[-1]
 
 
 def test_a_report_on_simulated_runs_says_so_from_the_manifests(experiment) -> None:

@@ -1,9 +1,9 @@
 """Shared test setup.
 
-Tests that need an outside component (the vLLM CPU venv, headless chromium, the CuTe DSL
-compiler) are marked. Locally they are skipped when the component is absent; in CI `.ci/run`
-sets AGENTAB_REQUIRE_<MARK>=1, and then a missing component fails the test instead, so CI can
-never pass by skipping them.
+Tests that need an outside component (the vLLM CPU venv, the AIPerf venv, headless chromium,
+the CuTe DSL compiler) are marked. Locally they are skipped when the component is absent; in CI
+`.ci/run` sets AGENTAB_REQUIRE_<MARK>=1, and then a missing component fails the test instead, so
+CI can never pass by skipping them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,14 @@ def _vllm_python() -> str | None:
     return str(default) if default.exists() else None
 
 
+def _aiperf_python() -> str | None:
+    path = os.environ.get("AGENTAB_AIPERF_PYTHON")
+    if path and Path(path).exists():
+        return path
+    default = REPO_ROOT / ".venv-aiperf" / "bin" / "python"
+    return str(default) if default.exists() else None
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -36,6 +44,7 @@ def _cutlass_dsl() -> bool:
 
 AVAILABLE = {
     "vllm": _vllm_python,
+    "aiperf": _aiperf_python,
     "chromium": _chromium,
     "gpu": _cutlass_dsl,
 }
@@ -65,6 +74,15 @@ def vllm_python() -> str:
     path = _vllm_python()
     if path is None:
         pytest.fail("vLLM venv not found (set AGENTAB_VLLM_PYTHON or run .ci/run)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def aiperf_python() -> str:
+    """The interpreter of the AIPerf venv (scripts/install-aiperf.sh)."""
+    path = _aiperf_python()
+    if path is None:
+        pytest.fail("AIPerf venv not found (set AGENTAB_AIPERF_PYTHON or run .ci/run)")
     return path
 
 

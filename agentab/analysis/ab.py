@@ -4,6 +4,9 @@ Order: repeat 1 of A, repeat 1 of B, repeat 2 of A, ... so slow drift (thermal s
 neighbour, cache warmth of the host) falls on both arms alike. Repeat k of both arms uses replay
 seed `seed + k`: the two arms of a repeat see the same lane start points and salts, and repeats
 differ from each other (with the deterministic simulator, identical repeats would add nothing).
+One prompt salt is drawn per experiment dir (or read from `[replay] prompt_salt`) and shared by
+every run, so running the experiment again against warm servers does not start on cached
+prompts, while a resumed run gets the salt of the other arm of its repeat.
 
 Running the same command on the same experiment dir runs only the runs that are missing (a dir
 of another experiment is refused; `agentab.analysis.experiment_dir`), so a long A/B can be
@@ -30,7 +33,12 @@ import orjson
 
 from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.experiment import Arm, Experiment
-from agentab.analysis.experiment_dir import clear_unfinished, is_complete, prepare_dir
+from agentab.analysis.experiment_dir import (
+    clear_unfinished,
+    experiment_salt,
+    is_complete,
+    prepare_dir,
+)
 from agentab.analysis.html import write_html
 from agentab.analysis.load import load_run
 from agentab.analysis.markdown import comparison_markdown
@@ -66,15 +74,27 @@ def load_workload(experiment: Experiment):  # -> agentab.workloads.Workload
 
 
 def replay_options(
-    experiment: Experiment, repeat: int, point: int | float | None = None
+    experiment: Experiment,
+    repeat: int,
+    point: int | float | None = None,
+    prompt_salt: str | None = None,
 ):  # -> ReplayOptions
     """Repeat k's replay options (seed + k in both arms); at a sweep point, with the swept
-    option (`concurrency` or `rate`) set to the point."""
+    option (`concurrency` or `rate`) set to the point.
+
+    `prompt_salt` is the invocation's salt (the file's `[replay] prompt_salt` when it sets
+    one): both arms of a repeat get the same, so they send identical prompts, and the seed
+    keeps the repeats apart. At a sweep point the point is appended, so runs of two points
+    against one server do not share cached prompts either.
+    """
     from agentab.replay.options import ReplayOptions
 
     swept = {experiment.sweep.variable: point} if experiment.sweep and point is not None else {}
+    salt = experiment.replay.get("prompt_salt") or prompt_salt
+    if salt is not None and experiment.sweep is not None and point is not None:
+        salt = f"{salt}@{experiment.sweep.label(point)}"
     return ReplayOptions.from_mapping(
-        {**experiment.replay, **swept, "seed": experiment.seed + repeat},
+        {**experiment.replay, **swept, "seed": experiment.seed + repeat, "prompt_salt": salt},
         where=f"{experiment.path}: [replay]",
     )
 
@@ -88,10 +108,11 @@ def run_arm(
     *,
     progress: bool,
     point: int | float | None = None,
+    prompt_salt: str | None = None,
 ) -> Path:
     """One run of one arm into `run_dir`, on the experiment's engine kind (at a sweep point,
     with the swept replay option set to it)."""
-    replay = replay_options(experiment, repeat, point)
+    replay = replay_options(experiment, repeat, point, prompt_salt)
     extra: dict[str, Any] = {
         "arm": arm.name,
         "repeat": repeat,
@@ -257,6 +278,7 @@ def run_experiment(
             f"agentab ab: {experiment.name}: {len(workload)} sessions, "
             f"{workload.num_requests()} requests; {what} -> {out_dir}"
         )
+    salt = experiment_salt(out_dir)
     for done, (repeat, arm) in enumerate(todo, start=1):
         if max_runs is not None and done > max_runs:
             log(
@@ -268,7 +290,9 @@ def run_experiment(
         run_dir = _run_dir(out_dir, arm, repeat)
         clear_unfinished(run_dir)
         t0 = time.monotonic()
-        path = run_arm(experiment, arm, repeat, workload, run_dir, progress=progress)
+        path = run_arm(
+            experiment, arm, repeat, workload, run_dir, progress=progress, prompt_salt=salt
+        )
         summary = summarize_run(load_run(path))
         write_summary(summary)
         v = summary.values

@@ -36,7 +36,13 @@ ALLOW_DIFF = click.option(
     "same command resumes it). A dir of the same experiment is resumed: only its missing runs "
     "are run.",
 )
-@click.option("--progress/--no-progress", default=False, help="Per-run progress on stderr.")
+@click.option(
+    "--progress/--no-progress",
+    default=True,
+    show_default=True,
+    help="Each run's progress on stderr: a live bar in a terminal, else a line every "
+    "AGENTAB_PROGRESS_INTERVAL_S seconds (default 10) and one at its end.",
+)
 @click.option(
     "--max-runs",
     type=click.IntRange(min=1),

@@ -2,8 +2,9 @@
 
 A run counts as done when its manifest status is `completed`; a run dir in any other state
 (killed, interrupted, stopped by its error rate) is removed and run again, so its records never
-mix two attempts. The dir keeps a copy of the experiment file, and a dir holding a different
-experiment is refused, so a resume never mixes two configurations.
+mix two attempts. The dir keeps a copy of the experiment file and the prompt salt its runs
+share, and a dir holding a different experiment is refused, so a resume never mixes two
+configurations.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import orjson
 from agentab.analysis.experiment import Experiment
 from agentab.analysis.load import MANIFEST
 from agentab.errors import AgentabError
+from agentab.replay.options import new_prompt_salt
 
 COPY = "experiment.toml"
+SALT_FILE = "prompt_salt"
 
 
 def is_complete(path: Path) -> bool:
@@ -60,3 +63,17 @@ def clear_unfinished(path: Path) -> None:
     """Remove a run dir left unfinished before it is run again."""
     if path.exists():
         shutil.rmtree(path)
+
+
+def experiment_salt(out_dir: Path) -> str:
+    """The experiment's prompt salt, drawn once and kept in the dir, so that a resumed run gets
+    the salt of the other arm of its repeat (a sweep appends the point per run)."""
+    path = out_dir / SALT_FILE
+    try:
+        salt = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        salt = ""
+    if not salt:
+        salt = new_prompt_salt()
+        path.write_text(salt + "\n", encoding="utf-8")
+    return salt

@@ -61,10 +61,18 @@ EXCLUDED_LEAVES: frozenset[str] = frozenset(
     {
         "seed",  # sampling seeds: repeats use seed + repeat; A/A runs vary it on purpose
         "decode_backend",  # the tested variable
+        "prompt_salt",  # per-run cache-bust salt: runs differ in it unless one is reproduced
     }
 )
 # Shown in the report when they differ, although they never refuse a comparison.
-NOTED_FIELDS: tuple[str, ...] = ("seed", "replay.seed", "engine_seed", "gpu_ids", "url")
+NOTED_FIELDS: tuple[str, ...] = (
+    "seed",
+    "replay.seed",
+    "replay.prompt_salt",
+    "engine_seed",
+    "gpu_ids",
+    "url",
+)
 
 # Order of the error message: the first match of a field's name decides its rank.
 _PRIORITY: tuple[tuple[str, ...], ...] = (

@@ -5,6 +5,7 @@ repeat k of both arms uses replay seed `seed + k` at every point, so the arms of
 the same sessions, lane start points and salts. Every (point, arm, repeat) is its own run dir:
 
     experiment.toml                       a copy of the file that was run
+    prompt_salt                           the sweep's prompt salt (a resume reuses it)
     concurrency-8/<arm>/run-1/ ...        one run dir per (point, arm, repeat)
     concurrency-8/comparison.json         that point's `compare --json` object
     concurrency-8/report.md               that point's A/B report
@@ -32,7 +33,12 @@ import orjson
 from agentab.analysis.ab import Log, check_before_running, load_workload, run_arm, stderr_line
 from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.experiment import Experiment, Sweep
-from agentab.analysis.experiment_dir import clear_unfinished, is_complete, prepare_dir
+from agentab.analysis.experiment_dir import (
+    clear_unfinished,
+    experiment_salt,
+    is_complete,
+    prepare_dir,
+)
 from agentab.analysis.guard import check, manifest_differences
 from agentab.analysis.load import Run, load_run
 from agentab.analysis.markdown import comparison_markdown
@@ -83,11 +89,21 @@ def run_sweep(
         )
     else:
         log(f"agentab ab: {experiment.name}: {what} -> {out_dir}")
+    salt = experiment_salt(out_dir)
     for done, (point, repeat, arm) in enumerate(todo, start=1):
         path = run_dir(out_dir, sweep, point, arm.name, repeat)
         clear_unfinished(path)
         t0 = time.monotonic()
-        run_arm(experiment, arm, repeat, workload, path, progress=progress, point=point)
+        run_arm(
+            experiment,
+            arm,
+            repeat,
+            workload,
+            path,
+            progress=progress,
+            point=point,
+            prompt_salt=salt,
+        )
         summary = summarize_run(load_run(path))
         write_summary(summary)
         p90 = summary.values["p90_interactivity_tok_s"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,9 +22,9 @@ from agentab.errors import AgentabError
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir, write_manifest
 from agentab.replay.metrics import scrape_loop
-from agentab.replay.options import ReplayOptions
+from agentab.replay.options import ReplayOptions, new_prompt_salt
 from agentab.replay.plan import build_plan
-from agentab.replay.progress import ProgressView
+from agentab.replay.progress import ProgressView, line_interval_s
 from agentab.replay.records import (
     METRICS_DIR,
     METRICS_SCHEMA,
@@ -54,6 +55,10 @@ def run_to_dir(
     Raises AgentabError (after writing everything) when the run was interrupted or its error
     rate exceeded `replay.max_error_rate`.
     """
+    if progress:
+        line_interval_s()  # a bad AGENTAB_PROGRESS_INTERVAL_S fails before the run dir exists
+    if replay.prompt_salt is None:
+        replay = dataclasses.replace(replay, prompt_salt=new_prompt_salt())
     plan = build_plan(workload, replay)
     if workload.num_requests() == 0:
         raise AgentabError(f"{workload.source or 'workload'}: no requests to replay")
@@ -105,7 +110,7 @@ async def _run(
                 )
             )
         with (
-            ProgressView(runner, enabled=progress, label=label),
+            ProgressView(runner, enabled=progress, label=f"{label} {run_dir}"),
             _gc_frozen(loop),
             eager_tasks(loop) if not is_virtual(loop) else contextlib.nullcontext(),
         ):

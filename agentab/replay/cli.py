@@ -49,7 +49,7 @@ def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
             type=float,
             default=3600.0,
             show_default=True,
-            help="Dispatch window in seconds (0: no limit).",
+            help="Profiling window in seconds, counted from the end of the warmup (0: no limit).",
         ),
         click.option("--max-requests", type=int, default=None, help="Stop after N requests."),
         click.option(
@@ -84,6 +84,13 @@ def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Per-tree idle compression cap in s (0 disables).",
         ),
         click.option("--seed", type=int, default=42, show_default=True),
+        click.option(
+            "--prompt-salt",
+            default=None,
+            help="Salt of every prompt (default: a fresh one per run, so a rerun does not hit "
+            "the cache a previous run left); give a run's manifest replay.prompt_salt to send "
+            "its exact prompts again.",
+        ),
         click.option("--passes", type=int, default=None, help="Sessions per lane, then stop."),
         click.option("--max-error-rate", type=float, default=0.10, show_default=True),
         click.option(
@@ -131,6 +138,7 @@ def _options(kw: dict[str, Any]) -> ReplayOptions:
         request_timeout_s=kw["request_timeout_s"],
         scrape_metrics=kw["scrape_metrics"],
         scrape_interval_s=kw["scrape_interval_s"],
+        prompt_salt=kw["prompt_salt"],
     )
 
 

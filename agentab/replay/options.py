@@ -8,6 +8,7 @@ the same workload send identical requests at identical planned times.
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
@@ -25,8 +26,12 @@ class ReplayOptions:
     Closed loop (default): `concurrency` lanes each hold one session tree until it drains.
     Open loop: `rate` (Poisson session arrivals per second) or `time_scale` (recorded session
     arrival offsets multiplied by this factor; 0.5 replays arrivals twice as fast).
+    `duration_s` is the profiling window: it opens when the last warmup request has finished.
     `None` for `duration_s`, `max_requests` and `passes` means "no limit from this rule".
     Idle caps of 0 disable that compression rule.
+    `prompt_salt` enters every play's salt: None draws a fresh one for each run (so a rerun
+    against a warm server does not find its prompts in the prefix cache), and the manifest
+    records the one used, so giving it back reproduces that run's exact prompts.
     """
 
     concurrency: int = 1
@@ -45,6 +50,7 @@ class ReplayOptions:
     request_timeout_s: float = 600.0
     scrape_metrics: bool = False
     scrape_interval_s: float = 1.0
+    prompt_salt: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start_window", tuple(float(x) for x in self.start_window))
@@ -73,6 +79,11 @@ class ReplayOptions:
         _check(self.endpoint in ENDPOINTS, "endpoint", f"one of {', '.join(ENDPOINTS)}")
         _check(_finite_pos(self.request_timeout_s), "request_timeout_s", "> 0")
         _check(_finite_pos(self.scrape_interval_s), "scrape_interval_s", "> 0")
+        _check(
+            self.prompt_salt is None or _salt_text(self.prompt_salt),
+            "prompt_salt",
+            f"1 to {MAX_PROMPT_SALT_CHARS} printable characters",
+        )
 
     @property
     def open_loop(self) -> bool:
@@ -108,6 +119,18 @@ class ReplayOptions:
             raise AgentabError(f"{where}: {exc}") from None
         except TypeError as exc:  # wrong value types reaching comparisons
             raise AgentabError(f"{where}: {exc}") from None
+
+
+MAX_PROMPT_SALT_CHARS = 128
+
+
+def new_prompt_salt() -> str:
+    """A fresh per-run prompt salt: 64 random bits in hex, as a run id would be."""
+    return secrets.token_hex(8)
+
+
+def _salt_text(x: object) -> bool:
+    return isinstance(x, str) and 1 <= len(x) <= MAX_PROMPT_SALT_CHARS and x.isprintable()
 
 
 def _check(ok: bool, name: str, what: str) -> None:

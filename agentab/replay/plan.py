@@ -3,7 +3,7 @@
 A plan never looks at a clock. It fixes, from the workload and the options alone:
 - which session each lane plays at each pass (closed loop) or which session arrives when (open
   loop), so both arms of an A/B send the same sessions in the same slots whatever their speeds;
-- each play's cache-bust salt, from (seed, pass, lane, session);
+- each play's cache-bust salt, from (prompt salt, seed, pass, lane, session);
 - each session tree compiled into a dependency graph of nodes (`TreeSchedule`): a node becomes
   due `delay_s` after the last of its `deps` completes, and is sent then. Completion times are
   only known live, so the runner (`agentab.replay.runner`) evaluates the graph on its clock.
@@ -88,6 +88,11 @@ class TreeSchedule:
     def requests(self) -> list[Node]:
         return [n for n in self.nodes if n.kind == "request"]
 
+    @cached_property
+    def warmup_requests(self) -> int:
+        """How many of its requests are warmup: the profiling window opens once all are done."""
+        return sum(1 for n in self.nodes if n.phase == "warmup")
+
 
 @dataclass(frozen=True)
 class Play:
@@ -167,15 +172,19 @@ class Plan:
     # -- shared -----------------------------------------------------------------------------
 
     def salt(self, pass_: int, lane: int, session: Session) -> int:
-        """63-bit salt from (seed, pass, lane, session): the same in both arms of an A/B.
+        """63-bit salt from (prompt salt, seed, pass, lane, session).
 
-        Sessions with a global hash scope (Mooncake) share blocks across sessions by design,
-        so their salt depends on (seed, pass) only: plays of one pass still share prefixes.
+        Equal options give equal salts, so both arms of an A/B repeat, which share the replay
+        options, send identical prompts; the per-run prompt salt keeps one run's prompts out of
+        the prefix cache another run left on the same server. Sessions with a global hash scope
+        (Mooncake) share blocks across sessions by design, so their salt leaves out lane and
+        session: plays of one pass still share prefixes.
         """
+        run = self.options.prompt_salt or ""
         if session.hash_scope is not None:
-            key = f"{self.options.seed}|{pass_}|global:{session.hash_scope}"
+            key = f"{run}|{self.options.seed}|{pass_}|global:{session.hash_scope}"
         else:
-            key = f"{self.options.seed}|{pass_}|{lane}|{session.id}"
+            key = f"{run}|{self.options.seed}|{pass_}|{lane}|{session.id}"
         digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 

@@ -58,6 +58,7 @@ class RunStats:
     message: str = ""
     signal: int | None = None  # the signal that interrupted the run
     elapsed_s: float = 0.0  # loop time from run start to the last request's end
+    profiling_start_s: float | None = None  # when the window opened (the last warmup ended)
 
     @property
     def error_rate(self) -> float:
@@ -77,6 +78,7 @@ class RunStats:
             "error_classes": dict(sorted(self.error_classes.items())),
             "first_errors": dict(sorted(self.first_errors.items())),
             "elapsed_s": self.elapsed_s,
+            "profiling_start_s": self.profiling_start_s,
         }
 
     def top_errors(self, n: int = 3) -> str:
@@ -134,6 +136,8 @@ class Runner:
         self._idle_since = 0.0
         self._arrivals: Any = None
         self._signals: list[signal.Signals] = []
+        self._warmup_open = 0  # warmup requests not yet finished
+        self.end_t = math.inf  # no dispatch due after this (the window's end, once it opened)
 
     # -- public -----------------------------------------------------------------------------
 
@@ -143,13 +147,19 @@ class Runner:
         loop = getattr(self, "loop", None)
         return loop.time() - self.t0 if loop is not None else 0.0
 
+    @property
+    def profiling_s(self) -> float | None:
+        """Seconds since the profiling window opened; None during warmup."""
+        start = self.stats.profiling_start_s
+        return None if start is None else max(0.0, self.now_s - start)
+
     async def run(self) -> RunStats:
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.t0 = loop.time()
         self._early = 0.0 if is_virtual(loop) else EARLY_WAKEUP_S
         self._idle_since = self.t0
-        self.end_t = self.t0 + self.opts.duration_s if self.opts.duration_s else math.inf
+        self.end_t = math.inf
         self._done: asyncio.Future[None] = loop.create_future()
         self._install_signals()
         try:
@@ -159,6 +169,8 @@ class Runner:
             else:
                 for lane in range(self.plan.lanes):
                     self._start_lane(lane, 0, self.t0)
+            if self._warmup_open == 0:
+                self._open_window(self.t0)
             self._after_change(None)
             await self._done
         finally:
@@ -182,6 +194,16 @@ class Runner:
         for task in list(self._tasks):
             task.cancel()
         self._after_change(None)
+
+    def _open_window(self, t: float) -> None:
+        """The profiling phase begins: `duration_s` counts from here, as AgentX's window does.
+
+        Warmup lanes go on into profiling without waiting for each other; only the window's
+        start waits for the last warmup request, so warmup never eats into the measured time.
+        """
+        self.stats.profiling_start_s = t - self.t0
+        if self.opts.duration_s:
+            self.end_t = t + self.opts.duration_s
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -348,6 +370,7 @@ class Runner:
 
     def _start_tree(self, play: Play, t: float) -> None:
         tree = _Tree(play, t)
+        self._warmup_open += play.schedule.warmup_requests
         nodes = play.schedule.nodes
         for r in play.schedule.roots:
             self._push(tree, r, t + nodes[r].delay_s)
@@ -420,6 +443,10 @@ class Runner:
         if stats.inflight == 0:
             self._idle_since = now
         stats.elapsed_s = max(stats.elapsed_s, out.end - self.t0)
+        if node.phase == "warmup":
+            self._warmup_open -= 1
+            if self._warmup_open == 0 and stats.profiling_start_s is None:
+                self._open_window(now)
         if cancelled:
             stats.cancelled += 1
         else:

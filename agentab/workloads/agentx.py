@@ -21,8 +21,8 @@ from agentab.workloads.checks import (
     Path_,
     WorkloadWarning,
     chained_ids,
-    check_blocks,
     check_depth,
+    full_block_ids,
     need_list,
     need_num,
     need_str,
@@ -203,8 +203,8 @@ def _parse_items(
                 raw = []
             elif type(raw) is not list:
                 ctx.fail("field 'hash_ids' must be an array of integers", path)
+            raw = full_block_ids(ctx, raw, block_size, in_tokens, path, "hash_ids")
             ids = chained_ids(ctx, raw, prev_raw, prev_ids, "hash_ids", path)
-            check_blocks(ctx, len(ids), block_size, in_tokens, path, "hash_ids")
             prev_raw, prev_ids = raw, ids
             items.append(
                 Request(
@@ -266,7 +266,33 @@ def _parse_subagent(
 # ---------------------------------------------------------------------------------------- export
 
 
-def session_to_agentx(s: Session) -> dict[str, Any]:
+class PartialBlockIds:
+    """Fresh hash ids for prompts' trailing partial blocks, unique in the whole export.
+
+    Captures hash every block of a prompt, the last partial one included (ceil(in / block_size)
+    ids), and AIPerf's Weka loader relies on it: a turn-0 prompt must have ids for all of its
+    system + tools prefix, ceil((system + tools) / block_size) blocks, or the loader aborts. The
+    model keeps full blocks only, so the export adds one id per partial block. A partial block
+    is never a prefix-cache hit, so each gets an id of its own, above every id the workload uses.
+    """
+
+    def __init__(self, workload: Workload) -> None:
+        top = max(
+            (max(r.hash_ids, default=-1) for s in workload.sessions for r in s.all_requests()),
+            default=-1,
+        )
+        self._next = top + 1
+
+    def ids_for(self, r: Request, block_size: int) -> list[int]:
+        """`r`'s hash ids as a capture writes them: every block, a partial last one included."""
+        ids = list(r.hash_ids)
+        if len(ids) == r.in_tokens // block_size and r.in_tokens % block_size:
+            ids.append(self._next)
+            self._next += 1
+        return ids
+
+
+def session_to_agentx(s: Session, partial: PartialBlockIds) -> dict[str, Any]:
     """A session as an AgentX/Weka object (inner times absolute, as current captures write)."""
     return {
         "id": s.id,
@@ -275,11 +301,13 @@ def session_to_agentx(s: Session) -> dict[str, Any]:
         "hash_id_scope": "global" if s.hash_scope == "global" else "local",
         "tool_tokens": s.tool_tokens,
         "system_tokens": s.system_tokens,
-        "requests": [_item_to_agentx(i) for i in s.items],
+        "requests": [_item_to_agentx(i, s.block_size, partial) for i in s.items],
     }
 
 
-def _item_to_agentx(item: Request | Subagent) -> dict[str, Any]:
+def _item_to_agentx(
+    item: Request | Subagent, block_size: int, partial: PartialBlockIds
+) -> dict[str, Any]:
     if isinstance(item, Request):
         d: dict[str, Any] = {
             "t": item.t,
@@ -287,7 +315,7 @@ def _item_to_agentx(item: Request | Subagent) -> dict[str, Any]:
             "model": item.model,
             "in": item.in_tokens,
             "out": item.out_tokens,
-            "hash_ids": item.hash_ids,
+            "hash_ids": partial.ids_for(item, block_size),
             "input_types": item.input_types,
             "output_types": item.output_types,
             "stop": item.stop,
@@ -309,7 +337,7 @@ def _item_to_agentx(item: Request | Subagent) -> dict[str, Any]:
         "total_tokens": item.total_tokens,
         "tool_use_count": item.tool_use_count,
         "status": item.status,
-        "requests": [_item_to_agentx(i) for i in item.items],
+        "requests": [_item_to_agentx(i, block_size, partial) for i in item.items],
         "models": list(item.models),
         "tool_tokens": item.tool_tokens,
         "system_tokens": item.system_tokens,
@@ -343,11 +371,12 @@ def dump_agentx(workload: Workload, out: Path) -> None:
             WorkloadWarning(f"{out}: AgentX JSON cannot hold {what}; dropped"), stacklevel=2
         )
     name = out.name
+    partial = PartialBlockIds(workload)
     opener = gzip.open if name.endswith(".gz") else open
     if name.endswith((".jsonl", ".jsonl.gz")):
         with opener(out, "wb") as fh:
             for s in workload.sessions:
-                fh.write(orjson.dumps(session_to_agentx(s)))
+                fh.write(orjson.dumps(session_to_agentx(s, partial)))
                 fh.write(b"\n")
         return
     if name.endswith((".json", ".json.gz")):
@@ -357,7 +386,7 @@ def dump_agentx(workload: Workload, out: Path) -> None:
                 f"{len(workload.sessions)}; write .jsonl or a directory"
             )
         with opener(out, "wb") as fh:
-            fh.write(orjson.dumps(session_to_agentx(workload.sessions[0])))
+            fh.write(orjson.dumps(session_to_agentx(workload.sessions[0], partial)))
         return
     if out.is_dir() and any(p.name.endswith(TRACE_SUFFIXES) for p in out.iterdir()):
         raise AgentabError(f"{out}: directory already holds trace files; use an empty one")
@@ -368,4 +397,6 @@ def dump_agentx(workload: Workload, out: Path) -> None:
     width = max(4, len(str(len(workload.sessions))))
     for index, s in enumerate(workload.sessions):
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in s.id)[:80]
-        (out / f"{index:0{width}d}_{safe}.json").write_bytes(orjson.dumps(session_to_agentx(s)))
+        (out / f"{index:0{width}d}_{safe}.json").write_bytes(
+            orjson.dumps(session_to_agentx(s, partial))
+        )

@@ -248,6 +248,28 @@ def chained_ids(
     return tuple(raw)
 
 
+def full_block_ids(
+    ctx: Ctx, raw: list[Any], block_size: int, in_tokens: int, path: Path_ | None, key: str
+) -> list[Any]:
+    """The ids of a prompt's full blocks, from a list that may also name its partial last block.
+
+    Captures (and AIPerf, and `convert --to agentx`) hash every block of a prompt, the partial
+    last one included: ceil(in / block_size) ids. The model keeps full blocks only, so that id
+    is checked and dropped; more ids than the prompt has blocks is an error.
+    """
+    full = in_tokens // block_size
+    if len(raw) <= full:
+        return raw
+    if len(raw) > -(-in_tokens // block_size):
+        ctx.fail(
+            f"{key!r} has {len(raw)} blocks of {block_size} tokens but 'in' is {in_tokens} "
+            f"(at most {-(-in_tokens // block_size)} blocks, a partial last one included)",
+            path,
+        )
+    check_ids(ctx, raw[full:], key, path)
+    return raw[:full]
+
+
 def check_blocks(
     ctx: Ctx, n_ids: int, block_size: int, in_tokens: int, path: Path_ | None, key: str
 ) -> None:

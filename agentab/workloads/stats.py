@@ -9,7 +9,10 @@
   counted as 0 when not recorded (docs/replay.md: AgentX's inter-turn delay).
 - `theoretical_cache_hit_ratio`: for each request in start-time order (ties in recorded tree
   order, depth first), the number of its leading hash ids already seen in earlier requests of the
-  same session tree, times `block_size`, summed over requests and divided by the summed `in`.
+  same id namespace, times `block_size`, summed over requests and divided by the summed `in`.
+  A namespace is one session tree (AgentX's `hash_id_scope: "local"`), or every session of one
+  global scope (Mooncake, where ids are shared between lines), in arrival order
+  (`arrival_s + t`; ties in file order).
 - `suffix_growth_ratio`: of the requests that follow another request of the same agent, the share
   whose hash ids start with all of the previous request's ids (pure suffix growth).
 """
@@ -59,21 +62,25 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return lo
 
 
-def cache_hit_blocks(session: Session) -> int:
-    """Summed leading already-seen blocks over the session tree's requests in start order.
+def cache_hit_blocks(sessions: list[Session]) -> int:
+    """Summed leading already-seen blocks over the requests of sessions that share one id
+    namespace (a local-scope session alone, or all sessions of a global scope), in start order.
 
     Every request's ids are added to `seen` once processed; the last processed request of the
     same agent is entirely in `seen`, so its common prefix counts without a set lookup per id.
     """
-    tree_index = {id(r): i for i, r in enumerate(session.all_requests())}
-    order: list[tuple[float, int, int, Request]] = []
-    for agent, requests in enumerate(_agent_lists(session.items)):
-        order.extend((r.t, tree_index[id(r)], agent, r) for r in requests)
-    order.sort(key=lambda x: (x[0], x[1]))
+    order: list[tuple[float, int, int, tuple[int, int], Request]] = []
+    for k, session in enumerate(sessions):
+        tree_index = {id(r): i for i, r in enumerate(session.all_requests())}
+        for agent, requests in enumerate(_agent_lists(session.items)):
+            order.extend(
+                (session.arrival_s + r.t, k, tree_index[id(r)], (k, agent), r) for r in requests
+            )
+    order.sort(key=lambda x: (x[0], x[1], x[2]))
     seen: set[int] = set()
-    last_by_agent: dict[int, tuple[int, ...]] = {}
+    last_by_agent: dict[tuple[int, int], tuple[int, ...]] = {}
     hits = 0
-    for _, _, agent, r in order:
+    for _, _, _, agent, r in order:
         ids = r.hash_ids
         prev = last_by_agent.get(agent)
         known = 0 if prev is None else _common_prefix(ids, prev)
@@ -96,6 +103,7 @@ def summarize(workload: Workload) -> dict[str, Any]:
     hit_tokens = 0
     growth = follows = 0
     subagents = background = 0
+    scopes: dict[tuple[str, int], list[Session]] = {}  # sessions sharing a global id namespace
     for s in workload.sessions:
         for requests in _agent_lists(s.items):
             prev: Request | None = None
@@ -116,7 +124,12 @@ def summarize(workload: Workload) -> dict[str, Any]:
         for a in s.subagents():
             subagents += 1
             background += a.background
-        hit_tokens += cache_hit_blocks(s) * s.block_size
+        if s.hash_scope is None:
+            hit_tokens += cache_hit_blocks([s]) * s.block_size
+        else:
+            scopes.setdefault((s.hash_scope, s.block_size), []).append(s)
+    for (_, block_size), members in scopes.items():
+        hit_tokens += cache_hit_blocks(members) * block_size
     total_in = sum(ins)
     return {
         "sessions": len(workload.sessions),

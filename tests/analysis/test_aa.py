@@ -62,7 +62,13 @@ def test_aa_single_runs_get_no_verdict(tmp_path: Path) -> None:
         "the session bootstrap misses; use repeats >= 3"
     ]
     assert result.differences == []  # seeds differ by design and are not a guard failure
-    assert [d.field for d in result.notes] == ["seed", "replay.seed", "engine_seed"]
+    # Separate runs draw their own prompt salts; both are shown, neither refuses.
+    assert [d.field for d in result.notes] == [
+        "seed",
+        "replay.seed",
+        "replay.prompt_salt",
+        "engine_seed",
+    ]
     md = comparison_markdown(result)
     assert "**no verdict**: fewer than 2 runs per arm (A 1, B 1)" in md
 

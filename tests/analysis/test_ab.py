@@ -80,6 +80,15 @@ def test_ab_runs_the_arms_interleaved_and_prints_the_report(experiment) -> None:
         assert m["decode_backend"] == ("auto" if arm == "auto" else "latency_specialized")
         assert (out / arm / f"run-{k}" / "summary.json").is_file()
     assert (out / "experiment.toml").read_text() == EXPERIMENT
+    # One prompt salt per invocation, shared by every run: both arms of a repeat send
+    # identical prompts (the seed keeps repeats apart).
+    salts = {m["replay"]["prompt_salt"] for m in manifests.values()}
+    assert len(salts) == 1 and len(salts.pop()) == 16
+    # Progress by default: outside a terminal, each run ends with a plain line of its counters.
+    for (arm, k), m in manifests.items():
+        run = out / arm / f"run-{k}"
+        last = [line for line in result.stderr.splitlines() if line.startswith(f"simulate {run}:")]
+        assert last and f"done {m['stats']['finished']:,} in flight 0 errors 0" in last[-1]
 
 
 def test_a_report_on_simulated_runs_says_so_from_the_manifests(experiment) -> None:
@@ -154,6 +163,13 @@ def test_an_ab_stopped_by_max_runs_resumes_to_the_same_report(experiment, tmp_pa
     again = agentab("ab", path, "-o", out)
     assert "4 of 4 runs complete, 0 to run" in again.stderr
     assert again.stdout == whole.stdout
+    # the run made after the resume shares the prompt salt of the other arm of its repeat
+    salts = {
+        json.loads((out / arm / f"run-{k}" / "manifest.json").read_text())["replay"]["prompt_salt"]
+        for arm in ("auto", "fast")
+        for k in (1, 2)
+    }
+    assert salts == {(out / "prompt_salt").read_text().strip()}
 
 
 def test_an_unfinished_run_is_run_again_on_resume(experiment, tmp_path: Path) -> None:

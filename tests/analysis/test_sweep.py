@@ -94,6 +94,10 @@ def test_every_point_runs_both_arms_interleaved_with_the_same_seeds(sweep) -> No
         assert m["replay"]["concurrency"] == c and m["sweep_point"] == {"concurrency": c}
         assert m["repeat"] == k - 1 and m["replay"]["seed"] == 5 + k - 1 and m["seed"] == 5 + k - 1
         assert m["decode_backend"] == ("auto" if arm == "auto" else "latency_specialized")
+        # The sweep's salt (kept for a resume) with the point appended: the arms of a point
+        # share prompts, two points against one server do not.
+        salt = (out / "prompt_salt").read_text().strip()
+        assert m["replay"]["prompt_salt"] == f"{salt}@concurrency-{c}"
 
 
 def test_the_sweep_reports_lead_with_the_recommendation(sweep) -> None:

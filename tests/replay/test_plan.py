@@ -6,6 +6,7 @@ expected send time below is worked out by hand from the rules in agentab/replay/
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,42 @@ def test_duration_and_max_requests_stop_dispatch(tmp_path: Path) -> None:
     assert sent(df) == [0.0, 10.0, 20.0, 30.0]
     df = run(tmp_path, [s], name="m", max_requests=3, passes=None, duration_s=None)
     assert sent(df) == [0.0, 10.0, 20.0]
+
+
+def test_duration_window_opens_when_the_last_warmup_request_ends(tmp_path: Path) -> None:
+    def session(name: str, ttft: float) -> Session:
+        turns = tuple(
+            Request(
+                t=10.0 * k, in_tokens=128, out_tokens=4, hash_ids=(1, 2), api_time=1.0, ttft=ttft
+            )
+            for k in range(10)
+        )
+        return Session(name, 64, turns)
+
+    # Lane of "a": warmup turns 0 and 1 take 0.5 s each (ends at 1), profiling turn 2 after
+    # the recorded 9 s gap: 10, 20, 30, ...; lane of "b": warmup ends at 6, its turns take 3 s
+    # (the ttft): 15, 27, ... The 22 s window counts from 6 (the last warmup end), not from the
+    # run start: [6, 28], so b's 27 is in it.
+    df = run(
+        tmp_path,
+        [session("a", 0.5), session("b", 3.0)],
+        concurrency=2,
+        warmup_requests=2,
+        duration_s=22.0,
+        passes=None,
+    )
+    profiling = df.filter(pl.col("phase") == "profiling")
+    assert sent(profiling, session_id="a") == [10.0, 20.0]
+    assert sent(profiling, session_id="b") == [15.0, 27.0]
+    assert sent(df.filter(pl.col("phase") == "warmup")) == [0.0, 0.0, 0.5, 3.0]
+    stats = json.loads((tmp_path / "run" / "manifest.json").read_text())["stats"]
+    assert stats["profiling_start_s"] == 6.0
+    assert stats["stop_reason"] == "duration"
+    # Without warmup the window opens at the run start.
+    df = run(tmp_path, [session("a", 0.5)], name="cold", duration_s=20.0, passes=None)
+    assert sent(df) == [0.0, 10.0, 20.0]
+    stats = json.loads((tmp_path / "cold" / "manifest.json").read_text())["stats"]
+    assert stats["profiling_start_s"] == 0.0
 
 
 def test_open_loop_rate_and_time_scale(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ EXPECTED = {
         ": session 's1': request 0: field 'hash_ids' must hold integers >= 0, found '2'"
     ),
     "hash_ids_exceed_in.json": (
-        ": session 's1': request 0: 'hash_ids' has 2 blocks of 64 tokens (128) but 'in' is 100"
+        ": session 's1': request 0: 'hash_ids' has 3 blocks of 64 tokens but 'in' is 100 "
+        "(at most 2 blocks, a partial last one included)"
     ),
     "in_is_string.json": ": session 's1': request 0: field 'in' must be an integer, got string",
     "invalid_line.jsonl": ":2: invalid JSON (",

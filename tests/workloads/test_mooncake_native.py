@@ -40,8 +40,8 @@ def test_mooncake_inspect_figures() -> None:
     got = summarize(load(SAMPLE))
     assert (got["sessions"], got["requests"], got["parent_requests"]) == (3, 3, 3)
     assert got["pause_s"] == dict.fromkeys(("mean", "p50", "p90", "p99", "max"))
-    # one request per session tree: nothing is seen before, so the ratio is 0
-    assert got["theoretical_cache_hit_ratio"] == 0.0
+    # Mooncake ids are global: line 2's two blocks were seen in line 1 (2 x 512 of 2,424).
+    assert got["theoretical_cache_hit_ratio"] == pytest.approx(1024 / (1100 + 1024 + 300))
     assert got["suffix_growth_ratio"] is None
     assert got["input_tokens"]["mean"] == pytest.approx((1100 + 1024 + 300) / 3)
 

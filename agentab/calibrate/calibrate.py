@@ -54,7 +54,9 @@ class CalibrateRequest:
     command: str
 
 
-def calibrate(req: CalibrateRequest, echo: Callable[[str], None]) -> tuple[Path, Path, str]:
+def calibrate(
+    req: CalibrateRequest, echo: Callable[[str], None], warn: Callable[[str], None]
+) -> tuple[Path, Path, str]:
     """Time, fit, write; returns (profile path, report path, one-line summary)."""
     measured: dict[str, Measurements] = {}
     facts: dict[str, EngineFacts] = {}
@@ -64,13 +66,15 @@ def calibrate(req: CalibrateRequest, echo: Callable[[str], None]) -> tuple[Path,
         f = engine_facts(url)
         _check_backend(path, f, url)
         if timing == "auto":
-            timing = "engine" if f.step_counters else "client"
-        if timing == "engine" and not f.step_counters:
+            timing = "engine" if f.engine_clock else "client"
+        if timing == "engine" and not f.engine_clock:
             raise AgentabError(
-                f"--timing engine: {url} exports no step counters "
-                "(agentab:step_seconds_*_total); use --timing client"
+                f"--timing engine: {url} exports no step timings (agentab:step_seconds_*_total "
+                "or vLLM's inter-token histograms); use --timing client"
             )
-        load = _load_for(req, path, f)
+        load = _load_for(
+            req, path, f, one_prefill_step=timing == "engine" and f.engine_clock == "vllm"
+        )
         echo(
             f"agentab calibrate: {path} path on {f.engine} {f.version or ''} at {url} "
             f"({timing} timing): {len(load.decode)} decode phases, "
@@ -82,7 +86,12 @@ def calibrate(req: CalibrateRequest, echo: Callable[[str], None]) -> tuple[Path,
 
         measured[path] = run_real(
             run_load(
-                url, load, model=req.model, engine_timing=timing == "engine", progress=progress
+                url,
+                load,
+                model=req.model,
+                engine_clock=f.engine_clock if timing == "engine" else None,
+                progress=progress,
+                warn=warn,
             )
         )
         facts[path] = f
@@ -177,7 +186,9 @@ def _check_backend(path: str, f: EngineFacts, url: str) -> None:
         )
 
 
-def _load_for(req: CalibrateRequest, path: str, f: EngineFacts) -> CalibrationLoad:
+def _load_for(
+    req: CalibrateRequest, path: str, f: EngineFacts, *, one_prefill_step: bool
+) -> CalibrationLoad:
     batches = req.batches
     if path == "specialized":  # only the batches the path serves (pure decode, q = 1)
         batches = tuple(b for b in batches if b <= SPECIALIZED_MAX_PADDED)
@@ -194,6 +205,7 @@ def _load_for(req: CalibrateRequest, path: str, f: EngineFacts) -> CalibrationLo
         max_num_batched_tokens=f.max_num_batched_tokens,
         prefill_repeats=req.prefill_repeats if path == "standard" else 0,
         seed=req.seed,
+        one_prefill_step=one_prefill_step,
     )
     if f.kv_blocks and f.block_size:
         need = max(p.batch * math.ceil((p.context + p.steps) / f.block_size) for p in load.decode)

@@ -88,7 +88,7 @@ def _command_line(ctx: click.Context) -> str:
     default=None,
     help="Short,long prompt tokens of the decode phases [sized to the server].",
 )
-@click.option("--steps", type=int, default=48, show_default=True, help="Decode tokens per phase.")
+@click.option("--steps", type=int, default=96, show_default=True, help="Decode tokens per phase.")
 @click.option(
     "--prefill-repeats", type=int, default=3, show_default=True, help="Requests per prefill point."
 )
@@ -162,7 +162,11 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
         command=_command_line(ctx),
     )
     echo = (lambda s: None) if kw["quiet"] else (lambda s: click.echo(s, err=True))
-    profile, report, summary = run(req, echo)
+
+    def warn(message: str) -> None:
+        click.echo(f"agentab: warning: {message}", err=True)
+
+    profile, report, summary = run(req, echo, warn)
     click.echo(f"wrote {profile} and {report}: {summary}")
 
 

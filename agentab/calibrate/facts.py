@@ -21,6 +21,11 @@ from agentab.errors import AgentabError
 STEP_SECONDS = "agentab:step_seconds_{path}_total"
 STEPS = "agentab:steps_{path}_total"
 DECODE_STEPS = "agentab:decode_steps_{path}_total"
+# vLLM's histograms timed with the engine core's own timestamps (not the frontend's): the gap
+# between a request's tokens, its prefill (scheduled to first token), and tokens per step.
+VLLM_ITL = "vllm:inter_token_latency_seconds"
+VLLM_PREFILL = "vllm:request_prefill_time_seconds"
+VLLM_STEP_TOKENS = "vllm:iteration_tokens_total"
 
 
 @dataclass
@@ -39,7 +44,9 @@ class EngineFacts:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     cuda_graph_max_tokens: int | None = None
-    step_counters: bool = False  # exports agentab:step_seconds_*_total (engine-side timing)
+    # the engine's own step clock on /metrics: "agentab" (agentab:step_seconds_*_total),
+    # "vllm" (engine-core timestamped histograms), or None (client timing only)
+    engine_clock: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -74,7 +81,10 @@ def engine_facts(url: str) -> EngineFacts:
         metrics = http_get(f"{url}/metrics").decode(errors="replace")
     except OSError:
         metrics = ""
-    facts.step_counters = "agentab:step_seconds_standard_total" in metrics
+    if "agentab:step_seconds_standard_total" in metrics:
+        facts.engine_clock = "agentab"
+    elif all(f"{h}_sum" in metrics for h in (VLLM_ITL, VLLM_PREFILL, VLLM_STEP_TOKENS)):
+        facts.engine_clock = "vllm"
     return facts
 
 

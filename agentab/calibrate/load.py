@@ -58,12 +58,13 @@ def build_load(
     *,
     batches: tuple[int, ...] = DEFAULT_BATCHES,
     contexts: tuple[int, int] | None = None,
-    steps: int = 48,
+    steps: int = 96,
     max_model_len: int,
     block_size: int,
     max_num_batched_tokens: int | None,
     prefill_repeats: int = 3,
     seed: int = 0,
+    one_prefill_step: bool = False,
 ) -> CalibrationLoad:
     """A load sized to the engine: contexts and prefill lengths fit `max_model_len`, and each
     prefill request fits one step's token budget (so it is one step, as the fit assumes)."""
@@ -73,14 +74,26 @@ def build_load(
         raise AgentabError(f"--steps {steps}: need at least 16 decode steps per phase")
     room = max_model_len - steps - 1
     if contexts is None:
-        contexts = (min(128, room // 4), min(room, 4096) * 3 // 4)
+        contexts = (min(32 if one_prefill_step else 128, room // 4), min(room, 4096) * 3 // 4)
     lo, hi = contexts
     if not 1 <= lo < hi <= room:
         raise AgentabError(
             f"--contexts {lo},{hi}: need 1 <= short < long <= {room} "
             f"(max_model_len {max_model_len} less {steps + 1} decode tokens)"
         )
-    decode = tuple(DecodePhase(b, c, steps) for b in batches for c in (lo, hi))
+    if one_prefill_step:  # every phase's prompts fit one step's budget (see client.py)
+        fits = (max_num_batched_tokens or max_model_len) - 1
+        if batches[-1] * lo > fits:
+            raise AgentabError(
+                f"--batches {batches[-1]} x --contexts short {lo} exceeds the step budget {fits}"
+            )
+        decode = tuple(
+            DecodePhase(b, c, steps)
+            for b in batches
+            for c in sorted({lo, max(lo, min(hi, fits // b))})
+        )
+    else:
+        decode = tuple(DecodePhase(b, c, steps) for b in batches for c in (lo, hi))
     budget = min(max_model_len - 2, max_num_batched_tokens or max_model_len)
     news = sorted({max(block_size, budget // 16), budget // 4, budget // 2, budget})
     cached = max(block_size, (min(budget, max_model_len // 2) // block_size) * block_size)

@@ -22,7 +22,7 @@ def _ints(value: str, flag: str) -> tuple[int, ...]:
 
 def _command_line(ctx: click.Context) -> str:
     """The command as it was given (every option that differs from its default)."""
-    words = [ctx.command_path]
+    words = ctx.command_path.split()
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if isinstance(param, click.Argument):

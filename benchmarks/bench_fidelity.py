@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -87,13 +88,11 @@ def main() -> None:
         for c in concurrencies:
             for name in ("fidelity.json", "fidelity.md"):
                 shutil.copy(work / f"c{c}" / name, a.out / f"c{c}-{name}")
-        (a.out / "commands.txt").write_text(
-            "# python benchmarks/bench_fidelity.py "
-            + shlex.join(sys.argv[1:])
-            + "\n"
-            + "\n".join(log)
-            + "\n"
-        )
+        # $WORK: the temporary folder; $URL: the launched vLLM server
+        text = "\n".join(log).replace(str(work), "$WORK").replace(str(ROOT) + "/", "")
+        text = re.sub(r"http://127\.0\.0\.1:\d+", "$URL", text)
+        head = "# python benchmarks/bench_fidelity.py " + shlex.join(sys.argv[1:])
+        (a.out / "commands.txt").write_text(head + "\n" + text + "\n")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,9 @@ What a timed load identifies, and what it cannot:
   mixed-step rule) `+ n * us_per_token + pairs * us_per_pair`, pairs = n*c + n(n+1)/2. Prompts
   of several lengths with and without a cached prefix separate the two rates. The table's
   value at prefill sizes (beyond the largest decode batch timed) is fitted too, as one more
-  table point at the shortest prefill: the step's cost outside the two rates. Client-side, it
+  table point at the shortest prefill: the step's cost outside the two rates (it may lie below
+  the largest decode batch's: a single prompt can cost less than many decode rows, which the
+  mixed-step rule, pricing a step by its token count alone, cannot say). Client-side, it
   also holds the request's own latency outside the engine (HTTP, the frontend, streaming the
   first token back), which the simulator then charges to the prefill step.
 Rates are constrained to be >= 0 (a coefficient fitted negative is noise around zero: it is
@@ -165,8 +167,8 @@ def fit_prefill(
             w = float(np.clip((n - table_t[-1]) / (tail_t - table_t[-1]), 0.0, 1.0))
             if n <= table_t[-1]:
                 known += float(np.interp(n, table_t, table_us))
-            else:  # the tail is fitted as its rise over the last timed batch (>= 0)
-                known += float(table_us[-1])
+            else:
+                known += (1 - w) * float(table_us[-1])
                 tail_w += w
             tokens += n
             pairs += n * done + n * (n + 1) / 2
@@ -193,9 +195,7 @@ def fit_prefill(
         us_per_token=_coef(coef, stderr, 0),
         us_per_pair=_coef(coef, stderr, 1),
         tail_tokens=int(tail_t),
-        tail_us=Coefficient(
-            float(table_us[-1] + coef[2]), None if stderr is None else float(stderr[2])
-        ),
+        tail_us=_coef(coef, stderr, 2),
         residuals=residuals,
     )
 

@@ -95,7 +95,10 @@ def build_load(
     else:
         decode = tuple(DecodePhase(b, c, steps) for b in batches for c in (lo, hi))
     budget = min(max_model_len - 2, max_num_batched_tokens or max_model_len)
-    news = sorted({max(block_size, budget // 16), budget // 4, budget // 2, budget})
+    # the shortest prompt sits just past the largest decode batch: prefill steps of a few
+    # dozen new tokens (a turn after a prefix hit) are priced near there
+    short = max(block_size, 2 * batches[-1])
+    news = sorted({short, max(short, budget // 16), budget // 4, budget // 2, budget})
     cached = max(block_size, (min(budget, max_model_len // 2) // block_size) * block_size)
     points = [(n, 0) for n in news]
     points += [(n, cached) for n in news[:2] if n + cached <= max_model_len - 2]

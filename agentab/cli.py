@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "compare": "agentab.analysis.cli:compare",
     "export": "agentab.analysis.cli:export",
     "kernels": "agentab.kernels.cli:kernels",
+    "calibrate": "agentab.calibrate.cli:calibrate",
+    "fidelity": "agentab.calibrate.cli:fidelity",
 }
 
 

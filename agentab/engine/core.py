@@ -220,13 +220,20 @@ class Engine:
             return
         virtual = is_virtual(loop)
         sched = self.scheduler
+        # Real clock: while busy, a step starts when the previous one was priced to end, so the
+        # host's time between steps (streaming, timer lateness) does not stretch every step;
+        # a host later than one step starts afresh instead of compressing the steps after it.
+        prev_end, prev_s = None, 0.0
         while True:
             if self._aborts:
                 self._apply_aborts()
             if not sched.has_work():
+                prev_end = None
                 await self._wait(loop, None)
                 continue
             t0 = loop.time()
+            if prev_end is not None and 0.0 <= t0 - prev_end < prev_s:
+                t0 = prev_end
             if virtual and self.fast_forward:
                 window = sched.plan_window(self.max_window_steps)
                 if window is not None:
@@ -238,6 +245,8 @@ class Engine:
                 continue
             output = self.executor.execute(plan)
             end = t0 + output.duration_s
+            if not virtual:
+                prev_end, prev_s = end, output.duration_s
             delay = end - loop.time()
             await asyncio.sleep(delay if delay > 0 else 0)
             t = loop.time() if not virtual else max(loop.time(), end)

@@ -1,0 +1,243 @@
+"""`calibrate`: time the load on one or two servers, fit, and write the profile.
+
+The standard path (and prefill, and the KV term) is timed on a server running
+`decode_backend auto`; the latency_specialized path, when wanted, on a second server running
+that backend, with batches the path serves. For the local engine the servers are launched
+here, one per backend, and stopped after their load.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from agentab.calibrate.client import Measurements, run_load
+from agentab.calibrate.facts import EngineFacts, engine_facts
+from agentab.calibrate.fit import fit_all
+from agentab.calibrate.load import CalibrationLoad, build_load
+from agentab.calibrate.write import (
+    SPECIALIZED_MAX_PADDED,
+    Provenance,
+    fit_report,
+    render_profile,
+    unidentified_fields,
+    write_outputs,
+)
+from agentab.clock import run_real
+from agentab.errors import AgentabError
+
+DEFAULT_MAX_MODEL_LEN = 4096  # the load's own cap when a server states none
+
+
+@dataclass(frozen=True)
+class CalibrateRequest:
+    out: Path
+    name: str
+    urls: dict[str, str]  # decode path -> server URL (empty when local servers are launched)
+    local: dict[str, Any] | None  # local-engine options when the servers are launched here
+    local_paths: tuple[str, ...]
+    timing: str  # auto | client | engine
+    batches: tuple[int, ...]
+    contexts: tuple[int, int] | None
+    steps: int
+    prefill_repeats: int
+    seed: int
+    gpu_count: int | None
+    tp: int | None
+    allow_assumed: tuple[str, ...]
+    model: str | None
+    command: str
+
+
+def calibrate(
+    req: CalibrateRequest, echo: Callable[[str], None], warn: Callable[[str], None]
+) -> tuple[Path, Path, str]:
+    """Time, fit, write; returns (profile path, report path, one-line summary)."""
+    measured: dict[str, Measurements] = {}
+    facts: dict[str, EngineFacts] = {}
+    loads: dict[str, CalibrationLoad] = {}
+    timing = req.timing
+    for path, url in _servers(req):
+        f = engine_facts(url)
+        _check_backend(path, f, url)
+        if timing == "auto":
+            timing = "engine" if f.engine_clock else "client"
+        if timing == "engine" and not f.engine_clock:
+            raise AgentabError(
+                f"--timing engine: {url} exports no step timings (agentab:step_seconds_*_total "
+                "or vLLM's inter-token histograms); use --timing client"
+            )
+        load = _load_for(
+            req, path, f, one_prefill_step=timing == "engine" and f.engine_clock == "vllm"
+        )
+        echo(
+            f"agentab calibrate: {path} path on {f.engine} {f.version or ''} at {url} "
+            f"({timing} timing): {len(load.decode)} decode phases, "
+            f"{len(load.prefill)} prefill requests"
+        )
+
+        def progress(i: int, n: int, what: str, path: str = path) -> None:
+            echo(f"  [{path} {i}/{n}] {what}")
+
+        measured[path] = run_real(
+            run_load(
+                url,
+                load,
+                model=req.model,
+                engine_clock=f.engine_clock if timing == "engine" else None,
+                progress=progress,
+                warn=warn,
+            )
+        )
+        facts[path] = f
+        loads[path] = load
+    std = facts["standard"]
+    if "specialized" in measured:  # prefill and KV come from the standard server only
+        measured["specialized"] = replace(measured["specialized"], prefill=[])
+    budget = std.max_num_batched_tokens or 10**9
+    fit = fit_all(
+        measured,
+        timing=timing,
+        graph_max=std.cuda_graph_max_tokens or 1,
+        max_num_batched_tokens=budget,
+    )
+    kv_blocks, kv_tag = _capacity(std, measured["standard"])
+    gpu_count = req.gpu_count or std.gpu_count
+    gpu_tag = "[U]" if req.gpu_count else "[E]"
+    facts_for_missing = replace(std, gpu_count=gpu_count)
+    missing = unidentified_fields(fit, facts_for_missing, kv_blocks)
+    provenance = Provenance(
+        engine=std.engine,
+        version=std.version,
+        device=std.device,
+        model=std.model,
+        url=std.url,
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        command=req.command,
+        timing=timing,
+        urls={p: f.url for p, f in facts.items()},
+    )
+    text = render_profile(
+        name=req.name,
+        fit=fit,
+        facts=facts_for_missing,
+        provenance=provenance,
+        kv_blocks=kv_blocks,
+        kv_blocks_tag=kv_tag,
+        gpu_count=gpu_count,
+        gpu_tag=gpu_tag,
+        tp=req.tp or std.tp,
+        allowed=req.allow_assumed,
+    )
+    scheduler = {
+        "max_num_seqs": std.max_num_seqs,
+        "max_num_batched_tokens": std.max_num_batched_tokens,
+        "block_size": std.block_size,
+        "kv_blocks": kv_blocks,
+    }
+    report = fit_report(
+        fit,
+        facts,
+        provenance,
+        {p: load.describe() for p, load in loads.items()},
+        missing,
+        scheduler,
+    )
+    report["measurements"] = {p: m for p, m in measured.items()}
+    profile_path, report_path = write_outputs(req.out, text, report)
+    return profile_path, report_path, _summary(fit)
+
+
+def _servers(req: CalibrateRequest) -> Iterator[tuple[str, str]]:
+    if req.local is None:
+        yield from req.urls.items()
+        return
+    import tempfile
+
+    from agentab.engine.local.launch import launched_local_server
+
+    for path in req.local_paths:
+        backend = "auto" if path == "standard" else "latency_specialized"
+        with (
+            tempfile.TemporaryDirectory(prefix="agentab-calibrate-") as log_dir,
+            _launched(launched_local_server, req.local, backend, Path(log_dir)) as url,
+        ):
+            yield path, url
+
+
+@contextmanager
+def _launched(launcher: Any, options: dict[str, Any], backend: str, log_dir: Path) -> Iterator[str]:
+    with launcher(options, decode_backend=backend, log_dir=log_dir) as server:
+        yield server.url
+
+
+def _check_backend(path: str, f: EngineFacts, url: str) -> None:
+    want = "auto" if path == "standard" else "latency_specialized"
+    if f.decode_backend is not None and f.decode_backend != want:
+        flag = "--url" if path == "standard" else "--specialized-url"
+        raise AgentabError(
+            f"{flag} {url}: the server runs decode_backend {f.decode_backend!r}; the {path} "
+            f"path is timed on a server running {want!r}"
+        )
+
+
+def _load_for(
+    req: CalibrateRequest, path: str, f: EngineFacts, *, one_prefill_step: bool
+) -> CalibrationLoad:
+    batches = req.batches
+    if path == "specialized":  # only the batches the path serves (pure decode, q = 1)
+        batches = tuple(b for b in batches if b <= SPECIALIZED_MAX_PADDED)
+    if f.max_num_seqs is not None and batches[-1] > f.max_num_seqs:
+        raise AgentabError(
+            f"--batches: {batches[-1]} exceeds the server's max_num_seqs {f.max_num_seqs}"
+        )
+    load = build_load(
+        batches=batches,
+        contexts=req.contexts,
+        steps=req.steps,
+        max_model_len=f.max_model_len or DEFAULT_MAX_MODEL_LEN,
+        block_size=f.block_size or 16,
+        max_num_batched_tokens=f.max_num_batched_tokens,
+        prefill_repeats=req.prefill_repeats if path == "standard" else 0,
+        seed=req.seed,
+        one_prefill_step=one_prefill_step,
+    )
+    if f.kv_blocks and f.block_size:
+        need = max(p.batch * math.ceil((p.context + p.steps) / f.block_size) for p in load.decode)
+        if need > f.kv_blocks:
+            raise AgentabError(
+                f"the largest decode phase needs {need} KV blocks, the server has {f.kv_blocks}: "
+                "lower --batches or --contexts"
+            )
+    return load
+
+
+def _capacity(f: EngineFacts, m: Measurements) -> tuple[int | None, str]:
+    """KV capacity: as the engine states it, else from its usage gauge under a known load."""
+    if f.kv_blocks:
+        return f.kv_blocks, f"[E] {f.sources.get('kv_blocks', '')}".strip()
+    seen = [r for r in m.decode if r.kv_usage and r.kv_tokens]
+    if not seen or f.block_size is None:
+        return None, ""
+    r = max(seen, key=lambda r: r.kv_usage or 0.0)
+    assert r.kv_usage and r.kv_tokens
+    blocks = r.kv_tokens / f.block_size + r.batch / 2  # each row's last block is partly full
+    return round(blocks / r.kv_usage), "[C] from vllm:kv_cache_usage_perc under the load"
+
+
+def _summary(fit: Any) -> str:
+    parts = []
+    for path, d in fit.decode.items():
+        worst = max(abs(r["error"]) for r in d.residuals)
+        parts.append(
+            f"decode {path}: {len(d.batch_tokens)} batch points, max |residual| {worst:.1%}"
+        )
+    if fit.prefill is not None:
+        worst = max(abs(r["error"]) for r in fit.prefill.residuals)
+        parts.append(f"prefill: max |residual| {worst:.1%}")
+    return "; ".join(parts)

@@ -1,0 +1,272 @@
+"""`agentab calibrate` and `agentab fidelity` (docs/engine.md, "Calibration and fidelity")."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agentab.calibrate.load import DEFAULT_BATCHES
+from agentab.calibrate.write import ASSUMABLE
+from agentab.errors import AgentabError
+
+
+def _ints(value: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in value.split(",") if x.strip())
+    except ValueError:
+        raise AgentabError(f"{flag} {value!r}: expected comma-separated integers") from None
+
+
+def _command_line(ctx: click.Context) -> str:
+    """The command as it was given (every option that differs from its default)."""
+    words = ctx.command_path.split()
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if isinstance(param, click.Argument):
+            words.append(str(value))
+            continue
+        if value is None or value == param.default or value == () or value is False:
+            continue
+        flag = param.opts[0]
+        if value is True:
+            words.append(flag)
+        elif isinstance(value, tuple) and param.multiple:
+            for v in value:
+                words += [flag, str(v)]
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+@click.command("calibrate")
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Profile to write (NAME.toml); the fit report goes beside it as NAME.fit.json.",
+)
+@click.option("--url", default=None, help="Server to time (running decode_backend auto).")
+@click.option(
+    "--specialized-url",
+    default=None,
+    help="A second server running decode_backend latency_specialized: times that path.",
+)
+@click.option(
+    "--engine",
+    "engine_kind",
+    type=click.Choice(["local"]),
+    default=None,
+    help="Launch agentab's local engine here instead of timing a URL (one server per path).",
+)
+@click.option("--preset", default=None, help="Local engine preset (tiny: CPU).")
+@click.option("--device", default=None, help="Local engine device (cpu, cuda).")
+@click.option(
+    "--specialized", is_flag=True, help="Local engine: also time the latency_specialized path."
+)
+@click.option("--name", default=None, help="Profile name [default: the file name].")
+@click.option(
+    "--timing",
+    type=click.Choice(["auto", "client", "engine"]),
+    default="auto",
+    show_default=True,
+    help="engine: the engine's own step counters (agentab engines export them); client: "
+    "chunk arrival times; auto: engine where exported.",
+)
+@click.option(
+    "--batches",
+    default=",".join(map(str, DEFAULT_BATCHES)),
+    show_default=True,
+    help="Decode batch sizes timed (the profile's table points).",
+)
+@click.option(
+    "--contexts",
+    default=None,
+    help="Short,long prompt tokens of the decode phases [sized to the server].",
+)
+@click.option("--steps", type=int, default=96, show_default=True, help="Decode tokens per phase.")
+@click.option(
+    "--prefill-repeats", type=int, default=3, show_default=True, help="Requests per prefill point."
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Prompt generator seed.")
+@click.option("--gpu-count", type=int, default=None, help="GPUs of the engine, if it does not say.")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel degree, if it does not say.")
+@click.option(
+    "--allow-assumed",
+    multiple=True,
+    type=click.Choice(sorted(ASSUMABLE)),
+    help="Write this field although the load could not identify it (repeatable).",
+)
+@click.option("--model", default=None, help="Model name [default: the server's first].")
+@click.option("--quiet", is_flag=True, help="No per-phase progress lines.")
+@click.pass_context
+def calibrate(ctx: click.Context, **kw: Any) -> None:
+    """Fit a hardware profile to a running engine by timing a controlled load.
+
+    Decode phases (every batch size at a short and a long context) time the decode table and
+    the per-context-token KV cost; single prefill requests of several lengths, with and without
+    a cached prefix, time the per-token and per-token-pair prefill costs. The engine's own
+    facts give the KV block size and capacity, GPU count and CUDA-graph padding. Fields the
+    load cannot identify are named, and the profile is refused unless --allow-assumed
+    accepts each of them.
+    """
+    from agentab.calibrate.calibrate import CalibrateRequest
+    from agentab.calibrate.calibrate import calibrate as run
+
+    local = None
+    urls: dict[str, str] = {}
+    if kw["engine_kind"] == "local":
+        if kw["url"] or kw["specialized_url"]:
+            raise AgentabError("--engine local launches its own servers; drop --url")
+        if not kw["preset"]:
+            raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
+        local = {"preset": kw["preset"]}
+        if kw["device"]:
+            local["device"] = kw["device"]
+    else:
+        if not kw["url"]:
+            raise AgentabError("give --url (a running server) or --engine local --preset NAME")
+        if kw["preset"] or kw["device"] or kw["specialized"]:
+            raise AgentabError(
+                "--preset, --device, --specialized: local-engine options; add --engine local"
+            )
+        urls["standard"] = kw["url"]
+        if kw["specialized_url"]:
+            urls["specialized"] = kw["specialized_url"]
+    contexts = _ints(kw["contexts"], "--contexts") if kw["contexts"] else None
+    if contexts is not None and len(contexts) != 2:
+        raise AgentabError(f"--contexts {kw['contexts']}: expected SHORT,LONG")
+    out: Path = kw["out"]
+    if out.suffix != ".toml":
+        raise AgentabError(f"-o {out}: a profile is a .toml file")
+    req = CalibrateRequest(
+        out=out,
+        name=kw["name"] or out.stem,
+        urls=urls,
+        local=local,
+        local_paths=("standard", "specialized") if kw["specialized"] else ("standard",),
+        timing=kw["timing"],
+        batches=_ints(kw["batches"], "--batches"),
+        contexts=contexts,  # type: ignore[arg-type]
+        steps=kw["steps"],
+        prefill_repeats=kw["prefill_repeats"],
+        seed=kw["seed"],
+        gpu_count=kw["gpu_count"],
+        tp=kw["tp"],
+        allow_assumed=tuple(kw["allow_assumed"]),
+        model=kw["model"],
+        command=_command_line(ctx),
+    )
+    echo = (lambda s: None) if kw["quiet"] else (lambda s: click.echo(s, err=True))
+
+    def warn(message: str) -> None:
+        click.echo(f"agentab: warning: {message}", err=True)
+
+    profile, report, summary = run(req, echo, warn)
+    click.echo(f"wrote {profile} and {report}: {summary}")
+
+
+@click.command("fidelity")
+@click.argument("workload", type=click.Path(path_type=Path))
+@click.option(
+    "--profile", required=True, type=click.Path(path_type=Path), help="Calibrated profile."
+)
+@click.option("--url", required=True, help="The real engine (decode_backend auto, arm A).")
+@click.option(
+    "--b-url", default=None, help="A second server (arm B) for the predicted vs measured B/A ratio."
+)
+@click.option(
+    "--b-decode-backend",
+    default="latency_specialized",
+    show_default=True,
+    help="What the B server runs (the simulator runs the same).",
+)
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path))
+@click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--passes", type=int, default=1, show_default=True, help="Sessions per lane.")
+@click.option("--max-requests", type=int, default=None, help="Stop after N requests.")
+@click.option(
+    "--duration",
+    "duration_s",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Dispatch window in s (0: none; a window makes the faster side send more).",
+)
+@click.option("--warmup-requests", type=int, default=2, show_default=True)
+@click.option(
+    "--start-window",
+    nargs=2,
+    type=float,
+    default=(0.0, 0.0),
+    show_default=True,
+    help="Lane start points as fractions of a session (0 0: each lane starts a session).",
+)
+@click.option("--idle-cap-global", "idle_cap_global_s", type=float, default=10.0, show_default=True)
+@click.option("--idle-cap-tree", "idle_cap_tree_s", type=float, default=300.0, show_default=True)
+@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--format", "fmt", default=None, help="Workload format (detected if unset).")
+@click.option("--model", default=None, help="Model name [default: the server's first].")
+@click.option("--max-num-seqs", type=int, default=None, help="[default: from the fit report]")
+@click.option(
+    "--max-num-batched-tokens", type=int, default=None, help="[default: from the fit report]"
+)
+@click.option("--block-size", type=int, default=None, help="[default: from the fit report]")
+@click.option("--kv-blocks", type=int, default=None, help="[default: from the fit report]")
+@click.option("--json", "as_json", is_flag=True, help="Print fidelity.json instead of the table.")
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+def fidelity(**kw: Any) -> None:
+    """Replay WORKLOAD on the real engine and on the simulator with a calibrated profile.
+
+    Same workload, replay plan and seed on both; prints P50/P90/P99 of ITL, TTFT and E2E,
+    decode throughput, P90 interactivity and the cache hit ratio side by side with the
+    simulator's relative error, and writes OUT/fidelity.json, OUT/fidelity.md and the run dirs.
+    """
+    from agentab.calibrate.fidelity import Arm, run_fidelity, simulator_options, write_result
+    from agentab.calibrate.write import read_report
+    from agentab.replay.options import ReplayOptions
+    from agentab.workloads import load
+
+    profile: Path = kw["profile"]
+    from agentab.engine.profile import load_profile
+
+    load_profile(profile)  # a bad profile fails before anything is sent
+    overrides = {
+        k: kw[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks")
+    }
+    engine_options = simulator_options(profile, read_report(profile), overrides)
+    replay = ReplayOptions(
+        concurrency=kw["concurrency"],
+        duration_s=kw["duration_s"] or None,
+        max_requests=kw["max_requests"],
+        start_window=tuple(kw["start_window"]),
+        warmup_requests=kw["warmup_requests"],
+        idle_cap_global_s=kw["idle_cap_global_s"],
+        idle_cap_tree_s=kw["idle_cap_tree_s"],
+        seed=kw["seed"],
+        passes=kw["passes"],
+    )
+    arms = [Arm("A", kw["url"], "auto")]
+    if kw["b_url"]:
+        arms.append(Arm("B", kw["b_url"], kw["b_decode_backend"]))
+    result = run_fidelity(
+        load(kw["workload"], kw["fmt"]),
+        arms=arms,
+        engine_options=engine_options,
+        replay=replay,
+        out_dir=kw["out_dir"],
+        model=kw["model"],
+        progress=not kw["quiet"],
+    )
+    path = write_result(kw["out_dir"], result)
+    if kw["as_json"]:
+        click.echo(path.read_text())
+    else:
+        from agentab.calibrate.fidelity import render_table
+
+        click.echo(render_table(result))
+        click.echo(f"wrote {path}")

@@ -1,0 +1,170 @@
+"""What an engine says about itself, as far as calibration needs it.
+
+A profile's cost terms come from timing the load; its configuration (KV block size and
+capacity, GPU count, CUDA-graph padding) and the scheduler limits a simulation must copy to
+replay like the engine (max_num_seqs, max_num_batched_tokens) are facts the engine states.
+Sources, per engine: agentab's own servers answer `GET /agentab/describe`; vLLM answers
+`/server_info` (with VLLM_SERVER_DEV_MODE=1), the `vllm:cache_config_info` metric, `/version`
+and `/v1/models`. Each fact keeps its source; a fact nobody stated is None, and the profile
+writer then names the field it could not fill.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentab.engine.vllm.introspect import describe_server, get_json, http_get
+from agentab.errors import AgentabError
+
+# The step counters an agentab engine exports (GET /metrics), by decode path.
+STEP_SECONDS = "agentab:step_seconds_{path}_total"
+STEPS = "agentab:steps_{path}_total"
+DECODE_STEPS = "agentab:decode_steps_{path}_total"
+# vLLM's histograms timed with the engine core's own timestamps (not the frontend's): the gap
+# between a request's tokens, its prefill (scheduled to first token), and tokens per step.
+VLLM_ITL = "vllm:inter_token_latency_seconds"
+VLLM_PREFILL = "vllm:request_prefill_time_seconds"
+VLLM_STEP_TOKENS = "vllm:iteration_tokens_total"
+
+
+@dataclass
+class EngineFacts:
+    engine: str  # agentab-sim | agentab-local | vllm | unknown
+    url: str
+    model: str | None = None
+    version: str | None = None
+    device: str | None = None
+    decode_backend: str | None = None
+    gpu_count: int | None = None
+    tp: int | None = None
+    block_size: int | None = None
+    kv_blocks: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    cuda_graph_max_tokens: int | None = None
+    # the engine's own step clock on /metrics: "agentab" (agentab:step_seconds_*_total),
+    # "vllm" (engine-core timestamped histograms), or None (client timing only)
+    engine_clock: str | None = None
+    sources: dict[str, str] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def set(self, name: str, value: Any, source: str) -> None:
+        if value is None or getattr(self, name) is not None:
+            return
+        setattr(self, name, value)
+        self.sources[name] = source
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("raw")
+        return d
+
+
+def engine_facts(url: str) -> EngineFacts:
+    """Ask the server at `url` about itself; an unreachable server is a one-line error."""
+    url = url.rstrip("/")
+    try:
+        http_get(f"{url}/health", timeout_s=10.0)
+    except OSError as exc:
+        raise AgentabError(f"{url}/health does not answer: {exc}") from None
+    try:
+        described = get_json(f"{url}/agentab/describe")
+    except (OSError, ValueError):
+        described = None
+    if isinstance(described, dict) and str(described.get("engine", "")).startswith("agentab"):
+        facts = _agentab_facts(url, described)
+    else:
+        facts = _vllm_facts(url)
+    try:
+        metrics = http_get(f"{url}/metrics").decode(errors="replace")
+    except OSError:
+        metrics = ""
+    if "agentab:step_seconds_standard_total" in metrics:
+        facts.engine_clock = "agentab"
+    elif all(f"{h}_sum" in metrics for h in (VLLM_ITL, VLLM_PREFILL, VLLM_STEP_TOKENS)):
+        facts.engine_clock = "vllm"
+    return facts
+
+
+def _agentab_facts(url: str, d: dict[str, Any]) -> EngineFacts:
+    src = "/agentab/describe"
+    f = EngineFacts(engine=str(d["engine"]), url=url, raw=d)
+    sched = d.get("scheduler") or {}
+    f.set("model", d.get("model"), src)
+    f.set("version", _agentab_version(), "agentab package")
+    f.set("device", d.get("device") or d.get("gpu_name"), src)
+    f.set("decode_backend", d.get("decode_backend"), src)
+    f.set("gpu_count", d.get("gpu_count"), src)
+    f.set("tp", d.get("tp"), src)
+    f.set("block_size", sched.get("block_size"), src)
+    f.set("kv_blocks", sched.get("kv_blocks"), src)
+    f.set("max_num_seqs", sched.get("max_num_seqs"), src)
+    f.set("max_num_batched_tokens", sched.get("max_num_batched_tokens"), src)
+    f.set("max_model_len", d.get("max_model_len"), src)
+    if f.engine == "agentab-local":
+        # the local engine captures CUDA graphs for every padded batch up to max_num_seqs on a
+        # GPU and runs eagerly (no padding) on the CPU (docs/engine.md, "The local engine")
+        on_cpu = str(d.get("device", "")).startswith("cpu")
+        f.set("cuda_graph_max_tokens", 1 if on_cpu else sched.get("max_num_seqs"), src)
+    return f
+
+
+def _vllm_facts(url: str) -> EngineFacts:
+    d = describe_server(url)
+    f = EngineFacts(engine="vllm" if d.get("version") else "unknown", url=url, raw=d)
+    models = d.get("models") or []
+    f.set("model", models[0] if models else None, "/v1/models")
+    f.set("version", d.get("version"), "/version")
+    f.set("max_model_len", d.get("max_model_len"), "/v1/models")
+    cache = d.get("cache_config") or {}
+    f.set("block_size", _int(cache.get("block_size")), "vllm:cache_config_info")
+    f.set("kv_blocks", _int(cache.get("num_gpu_blocks")), "vllm:cache_config_info")
+    f.set(
+        "decode_backend", (d.get("additional_config") or {}).get("decode_backend"), "/server_info"
+    )
+    try:
+        info = get_json(f"{url}/server_info?config_format=json")
+    except (OSError, ValueError):
+        info = None
+    config = info.get("vllm_config") if isinstance(info, dict) else None
+    if isinstance(config, dict):
+        src = "/server_info"
+        sc = config.get("scheduler_config") or {}
+        f.set("max_num_seqs", sc.get("max_num_seqs"), src)
+        f.set("max_num_batched_tokens", sc.get("max_num_batched_tokens"), src)
+        pc = config.get("parallel_config") or {}
+        sizes = [pc.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")]
+        if all(isinstance(s, int) for s in sizes):
+            f.set("tp", sizes[0], src)
+            f.set("gpu_count", sizes[0] * sizes[1] * int(pc.get("data_parallel_size", 1)), src)
+        dc = config.get("device_config")
+        f.set("device", _device(dc), src)
+        mc = config.get("model_config") or {}
+        cc = config.get("compilation_config") or {}
+        if mc.get("enforce_eager"):
+            f.set("cuda_graph_max_tokens", 1, src + " (enforce_eager: no CUDA graphs)")
+        else:
+            f.set("cuda_graph_max_tokens", cc.get("max_cudagraph_capture_size"), src)
+        f.raw["server_info"] = {k: config.get(k) for k in ("scheduler_config", "parallel_config")}
+    return f
+
+
+def _device(dc: Any) -> str | None:
+    if isinstance(dc, dict):
+        return str(dc.get("device_type") or dc.get("device") or "") or None
+    return str(dc) if dc else None
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _agentab_version() -> str:
+    from agentab import __version__
+
+    return __version__

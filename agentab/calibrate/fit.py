@@ -1,0 +1,231 @@
+"""Least-squares fits of the simulator's step-time model (docs/engine.md, "Step-time model").
+
+What a timed load identifies, and what it cannot:
+- decode: a pure decode step of T padded tokens with C context tokens costs
+  `step_fixed_us + num_layers * layer_time_us(T) + C * kv_read_us`. Timing steps identifies
+  the sum `base(T) = step_fixed_us + num_layers * layer_time_us(T)` at each calibrated T and
+  the slope `kv_read_us`, never how `base` splits into a fixed part and layers. A calibrated
+  profile therefore states whole-step times (`num_layers = 1`, `step_fixed_us = 0`), which
+  the simulator prices identically.
+- prefill: a step of `n` new tokens after `c` cached ones costs `base(min(n, T_max))` (the
+  mixed-step rule) `+ n * us_per_token + pairs * us_per_pair`, pairs = n*c + n(n+1)/2. Prompts
+  of several lengths with and without a cached prefix separate the two rates. The table's
+  value at prefill sizes (beyond the largest decode batch timed) is fitted too, as one more
+  table point at the shortest prefill: the step's cost outside the two rates (it may lie below
+  the largest decode batch's: a single prompt can cost less than many decode rows, which the
+  mixed-step rule, pricing a step by its token count alone, cannot say). Client-side, it
+  also holds the request's own latency outside the engine (HTTP, the frontend, streaming the
+  first token back), which the simulator then charges to the prefill step.
+Rates are constrained to be >= 0 (a coefficient fitted negative is noise around zero: it is
+set to zero and the rest refitted). numpy's `lstsq` is enough for these few unknowns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agentab.calibrate.client import DecodeMeasurement, Measurements, PrefillMeasurement
+from agentab.engine.paths import padded_tokens
+from agentab.errors import AgentabError
+
+
+@dataclass
+class Coefficient:
+    value: float
+    stderr: float | None  # None when the fit had no residual degrees of freedom
+
+
+@dataclass
+class DecodeFit:
+    path: str
+    batch_tokens: list[int]
+    step_us: list[float]  # base(T): whole-step time at each padded batch, context excluded
+    step_stderr_us: list[float | None]
+    kv_us_per_token: Coefficient | None  # None: the load did not vary the context
+    residuals: list[dict[str, float]]  # per phase: batch, context, measured, fitted, error
+
+
+@dataclass
+class PrefillFit:
+    us_per_token: Coefficient
+    us_per_pair: Coefficient
+    tail_tokens: int  # the shortest prefill: the standard table's point for prefill steps
+    tail_us: Coefficient  # the table's value there (a step's cost outside the prefill rates)
+    residuals: list[dict[str, float]]
+
+
+@dataclass
+class Fit:
+    timing: str  # client | engine
+    decode: dict[str, DecodeFit] = field(default_factory=dict)
+    prefill: PrefillFit | None = None
+
+
+def _lstsq(x: np.ndarray, y: np.ndarray, nonneg: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Least squares with the columns in `nonneg` kept >= 0 (drop the most negative, refit)."""
+    active = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        coef[active] = sol
+        bad = [j for j in nonneg if j in active and coef[j] < 0]
+        if not bad:
+            break
+        active.remove(min(bad, key=lambda j: coef[j]))
+    dof = len(y) - len(active)
+    stderr = None
+    if dof > 0:
+        resid = y - x @ coef
+        sigma2 = float(resid @ resid) / dof
+        cov = sigma2 * np.linalg.pinv(x[:, active].T @ x[:, active])
+        stderr = np.zeros(x.shape[1])
+        stderr[active] = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    return coef, stderr
+
+
+def _coef(coef: np.ndarray, stderr: np.ndarray | None, j: int) -> Coefficient:
+    return Coefficient(float(coef[j]), None if stderr is None else float(stderr[j]))
+
+
+def fit_decode(
+    rows: list[DecodeMeasurement], *, path: str, timing: str, graph_max: int
+) -> DecodeFit:
+    """base(T) per calibrated padded batch and one KV slope shared by all batches."""
+    if not rows:
+        raise AgentabError(f"decode path {path}: no calibration phase ran on it")
+    y = np.array([_decode_time(r, timing) for r in rows]) * 1e6
+    tokens = [padded_tokens(r.batch, graph_max) for r in rows]
+    table = sorted(set(tokens))
+    x = np.zeros((len(rows), len(table) + 1))
+    for i, (t, r) in enumerate(zip(tokens, rows, strict=True)):
+        x[i, table.index(t)] = 1.0
+        x[i, -1] = r.context_tokens
+    varied = any(
+        len({r.context for r, t in zip(rows, tokens, strict=True) if t == key}) > 1 for key in table
+    )
+    if not varied:
+        x = x[:, :-1]
+    coef, stderr = _lstsq(x, y, nonneg=[len(table)] if varied else [])
+    fitted = x @ coef
+    residuals = [
+        {
+            "batch": r.batch,
+            "context": r.context,
+            "context_tokens": round(r.context_tokens, 1),
+            "measured_us": round(float(m), 2),
+            "fitted_us": round(float(f), 2),
+            "error": round(float(f / m - 1), 5),
+        }
+        for r, m, f in zip(rows, y, fitted, strict=True)
+    ]
+    return DecodeFit(
+        path=path,
+        batch_tokens=table,
+        step_us=[float(v) for v in coef[: len(table)]],
+        step_stderr_us=[None if stderr is None else float(s) for s in stderr[: len(table)]],
+        kv_us_per_token=_coef(coef, stderr, len(table)) if varied else None,
+        residuals=residuals,
+    )
+
+
+def _decode_time(r: DecodeMeasurement, timing: str) -> float:
+    if timing == "engine":
+        assert r.engine_step_s is not None
+        return r.engine_step_s
+    return r.client_step_s
+
+
+def fit_prefill(
+    rows: list[PrefillMeasurement],
+    standard: DecodeFit,
+    *,
+    timing: str,
+    max_num_batched_tokens: int,
+) -> PrefillFit:
+    """Per-token and per-pair prefill rates and the standard table's value at prefill sizes."""
+    if not rows:
+        raise AgentabError("prefill: no calibration request ran")
+    points = _median_points(rows, timing)
+    tail_t = min(min(new, max_num_batched_tokens) for new, _ in points)
+    table_t = np.array(standard.batch_tokens, dtype=np.float64)
+    table_us = np.array(standard.step_us)
+    if tail_t <= table_t[-1]:
+        raise AgentabError(
+            f"prefill: the shortest prefill ({tail_t} tokens) must be longer than the largest "
+            f"decode batch ({int(table_t[-1])})"
+        )
+    y, x = [], []
+    for (new, cached), measured_us in points.items():
+        known, tail_w, tokens, pairs = 0.0, 0.0, 0.0, 0.0
+        done, left = cached, new
+        while left > 0:  # chunked prefill: one step per budget's worth of tokens
+            n = min(left, max_num_batched_tokens)
+            # the step's table part at T = n: the decode table up to its last timed batch, then
+            # linear up to the tail point at tail_t, flat beyond (the simulator's interpolation)
+            w = float(np.clip((n - table_t[-1]) / (tail_t - table_t[-1]), 0.0, 1.0))
+            if n <= table_t[-1]:
+                known += float(np.interp(n, table_t, table_us))
+            else:
+                known += (1 - w) * float(table_us[-1])
+                tail_w += w
+            tokens += n
+            pairs += n * done + n * (n + 1) / 2
+            done += n
+            left -= n
+        y.append(measured_us - known)
+        x.append([tokens, pairs, tail_w])
+    xa, ya = np.array(x), np.array(y)
+    if len({r[0] for r in x}) < 3 or len({r[1] for r in x}) < 3:
+        raise AgentabError("prefill: the load must vary the prompt length to fit the rates")
+    coef, stderr = _lstsq(xa, ya, nonneg=[0, 1, 2])
+    fitted = xa @ coef
+    residuals = [
+        {
+            "new": new,
+            "cached": cached,
+            "measured_us": round(float(m), 2),
+            "fitted_us": round(float(f + (m - yy)), 2),
+            "error": round(float((f + (m - yy)) / m - 1), 5),
+        }
+        for ((new, cached), m), yy, f in zip(points.items(), ya, fitted, strict=True)
+    ]
+    return PrefillFit(
+        us_per_token=_coef(coef, stderr, 0),
+        us_per_pair=_coef(coef, stderr, 1),
+        tail_tokens=int(tail_t),
+        tail_us=_coef(coef, stderr, 2),
+        residuals=residuals,
+    )
+
+
+def _median_points(rows: list[PrefillMeasurement], timing: str) -> dict[tuple[int, int], float]:
+    """Median time per (new, cached) point over its repetitions (robust to a stray pause)."""
+    by: dict[tuple[int, int], list[float]] = {}
+    for r in rows:
+        t = r.engine_s if timing == "engine" else r.ttft_s
+        if t is None:
+            raise AgentabError("prefill: the engine exported no step counters for --timing engine")
+        by.setdefault((r.new, r.cached), []).append(t * 1e6)
+    return {k: float(np.median(v)) for k, v in sorted(by.items())}
+
+
+def fit_all(
+    measured: dict[str, Measurements],
+    *,
+    timing: str,
+    graph_max: int,
+    max_num_batched_tokens: int,
+) -> Fit:
+    """Fit each path from the server that ran it; prefill from the standard path's server."""
+    fit = Fit(timing=timing)
+    for path, m in measured.items():
+        fit.decode[path] = fit_decode(m.decode, path=path, timing=timing, graph_max=graph_max)
+    fit.prefill = fit_prefill(
+        measured["standard"].prefill,
+        fit.decode["standard"],
+        timing=timing,
+        max_num_batched_tokens=max_num_batched_tokens,
+    )
+    return fit

@@ -1,0 +1,111 @@
+"""The calibration load: what is sent, phase by phase.
+
+Each phase isolates one term of the simulator's step-time model (docs/engine.md, "Step-time
+model"), so a least-squares fit can separate them:
+- a decode phase sends `batch` requests with unique prompts of `context` tokens at once and
+  lets them decode `steps` tokens together: once every request has its first token and until
+  the first finishes, every step is a pure decode step of `batch` rows, whose time is the
+  decode table's value at that batch plus the KV read of the rows' context. Two contexts per
+  batch separate the two;
+- a prefill phase sends one request at a time (the engine otherwise idle) with `new` unique
+  prompt tokens after `cached` tokens that an earlier request left in the prefix cache, and
+  times its first token. Varying both separates the per-token cost from the per-token-pair
+  (attention) cost.
+Prompts are random token ids from a seeded generator, so no two phases share a block by chance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentab.errors import AgentabError
+
+DEFAULT_BATCHES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class DecodePhase:
+    batch: int
+    context: int  # prompt tokens per request
+    steps: int  # max_tokens per request
+
+
+@dataclass(frozen=True)
+class PrefillPhase:
+    new: int  # uncached prompt tokens
+    cached: int  # tokens of an earlier prompt this one starts with
+    repeat: int  # which repetition of this point (distinct prompts)
+
+
+@dataclass(frozen=True)
+class CalibrationLoad:
+    decode: tuple[DecodePhase, ...]
+    prefill: tuple[PrefillPhase, ...]
+    seed: int
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "decode": [(p.batch, p.context, p.steps) for p in self.decode],
+            "prefill": [(p.new, p.cached) for p in self.prefill if p.repeat == 0],
+            "prefill_repeats": 1 + max((p.repeat for p in self.prefill), default=0),
+            "seed": self.seed,
+        }
+
+
+def build_load(
+    *,
+    batches: tuple[int, ...] = DEFAULT_BATCHES,
+    contexts: tuple[int, int] | None = None,
+    steps: int = 96,
+    max_model_len: int,
+    block_size: int,
+    max_num_batched_tokens: int | None,
+    prefill_repeats: int = 3,
+    seed: int = 0,
+    one_prefill_step: bool = False,
+) -> CalibrationLoad:
+    """A load sized to the engine: contexts and prefill lengths fit `max_model_len`, and each
+    prefill request fits one step's token budget (so it is one step, as the fit assumes)."""
+    if not batches or any(b < 1 for b in batches) or list(batches) != sorted(set(batches)):
+        raise AgentabError(f"--batches {batches}: need increasing batch sizes >= 1")
+    if steps < 16:
+        raise AgentabError(f"--steps {steps}: need at least 16 decode steps per phase")
+    room = max_model_len - steps - 1
+    if contexts is None:
+        contexts = (min(32 if one_prefill_step else 128, room // 4), min(room, 4096) * 3 // 4)
+    lo, hi = contexts
+    if not 1 <= lo < hi <= room:
+        raise AgentabError(
+            f"--contexts {lo},{hi}: need 1 <= short < long <= {room} "
+            f"(max_model_len {max_model_len} less {steps + 1} decode tokens)"
+        )
+    if one_prefill_step:  # every phase's prompts fit one step's budget (see client.py)
+        fits = (max_num_batched_tokens or max_model_len) - 1
+        if batches[-1] * lo > fits:
+            raise AgentabError(
+                f"--batches {batches[-1]} x --contexts short {lo} exceeds the step budget {fits}"
+            )
+        decode = tuple(
+            DecodePhase(b, c, steps)
+            for b in batches
+            for c in sorted({lo, max(lo, min(hi, fits // b))})
+        )
+    else:
+        decode = tuple(DecodePhase(b, c, steps) for b in batches for c in (lo, hi))
+    budget = min(max_model_len - 2, max_num_batched_tokens or max_model_len)
+    # the shortest prompt sits just past the largest decode batch: prefill steps of a few
+    # dozen new tokens (a turn after a prefix hit) are priced near there
+    short = max(block_size, 2 * batches[-1])
+    news = sorted({short, max(short, budget // 16), budget // 4, budget // 2, budget})
+    cached = max(block_size, (min(budget, max_model_len // 2) // block_size) * block_size)
+    points = [(n, 0) for n in news]
+    points += [(n, cached) for n in news[:2] if n + cached <= max_model_len - 2]
+    prefill = tuple(PrefillPhase(n, c, r) for r in range(prefill_repeats) for n, c in points)
+    return CalibrationLoad(decode, prefill, seed)
+
+
+def unique_prompts(rng: np.random.Generator, count: int, length: int, vocab: int) -> np.ndarray:
+    """`count` random prompts of `length` ids in [1, vocab) (0 is often a special token)."""
+    return rng.integers(1, vocab, size=(count, length), dtype=np.int64)

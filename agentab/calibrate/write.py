@@ -1,0 +1,285 @@
+"""Write a calibrated HardwareProfile (TOML, one comment per key) and its fit report (JSON).
+
+Every value is tagged with where it comes from:
+  [C] calibrated: fitted from the timed load (the report beside the profile has its residuals);
+  [E] stated by the engine (`facts.py` says through which endpoint); [U] stated by the user;
+  [F] a factorization convention: the load identifies only a product (whole-step time, KV
+      microseconds per context token, prefill microseconds per token and per pair), the
+      factors are written so the simulator prices exactly that product;
+  [R] the decode path's rule (docs/engine.md, "Decode paths"), not a cost;
+  [A] assumed: the load could not identify it and `--allow-assumed` named it.
+A field the load could not identify is refused unless `--allow-assumed FIELD` names it, so a
+profile never carries a guess that nobody chose.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from agentab.calibrate.facts import EngineFacts
+from agentab.calibrate.fit import Coefficient, DecodeFit, Fit
+from agentab.engine.profile import parse_profile
+from agentab.errors import AgentabError
+
+# The latency_specialized path's limits (docs/engine.md, "Decode paths"): rules, not costs.
+SPECIALIZED_MAX_PADDED = 64
+SPECIALIZED_MAX_REQUESTS_BY_Q = (64, 32, 19, 16, 12, 10, 8, 8)
+# Fields a calibration may leave unidentified, with the value written when they are assumed.
+ASSUMABLE = {
+    "decode.specialized": "the standard path's table (no latency_specialized server was timed)",
+    "spec_decode.drafter_step_us": "0 (the load runs no drafter)",
+    "kv_cache.hbm_read_bytes_per_s": "no KV read cost (the load did not vary the context)",
+    "kv_cache.capacity_blocks": "1,000,000 blocks (no capacity stated or observed)",
+    "kv_cache.block_size_tokens": "16 tokens (vLLM's default)",
+    "decode.cuda_graph_max_tokens": "1 (no CUDA-graph padding)",
+    "gpu_count": "1 GPU (also tp = 1)",
+}
+
+
+@dataclass
+class Provenance:
+    engine: str
+    version: str | None
+    device: str | None
+    model: str | None
+    url: str
+    date: str
+    command: str
+    timing: str
+    urls: dict[str, str] = field(default_factory=dict)  # decode path -> server timed for it
+
+
+def _num(v: float) -> str:
+    return repr(float(f"{v:.6g}"))
+
+
+def _pm(c: Coefficient | None, scale: float = 1.0, unit: str = "") -> str:
+    if c is None:
+        return "not fitted"
+    err = "" if c.stderr is None else f" +- {c.stderr * scale:.3g}"
+    return f"{c.value * scale:.4g}{err}{unit}"
+
+
+def unidentified_fields(fit: Fit, facts: EngineFacts, kv_blocks: int | None) -> list[str]:
+    missing = []
+    if "specialized" not in fit.decode:
+        missing.append("decode.specialized")
+    missing.append("spec_decode.drafter_step_us")
+    if fit.decode["standard"].kv_us_per_token is None:
+        missing.append("kv_cache.hbm_read_bytes_per_s")
+    if kv_blocks is None:
+        missing.append("kv_cache.capacity_blocks")
+    if facts.block_size is None:
+        missing.append("kv_cache.block_size_tokens")
+    if facts.cuda_graph_max_tokens is None:
+        missing.append("decode.cuda_graph_max_tokens")
+    if facts.gpu_count is None:
+        missing.append("gpu_count")
+    return missing
+
+
+def check_assumed(missing: list[str], allowed: tuple[str, ...]) -> None:
+    """Refuse a guess nobody chose; refuse an --allow-assumed that names nothing missing."""
+    unknown = sorted(set(allowed) - set(ASSUMABLE))
+    if unknown:
+        raise AgentabError(
+            f"--allow-assumed {unknown[0]}: not a field calibration can leave unidentified "
+            f"(those are: {', '.join(ASSUMABLE)})"
+        )
+    refused = [f for f in missing if f not in allowed]
+    if refused:
+        detail = "; ".join(f"{f} (would be {ASSUMABLE[f]})" for f in refused)
+        flags = " ".join(f"--allow-assumed {f}" for f in refused)
+        raise AgentabError(
+            f"the calibration load could not identify: {detail}; refusing to write a profile "
+            f"with a guess: measure them (see --help) or accept the assumption with {flags}"
+        )
+
+
+def _table(
+    lines: list[str], header: str, d: DecodeFit, tag: str, tail: tuple[int, Coefficient] | None
+) -> None:
+    """A decode table; the standard one ends with the point prefill steps are priced at."""
+    tokens, values = list(d.batch_tokens), list(d.step_us)
+    errs = ["-" if s is None else f"{s:.3g}" for s in d.step_stderr_us]
+    if tail is not None:
+        tokens.append(tail[0])
+        values.append(tail[1].value)
+        errs.append("-" if tail[1].stderr is None else f"{tail[1].stderr:.3g}")
+    lines.append("")
+    lines.append(f"[{header}]")
+    note = f"; the last, {tail[0]}, from the prefill load" if tail else ""
+    lines.append(f"batch_tokens = {tokens}  # {tag} padded batch tokens timed{note}")
+    lines.append(
+        f"layer_time_us = [{', '.join(_num(v) for v in values)}]  # {tag} whole-step times "
+        f"(stderr us: {', '.join(errs)})"
+    )
+    lines.append("step_fixed_us = 0.0  # [F] included in layer_time_us (num_layers = 1)")
+
+
+def render_profile(
+    *,
+    name: str,
+    fit: Fit,
+    facts: EngineFacts,
+    provenance: Provenance,
+    kv_blocks: int | None,
+    kv_blocks_tag: str,
+    gpu_count: int | None,
+    gpu_tag: str,
+    tp: int | None,
+    allowed: tuple[str, ...],
+) -> str:
+    missing = unidentified_fields(fit, facts, kv_blocks)
+    check_assumed(missing, allowed)
+    std = fit.decode["standard"]
+    spec = fit.decode.get("specialized")
+    pre = fit.prefill
+    assert pre is not None
+    gpus = gpu_count or 1
+    kv = std.kv_us_per_token
+    lines = [
+        f"# CALIBRATED profile, written by `agentab calibrate` ({provenance.date}):",
+        f"#   {provenance.command}",
+        f"# Engine: {provenance.engine} {provenance.version or '(version not reported)'}, "
+        f"model {provenance.model}, device {provenance.device or 'not reported'}, "
+        f"timed at {provenance.url}",
+        f"# Timing: {provenance.timing} "
+        + (
+            "(the engine's own step counters)"
+            if provenance.timing == "engine"
+            else "(client-side chunk arrival times)"
+        )
+        + ". Fit residuals: the .fit.json file beside this one.",
+        "# Tags: [C] calibrated (fitted), [E] stated by the engine, [U] stated by the user,",
+        "#   [F] factorization convention (the load identifies only the product; the simulator",
+        "#   prices the product exactly), [R] decode-path rule, [A] assumed (--allow-assumed).",
+    ]
+    if missing:
+        lines.append(f"# Assumed (named by --allow-assumed): {', '.join(missing)}.")
+    a = "[A]"
+    lines += [
+        "format_version = 1  # profile file format (docs/engine.md)",
+        f"name = {json.dumps(name)}  # identity, recorded in run manifests with the file hash",
+        'status = "measured"  # calibrated from timed load; [A] fields are not measured',
+        f"model = {json.dumps(facts.model or 'unknown')}  # [E]",
+        f"gpu_name = {json.dumps(facts.device or 'unknown')}  # [E] device",
+        f"gpu_count = {gpus}  # {gpu_tag if gpu_count else a}",
+        f"tp = {tp or 1}  # {gpu_tag if tp else a}",
+        "num_layers = 1  # [F] the decode tables hold whole-step times",
+        "kv_layers = 1  # [F] the KV term is stated per step, all layers together",
+        "",
+        "[kv_cache]",
+    ]
+    bs_tag = "[E]" if facts.block_size else a
+    lines.append(f"block_size_tokens = {facts.block_size or 16}  # {bs_tag}")
+    lines.append(
+        f"capacity_blocks = {kv_blocks or 1_000_000}  # {kv_blocks_tag if kv_blocks else a}"
+    )
+    if kv is None or kv.value <= 0:
+        why = "fitted 0" if kv is not None else "not identified"
+        lines.append(f"bytes_per_token_per_layer = 0.0  # [F] no KV read cost ({why})")
+        lines.append(f"hbm_read_bytes_per_s = 1.0  # {'[C]' if kv is not None else a} unused")
+    else:
+        lines.append(
+            "bytes_per_token_per_layer = 1.0  # [F] with the bandwidth below: us per context token"
+        )
+        lines.append(
+            f"hbm_read_bytes_per_s = {_num(1e6 / kv.value)}  # [C] 1e6 / KV read "
+            f"{_pm(kv, 1.0, ' us')} per context token per step"
+        )
+    graph = facts.cuda_graph_max_tokens
+    lines += [
+        "",
+        "[decode]",
+        f"cuda_graph_max_tokens = {graph or 1}  # {'[E]' if graph else a}"
+        + (" no CUDA-graph padding" if (graph or 1) == 1 else " CUDA-graph capture limit"),
+    ]
+    _table(lines, "decode.standard", std, "[C]", (pre.tail_tokens, pre.tail_us))
+    _table(
+        lines, "decode.specialized", spec or std, "[C]" if spec else "[A] standard path's:", None
+    )
+    lines += [
+        f"max_padded_tokens = {SPECIALIZED_MAX_PADDED}  # [R]",
+        f"max_requests_by_q = {list(SPECIALIZED_MAX_REQUESTS_BY_Q)}  # [R] for q = 1..8",
+        "",
+        "[spec_decode]",
+        "drafter_step_us = 0.0  # [A] the calibration load runs no drafter",
+        "",
+        "[prefill]",
+    ]
+    p, q = pre.us_per_token, pre.us_per_pair
+    if p.value > 0:
+        lines.append(
+            f"tokens_per_s_per_gpu = {_num(1e6 / p.value / gpus)}  # [C] "
+            f"{_pm(p, 1.0, ' us')} per prefill token"
+        )
+    else:
+        lines.append("tokens_per_s_per_gpu = 1e+15  # [C] per-token cost fitted 0")
+    if q.value > 0:
+        lines.append("attention_flops_per_token_pair = 1.0  # [F] with the rate below: us per pair")
+        lines.append(
+            f"attention_flops_per_s_per_gpu = {_num(1e6 / q.value / gpus)}  # [C] "
+            f"{_pm(q, 1e3, ' ns')} per query-key pair"
+        )
+    else:
+        lines.append("attention_flops_per_token_pair = 0.0  # [C] per-pair cost fitted 0")
+        lines.append("attention_flops_per_s_per_gpu = 1.0  # [F] unused")
+    text = "\n".join(lines) + "\n"
+    parse_profile(text.encode(), f"calibrated profile {name}")  # what we write must load
+    return text
+
+
+def write_outputs(path: Path, text: str, report: dict[str, Any]) -> tuple[Path, Path]:
+    """The profile and its report (`NAME.fit.json`), each written whole or not at all."""
+    report_path = path.with_suffix(".fit.json")
+    for target, data in (
+        (report_path, orjson.dumps(report, option=orjson.OPT_INDENT_2, default=_default)),
+        (path, text.encode()),
+    ):
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(target)
+    return path, report_path
+
+
+def fit_report(
+    fit: Fit,
+    facts: dict[str, EngineFacts],
+    provenance: Provenance,
+    load: dict[str, Any],
+    assumed: list[str],
+    scheduler: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "provenance": asdict(provenance),
+        "engine": {path: f.to_dict() for path, f in facts.items()},
+        "scheduler": scheduler,
+        "load": load,
+        "timing": fit.timing,
+        "decode": {path: asdict(d) for path, d in fit.decode.items()},
+        "prefill": asdict(fit.prefill) if fit.prefill else None,
+        "assumed": assumed,
+    }
+
+
+def _default(obj: Any) -> Any:
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise TypeError(type(obj).__name__)
+
+
+def read_report(profile_path: Path) -> dict[str, Any] | None:
+    """The fit report beside a calibrated profile, or None when there is none."""
+    path = Path(profile_path).with_suffix(".fit.json")
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise AgentabError(f"{path}: not valid JSON: {exc}") from None

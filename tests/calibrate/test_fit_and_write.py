@@ -1,0 +1,156 @@
+"""The fit on exact synthetic measurements (every term recovered), and the writer's rules:
+what it writes loads as a profile, and a field the load could not identify is refused unless
+--allow-assumed names it."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentab.calibrate.client import DecodeMeasurement, Measurements, PrefillMeasurement
+from agentab.calibrate.facts import EngineFacts
+from agentab.calibrate.fit import fit_all
+from agentab.calibrate.load import build_load
+from agentab.calibrate.write import Provenance, render_profile
+from agentab.engine.profile import parse_profile
+from agentab.errors import AgentabError
+
+BASE_US = {1: 1000.0, 2: 1100.0, 4: 1300.0, 8: 1700.0, 16: 2500.0}
+KV_US = 0.05
+P_US, Q_US, TAIL_US = 2.0, 0.004, 4000.0
+BUDGET = 2048
+
+
+def synthetic() -> Measurements:
+    """What an engine following the step-time model exactly would have measured."""
+    m = Measurements()
+    for b, base in BASE_US.items():
+        for ctx in (100, 900):
+            context = b * (ctx + 24.0)
+            step = (base + KV_US * context) * 1e-6
+            m.decode.append(DecodeMeasurement(b, ctx, 40, context, step, step, 40, "standard"))
+    for new, cached in ((128, 0), (512, 0), (1024, 0), (2048, 0), (128, 1024), (512, 1024)):
+        pairs = new * cached + new * (new + 1) / 2
+        us = TAIL_US + P_US * new + Q_US * pairs
+        m.prefill.append(PrefillMeasurement(new, cached, us * 1e-6, us * 1e-6, 1))
+    return m
+
+
+def facts(**over: object) -> EngineFacts:
+    f = EngineFacts(
+        engine="vllm",
+        url="http://x",
+        model="m",
+        version="1",
+        device="cpu",
+        gpu_count=1,
+        tp=1,
+        block_size=16,
+        kv_blocks=1000,
+        max_num_seqs=64,
+        max_num_batched_tokens=BUDGET,
+        cuda_graph_max_tokens=1,
+    )
+    for k, v in over.items():
+        setattr(f, k, v)
+    return f
+
+
+@pytest.mark.parametrize("timing", ["client", "engine"])
+def test_fit_recovers_every_term_of_exact_measurements(timing: str) -> None:
+    fit = fit_all(
+        {"standard": synthetic()}, timing=timing, graph_max=1, max_num_batched_tokens=BUDGET
+    )
+    d = fit.decode["standard"]
+    assert d.batch_tokens == [1, 2, 4, 8, 16]
+    assert d.step_us == pytest.approx(list(BASE_US.values()), rel=1e-9)
+    assert d.kv_us_per_token is not None and d.kv_us_per_token.value == pytest.approx(KV_US)
+    p = fit.prefill
+    assert p is not None
+    assert (p.us_per_token.value, p.us_per_pair.value) == pytest.approx((P_US, Q_US))
+    assert (p.tail_tokens, p.tail_us.value) == (128, pytest.approx(TAIL_US))
+    assert max(abs(r["error"]) for r in d.residuals + p.residuals) < 1e-9
+
+
+def test_a_negative_slope_is_noise_set_to_zero() -> None:
+    m = synthetic()
+    for r in m.decode:  # the long context measured a hair faster: no KV cost to see
+        r.client_step_s = BASE_US[r.batch] * 1e-6 * (0.999 if r.context == 900 else 1.0)
+    fit = fit_all({"standard": m}, timing="client", graph_max=1, max_num_batched_tokens=BUDGET)
+    kv = fit.decode["standard"].kv_us_per_token
+    assert kv is not None and kv.value == 0.0
+
+
+def render(fit_facts: EngineFacts, allowed: tuple[str, ...], kv_blocks: int | None = 1000) -> str:
+    fit = fit_all(
+        {"standard": synthetic()}, timing="engine", graph_max=1, max_num_batched_tokens=BUDGET
+    )
+    prov = Provenance(
+        "vllm", "1", "cpu", "m", "http://x", "2026-01-01", "agentab calibrate", "engine"
+    )
+    return render_profile(
+        name="t",
+        fit=fit,
+        facts=fit_facts,
+        provenance=prov,
+        kv_blocks=kv_blocks,
+        kv_blocks_tag="[E]",
+        gpu_count=fit_facts.gpu_count,
+        gpu_tag="[E]",
+        tp=fit_facts.tp,
+        allowed=allowed,
+    )
+
+
+def test_the_written_profile_prices_what_was_fitted() -> None:
+    text = render(facts(), ("decode.specialized", "spec_decode.drafter_step_us"))
+    p = parse_profile(text.encode(), "t")
+    assert p.standard.batch_tokens.tolist() == [1, 2, 4, 8, 16, 128]
+    assert p.standard.layer_time_us.tolist() == pytest.approx([*BASE_US.values(), TAIL_US])
+    assert p.num_layers == 1 and p.standard.step_fixed_us == 0.0
+    assert p.kv_read_us_per_context_token() == pytest.approx(KV_US, rel=1e-5)
+    assert 1e6 / p.prefill_tokens_per_s_per_gpu == pytest.approx(P_US, rel=1e-5)
+    pair_us = 1e6 * p.attention_flops_per_token_pair / p.attention_flops_per_s_per_gpu
+    assert pair_us == pytest.approx(Q_US, rel=1e-5)
+    assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 1000, 1)
+    for line in text.splitlines():  # every key says where its value comes from
+        if "=" in line and not line.startswith("#"):
+            assert "  # " in line, line
+
+
+def test_unidentified_fields_are_refused_by_name() -> None:
+    with pytest.raises(AgentabError) as err:
+        render(facts(block_size=None, gpu_count=None), ("decode.specialized",), kv_blocks=None)
+    msg = str(err.value)
+    for field in (
+        "spec_decode.drafter_step_us",
+        "kv_cache.capacity_blocks",
+        "kv_cache.block_size_tokens",
+        "gpu_count",
+    ):
+        assert f"--allow-assumed {field}" in msg
+    assert "--allow-assumed decode.specialized" not in msg
+
+
+def test_allow_assumed_must_name_a_field_that_can_be_assumed() -> None:
+    with pytest.raises(AgentabError, match=r"--allow-assumed prefill\.x: not a field"):
+        render(facts(), ("decode.specialized", "spec_decode.drafter_step_us", "prefill.x"))
+
+
+def test_the_load_fits_the_engine() -> None:
+    load = build_load(max_model_len=2048, block_size=128, max_num_batched_tokens=2048, steps=64)
+    assert {(p.batch, p.context) for p in load.decode} == {
+        (b, c) for b in (1, 2, 4, 8, 16) for c in (128, 1487)
+    }
+    assert all(p.new + p.cached <= 2046 and p.new <= 2048 for p in load.prefill)
+    one = build_load(
+        max_model_len=2048,
+        block_size=128,
+        max_num_batched_tokens=2048,
+        steps=64,
+        one_prefill_step=True,
+    )
+    assert all(p.batch * p.context <= 2047 for p in one.decode)
+    with pytest.raises(AgentabError, match="--contexts 10,5000"):
+        build_load(
+            max_model_len=2048, block_size=16, max_num_batched_tokens=None, contexts=(10, 5000)
+        )

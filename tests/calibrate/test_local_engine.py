@@ -1,0 +1,69 @@
+"""Calibration from the local engine's own step timings: `agentab calibrate --engine local`
+launches `agentab serve --engine local --preset tiny` on the CPU (one server per decode
+path), times the load with the engine's step counters (agentab:step_seconds_*_total), and
+writes a profile whose facts come from the engine. The CPU is shared and noisy, so values
+are checked for sense, not accuracy; the figures are printed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentab.cli import main
+from agentab.engine.profile import load_profile
+
+
+@pytest.mark.slow
+def test_calibrate_from_the_local_engines_step_counters(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "local-tiny-cpu.toml"
+    main(
+        [
+            "calibrate",
+            "--engine",
+            "local",
+            "--preset",
+            "tiny",
+            "--device",
+            "cpu",
+            "--specialized",
+            "--batches",
+            "1,4",
+            "--steps",
+            "32",
+            "--prefill-repeats",
+            "1",
+            "--contexts",
+            "64,512",
+            "--allow-assumed",
+            "spec_decode.drafter_step_us",
+            "-o",
+            str(out),
+            "--quiet",
+        ]
+    )
+    report = json.loads(out.with_suffix(".fit.json").read_text())
+    assert report["timing"] == "engine"
+    assert report["assumed"] == ["spec_decode.drafter_step_us"]
+    for path in ("standard", "specialized"):
+        rows = report["measurements"][path]["decode"]
+        assert [r["engine_path"] for r in rows] == [path] * 4
+        assert all(r["engine_steps"] >= 8 for r in rows)
+        print(path, [round(r["engine_step_s"] * 1e3, 2) for r in rows], "ms per step")
+    prefill = report["measurements"]["standard"]["prefill"]
+    assert all(r["engine_steps"] == 1 and r["engine_s"] > 0 for r in prefill)
+    assert report["measurements"]["specialized"]["prefill"] == []
+    p = load_profile(out)
+    assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 4096, 1)
+    assert p.gpu_name == "cpu" and p.model == "agentab-local-tiny"
+    assert p.standard.batch_tokens.tolist()[:2] == [1.0, 4.0]
+    assert p.specialized.batch_tokens.tolist() == [1.0, 4.0]
+    assert (p.standard.layer_time_us > 0).all() and (p.specialized.layer_time_us > 0).all()
+    assert report["scheduler"] == {
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 2048,
+        "block_size": 16,
+        "kv_blocks": 4096,
+    }
+    assert f"wrote {out}" in capsys.readouterr().out

@@ -82,32 +82,25 @@ class Timeline:
         piece[0].append(t)
         piece[1].append(n)
 
-    def add_window(self, times: np.ndarray, counts_by_row: np.ndarray, row: int) -> None:
-        """A window's step times and this request's row of its (rows, steps) token counts."""
+    def add_window(self, times: list[float], counts: list[int]) -> None:
+        """A window's step times and this request's token count at each of them."""
         self._open = None
-        self._parts.append((times, counts_by_row, row))
+        self._parts.append((times, counts))
 
-    def chunks(self) -> tuple[np.ndarray, np.ndarray]:
+    def chunks(self) -> tuple[list[float], list[int]]:
         """(loop times, tokens) of every chunk emitted so far, in order."""
-        times: list[np.ndarray] = []
-        counts: list[np.ndarray] = []
-        for piece in self._parts:
-            if len(piece) == 2:
-                times.append(np.array(piece[0], dtype=np.float64))
-                counts.append(np.array(piece[1], dtype=np.int64))
-            else:
-                times.append(piece[0])
-                counts.append(piece[1][piece[2]])
-        if not times:
-            return np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int64)
-        t, n = (
-            (times[0], counts[0])
-            if len(times) == 1
-            else (np.concatenate(times), np.concatenate(counts))
-        )
-        if not n.all():  # a step that emitted nothing for this request is no chunk
-            t, n = t[n > 0], n[n > 0]
-        return t, n
+        if len(self._parts) == 1:
+            times, counts = self._parts[0]
+            times, counts = list(times), list(counts)
+        else:
+            times, counts = [], []
+            for piece_times, piece_counts in self._parts:
+                times.extend(piece_times)
+                counts.extend(piece_counts)
+        if 0 in counts:  # a step that emitted nothing for this request is no chunk
+            keep = [i for i, n in enumerate(counts) if n]
+            times, counts = [times[i] for i in keep], [counts[i] for i in keep]
+        return times, counts
 
     def wake(self) -> None:
         """Only a failed step loop wakes a timeline early (see Engine._guarded)."""
@@ -401,24 +394,19 @@ class Engine:
         if delay > 0:
             await asyncio.sleep(delay)
         t_last = max(loop.time(), float(ends[m - 1]))
-        step_times = ends[:m].copy()
-        step_times[-1] = t_last
-        times = step_times.tolist()
+        times = ends[:m].tolist()
+        times[-1] = t_last
         if self.step_observer is not None:
             self._observe_window(w, m, t0, times)
         reqs, finished = self.scheduler.commit_window(w, m)
         output_ids = self.scheduler.output_ids
-        by_row = np.ascontiguousarray(w.emitted[:m].T)
-        cols = None
-        for j, req in enumerate(reqs):
+        cols = w.emitted[:m].T.tolist()
+        for req, col in zip(reqs, cols, strict=True):
             ch = req.sink
             if type(ch) is Timeline:
-                ch.add_window(step_times, by_row, j)
+                ch.add_window(times, col)
                 continue
             assert isinstance(ch, _Channel)
-            if cols is None:
-                cols = by_row.tolist()
-            col = cols[j]
             ids = output_ids(req, sum(col))
             at = 0
             events = []

@@ -66,7 +66,7 @@ class EngineTarget:
         except asyncio.CancelledError:
             self.engine.abort(spec.request_id)
             if timeline is not None:  # the record keeps the chunks emitted before the cancel
-                out.chunk_times.extend((timeline.chunks()[0] - sent).tolist())
+                out.chunk_times.extend([t - sent for t in timeline.chunks()[0]])
             raise
         except Exception as exc:  # the engine refused the request (e.g. prompt too long)
             text = str(exc)
@@ -77,6 +77,6 @@ class EngineTarget:
             out.chunk_tokens = []
         else:
             times, counts = timeline.chunks()
-            out.chunk_times.extend((times - sent).tolist())
-            out.chunk_tokens = counts.tolist()
+            out.chunk_times.extend([t - sent for t in times])
+            out.chunk_tokens = counts
         out.end = loop.time()

@@ -103,7 +103,8 @@ def main() -> int:
     differ = 0
     try:
         print(f"{'case':<20} {'requests':>8} {'goal':>5} {'cpu s':>7} {'wall s':>7}", end="")
-        print(f" {'base cpu':>8} {'base wall':>9} {'cpu x':>6} {'wall x':>6}  records" if base else "")
+        base_head = f" {'base cpu':>8} {'base wall':>9} {'cpu x':>6} {'wall x':>6}  records"
+        print(base_head if base else "")
         for case in args.cases:
             news, olds = [], []
             for i in range(args.repeats):

@@ -685,7 +685,9 @@ class Scheduler:
             req.finish_reason = "length"
             del self.requests[req.id]
             out.append(req)
-        self.run = self.run[~np.isin(self.run, slots)]
+        gone = np.zeros(self._cap, dtype=np.bool_)
+        gone[slots] = True
+        self.run = self.run[~gone[self.run]]
         self.counters["request_success"] += len(out)
         return out
 

@@ -173,3 +173,40 @@ def test_prefix_hashes_equal_hashing_each_prompt_from_scratch():
         assert keys.tolist() == want_keys.tolist()
         assert raw.tolist() == want_raw.tolist()
     assert len(memo._memo) == 3
+
+
+def test_remembered_lookups_equal_probing_under_churn_with_duplicate_keys():
+    """Lookups that reuse the last result of their prompt family equal probing every key, also
+    when keys are registered again on other blocks (duplicates), blocks are evicted and the
+    table is rebuilt."""
+    rng = np.random.default_rng(11)
+    pool = BlockPool(96)
+    chains = [block_hashes(rng.integers(0, 4, size=16 * 50), 16) for _ in range(5)]
+    held: list[np.ndarray] = []
+
+    def probed(keys: np.ndarray) -> list[int]:
+        found = pool._find(keys).tolist()
+        return found[: found.index(-1)] if -1 in found else found
+
+    epochs = set()
+    for _ in range(1500):
+        chain = chains[rng.integers(len(chains))]
+        n = int(rng.integers(1, 40))
+        r = rng.random()
+        if n <= pool.num_free and r < 0.5:
+            hits = pool.lookup(chain[:n])
+            pool.touch(hits)
+            new = pool.allocate(n - len(hits))
+            pool.register(new, chain[len(hits) : n])
+            held.append(np.concatenate([hits, new]))
+        elif n <= pool.num_free and r < 0.6:  # compute a prefix again without a lookup
+            new = pool.allocate(n)
+            pool.register(new, chain[:n])
+            held.append(new)
+        elif held:
+            pool.free(held.pop(int(rng.integers(len(held))))[::-1])
+        for c in chains:
+            k = int(rng.integers(1, len(c) + 1))
+            assert pool.lookup(c[:k]).tolist() == probed(c[:k])
+        epochs.add(pool.epoch)
+    assert len(epochs) > 10  # duplicates and rebuilds did invalidate remembered lookups

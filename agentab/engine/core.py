@@ -322,7 +322,12 @@ class Engine:
             for req, n in zip(reqs, counts, strict=True):
                 ch = req.sink
                 if type(ch) is Timeline:
-                    ch.add_step(t, n)
+                    piece = ch._open  # Timeline.add_step, inlined: this runs per row and step
+                    if piece is None:
+                        piece = ch._open = ([], [])
+                        ch._parts.append(piece)
+                    piece[0].append(t)
+                    piece[1].append(n)
                 else:
                     assert isinstance(ch, _Channel)
                     ch.items.append(TokenEvent(t, n, sched.output_ids(req, n)))

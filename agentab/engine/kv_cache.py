@@ -115,11 +115,15 @@ class BlockPool:
             return
         ids = np.asarray(ids, dtype=np.int64)
         hashes = np.asarray(hashes, dtype=np.uint64)
+        if self._recent:
+            # a key another live block already holds: its entry may now name the new block
+            other = self._find(hashes)
+            if ((other >= 0) & (other != ids)).any():
+                self.epoch += 1
         self.hash[ids] = hashes
         if self._used + len(ids) > self._table_size // 4:
             self._rebuild(len(ids))
-        if self._insert(ids, hashes):
-            self.epoch += 1  # a key another live block holds may now name the new block
+        self._insert(ids, hashes)
 
     def _rebuild(self, incoming: int) -> None:
         """Drop dead entries (and grow if live ones alone would fill an eighth of the table)."""
@@ -132,50 +136,23 @@ class BlockPool:
         if len(live):
             self._insert(live.astype(np.int64), self.hash[live])
 
-    def _insert(self, ids: np.ndarray, keys: np.ndarray) -> bool:
+    def _insert(self, ids: np.ndarray, keys: np.ndarray) -> None:
         """Vectorized linear-probing insert; contested slots are resolved by writing and
-        reading back (numpy keeps the last write), the losers probe on.
-
-        Returns whether a key may now name another block than before: it was held by a live
-        block other than its new one (its entry was overwritten, or it was written in a dead
-        slot ahead of the live entry). An entry lies before the first empty slot of its probe
-        chain, so only keys written over a used slot need looking further."""
+        reading back (numpy keeps the last write), the losers probe on."""
         tkey, tblk, held, mask = self._tkey, self._tblk, self.hash, int(self._mask)
         pos = (keys & self._mask).astype(np.int64)
-        remap = False
-        over: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # written over a used slot
         while len(keys):
             k = tkey[pos]
-            old = tblk[pos]
             # a slot is free if never used, dead (its block no longer holds its key), or ours
-            free = (k == 0) | (held[old] != k) | (k == keys)
+            free = (k == 0) | (held[tblk[pos]] != k) | (k == keys)
             cp = pos[free]
             tkey[cp] = keys[free]
             tblk[cp] = ids[free]
             won = free & (tblk[pos] == ids)
-            used = won & (k != 0)
-            self._used += int(np.count_nonzero(won)) - int(np.count_nonzero(used))
-            if not remap and used.any():
-                if (used & (k == keys) & (held[old] == k) & (old != ids)).any():
-                    remap = True
-                else:
-                    over.append((pos[used], keys[used], ids[used]))
+            self._used += int(np.count_nonzero(won & (k == 0)))
             rest = ~won
             pos = (pos + ~free)[rest] & mask
             ids, keys = ids[rest], keys[rest]
-        if not remap and over:
-            pos = np.concatenate([o[0] for o in over])
-            keys = np.concatenate([o[1] for o in over])
-            ids = np.concatenate([o[2] for o in over])
-            pos = (pos + 1) & mask
-            while len(pos):  # a live entry of the same key further along the chain?
-                k = tkey[pos]
-                b = tblk[pos]
-                if ((k == keys) & (held[b] == keys) & (b != ids)).any():
-                    return True
-                go = k != 0
-                pos, keys, ids = (pos[go] + 1) & mask, keys[go], ids[go]
-        return remap
 
     # -- reference counts -----------------------------------------------------------------
     def num_free_among(self, ids: np.ndarray) -> int:

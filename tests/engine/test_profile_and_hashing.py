@@ -210,24 +210,3 @@ def test_remembered_lookups_equal_probing_under_churn_with_duplicate_keys():
             assert pool.lookup(c[:k]).tolist() == probed(c[:k])
         epochs.add(pool.epoch)
     assert len(epochs) > 10  # duplicates and rebuilds did invalidate remembered lookups
-
-
-def test_remembered_lookup_sees_a_key_written_ahead_of_its_live_entry():
-    """Key K sits behind L in one probe chain; once L's block is evicted, K registered on a new
-    block lands in L's dead slot, ahead of K's still-live entry, and lookups must now name the
-    new block (the insert tells the pool to forget remembered results)."""
-    pool = BlockPool(4)
-    size = pool._table_size
-    key_l, key_k = np.array([5 + size], dtype=np.uint64), np.array([5 + 2 * size], dtype=np.uint64)
-    first = pool.allocate(2)
-    pool.register(first[:1], key_l)  # home slot 5
-    pool.register(first[1:], key_k)  # same home: slot 6
-    assert pool.lookup(key_k).tolist() == [int(first[1])]  # remembered
-    pool.free(first[:1])
-    rest = pool.allocate(3)  # takes the 2 never-used blocks and then L's: L is evicted
-    assert int(first[0]) in rest.tolist() and pool.hash[first[0]] == 0
-    pool.free(rest[:1])
-    again = pool.allocate(1)
-    pool.register(again, key_k)  # lands in slot 5, ahead of the live entry in slot 6
-    assert pool._find(key_k).tolist() == [int(again[0])]
-    assert pool.lookup(key_k).tolist() == [int(again[0])]

@@ -15,18 +15,11 @@ eviction: an entry is live only while its block still holds its key, and dead sl
 by insertion; the table is rebuilt from the live blocks when a quarter of its slots have been
 used (linear probing clusters: a sparse table keeps the longest probe chain, hence the number of
 vectorized passes, short).
-
-Lookups remember their last result per prompt family (keyed by the first block's key): the
-next prompt of a conversation shares the previous one's leading keys, so only the blocks past
-the remembered hits are probed, and the remembered ones are only checked to still hold their
-keys (one sequential pass instead of a random probe per key). That is exact because a key's
-entry can only come to name another block through an insert of the same key while a block
-still holds it, or a rebuild; both bump `epoch`, which forgets every remembered result.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 
 import numpy as np
 
@@ -50,8 +43,6 @@ class BlockPool:
         self.evictions = 0
         self._table_size = 0
         self._reset_table(max(1024, 1 << (8 * num_blocks - 1).bit_length()))
-        self.epoch = 0  # bumped when a remembered lookup could have changed (see module doc)
-        self._recent: OrderedDict[int, tuple[np.ndarray, np.ndarray, int]] = OrderedDict()
 
     # -- prefix cache ---------------------------------------------------------------------
     def _reset_table(self, size: int) -> None:
@@ -66,29 +57,11 @@ class BlockPool:
         n = len(hashes)
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        keys = np.ascontiguousarray(hashes, dtype=np.uint64)
-        family = int(keys[0])
-        known = 0  # leading keys whose blocks are known without probing
-        entry = self._recent.get(family)
-        if entry is not None and entry[2] == self.epoch:
-            old_keys, old_ids, _ = entry
-            m = min(len(old_ids), n)
-            same = old_keys[:m] == keys[:m]
-            same &= self.hash[old_ids[:m]] == keys[:m]  # the block still holds its key
-            known = m if same.all() else int(np.argmin(same))
-        if known == n:
-            result = old_ids[:n]
-        else:
-            found = self._find(keys[known:])
-            ok = found >= 0
-            if not ok.all():
-                found = found[: int(np.argmin(ok))]
-            result = np.concatenate([old_ids[:known], found]) if known else found
-        self._recent[family] = (keys, result, self.epoch)
-        self._recent.move_to_end(family)
-        if len(self._recent) > 256:
-            self._recent.popitem(last=False)
-        return result
+        found = self._find(np.ascontiguousarray(hashes, dtype=np.uint64))
+        ok = found >= 0
+        if ok.all():
+            return found
+        return found[: int(np.argmin(ok))]
 
     def _find(self, keys: np.ndarray) -> np.ndarray:
         """Live block holding each key, or -1."""
@@ -113,21 +86,13 @@ class BlockPool:
         """Mark full, computed blocks as holding these prefix hashes (cacheable from now on)."""
         if len(ids) == 0:
             return
-        ids = np.asarray(ids, dtype=np.int64)
-        hashes = np.asarray(hashes, dtype=np.uint64)
-        if self._recent:
-            # a key another live block already holds: its entry may now name the new block
-            other = self._find(hashes)
-            if ((other >= 0) & (other != ids)).any():
-                self.epoch += 1
         self.hash[ids] = hashes
         if self._used + len(ids) > self._table_size // 4:
             self._rebuild(len(ids))
-        self._insert(ids, hashes)
+        self._insert(np.asarray(ids, dtype=np.int64), np.asarray(hashes, dtype=np.uint64))
 
     def _rebuild(self, incoming: int) -> None:
         """Drop dead entries (and grow if live ones alone would fill an eighth of the table)."""
-        self.epoch += 1  # duplicate keys may be resolved differently by the new table
         live = np.flatnonzero(self.hash)
         size = self._table_size
         while (len(live) + incoming) * 8 > size:

@@ -6,7 +6,10 @@ of a drawn session enters with the session's multiplicity. A resample is therefo
 integer weight per session, and a batch of resamples is a weight matrix W (resamples x sessions):
 sums become matrix products and a percentile of the resampled requests becomes a weighted
 percentile, computed for every row at once with one cumulative sum and one `searchsorted` over
-the rows laid end to end. No Python loop runs per resample or per request.
+the rows laid end to end. No Python loop runs per resample or per request, and nothing is sorted
+per resample: the values are sorted once, cut into bins of consecutive ranks, and each session's
+count per bin (`QuantileLayout`, built once per sample) turns a resample into bin weights with one
+matrix product; only the bin holding a target rank is then walked.
 
 The weighted percentile is exactly numpy's linear percentile of the expanded sample (each value
 repeated by its weight): position h = (N - 1) q, value v[floor h] + frac * (v[floor h + 1] - ...).

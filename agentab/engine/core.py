@@ -405,10 +405,8 @@ class Engine:
             self._observe_window(w, m, t0, times)
         reqs, finished = self.scheduler.commit_window(w, m)
         output_ids = self.scheduler.output_ids
-        if w.q == 1:  # no drafts: every row emits one token per step of a window
-            cols = [[1] * m] * len(reqs)
-        else:
-            cols = w.emitted[:m].T.tolist()
+        # without drafts every row emits one token per step of a window
+        cols = [[1] * m] * len(reqs) if w.q == 1 else w.emitted[:m].T.tolist()
         for req, col in zip(reqs, cols, strict=True):
             ch = req.sink
             if type(ch) is Timeline:

@@ -42,7 +42,7 @@ CASES: dict[str, tuple[dict, dict, float]] = {
         {"duration_s": 3600.0},
         12.0,
     ),
-    "100k": ({"decode_backend": "auto"}, {"duration_s": 0.0, "max_requests": 100_000}, 30.0),
+    "100k": ({"decode_backend": "auto"}, {"duration_s": None, "max_requests": 100_000}, 30.0),
 }
 
 

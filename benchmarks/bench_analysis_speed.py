@@ -7,15 +7,17 @@ Figures, each a fresh process pinned to one core (`taskset -c CPU`), this tree a
   10,000 resamples. Goal: <= 15 s for 1M vs 1M.
 - `import`: loading 400 generated sessions (~100k requests) written as AgentX JSONL, and its
   content hash (what every command that records the workload computes). Goal: <= 2.5 s.
-- `report`: `agentab report RUN` of one such run dir (`--report-chunks` chunks per request at
-  most; the realistic AgentX figure is ~510 on average). Goal: <= 5 s and <= 1 GB.
+- `report`: `agentab report RUN` of a run dir of `--report-requests` records in part files of
+  10,000 rows (as a long replay leaves its records), with 1..`--report-chunks` chunks each
+  (default 1..1020: ~510 on average, as AgentX-style outputs give; 510M chunk times for 1M
+  records, ~6 GB of Arrow). Goal: <= 5 s and <= 1 GB.
 
 CPU time and peak memory come from the child's resource usage (`os.wait4`); CPU time is the
 primary figure (a busy shared machine inflates wall time more). The outputs of both trees are
 compared (`compare --json` byte for byte, the imported workload's content hash, summary.json).
 
     python benchmarks/bench_analysis_speed.py --base REV [--figures compare import report]
-        [--requests 1000000] [--report-chunks 16] [--repeats 1]
+        [--requests 1000000] [--report-requests 1000000] [--report-chunks 1020] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ def import_worker(path: str) -> None:
     print(json.dumps({"wall": wall, "cpu": cpu, "hash": digest, "requests": wl.num_requests()}))
 
 
-def make_run_dirs(tmp: Path, requests: int, report_chunks: int) -> dict[str, Path]:
-    import bench_analysis
+def make_run_dirs(
+    tmp: Path, requests: int, report_requests: int, report_chunks: int
+) -> dict[str, Path]:
     import orjson
     from bench_analysis import synthetic_records, write_run_dir
 
@@ -78,13 +81,31 @@ def make_run_dirs(tmp: Path, requests: int, report_chunks: int) -> dict[str, Pat
         manifest.update(status="completed", arm=arm, decode_backend=arm)
         (path / "manifest.json").write_bytes(orjson.dumps(manifest))
         dirs[name] = path
-    bench_analysis.MAX_CHUNKS = report_chunks
-    path = write_run_dir(tmp / "report", synthetic_records(requests, 2))
+    dirs["report"] = make_report_dir(tmp / "report", report_requests, report_chunks)
+    return dirs
+
+
+def make_report_dir(path: Path, requests: int, max_chunks: int, part_rows: int = 10_000) -> Path:
+    """A run dir of `requests` records in part files of `part_rows` rows, as a long replay
+    leaves it (parts merged in groups), with 1..`max_chunks` chunks per request."""
+    import bench_analysis
+    import orjson
+    import polars as pl
+    from bench_analysis import synthetic_records, write_run_dir
+
+    bench_analysis.MAX_CHUNKS = max_chunks
+    write_run_dir(path, synthetic_records(0, 0))
+    (path / "records" / "part-00000000-00000000.arrow").unlink()
+    for i, start in enumerate(range(0, requests, part_rows)):
+        rows = synthetic_records(min(part_rows, requests - start), 100 + i)
+        ids = (pl.col("request_id").cast(pl.Int64) + start).cast(pl.String)
+        rows.with_columns(request_id=ids).write_ipc(
+            path / "records" / f"part-{i:08d}-{i:08d}.arrow"
+        )
     manifest = orjson.loads((path / "manifest.json").read_bytes())
     manifest.update(status="completed")
     (path / "manifest.json").write_bytes(orjson.dumps(manifest))
-    dirs["report"] = path
-    return dirs
+    return path
 
 
 def make_agentx(tmp: Path) -> Path:
@@ -121,7 +142,8 @@ def main() -> int:
     ap.add_argument("--base", help="Revision to compare with (measured in the same run).")
     ap.add_argument("--figures", nargs="*", default=list(GOALS), choices=list(GOALS))
     ap.add_argument("--requests", type=int, default=1_000_000)
-    ap.add_argument("--report-chunks", type=int, default=16)
+    ap.add_argument("--report-requests", type=int, default=1_000_000)
+    ap.add_argument("--report-chunks", type=int, default=1020, help="Most chunks per request.")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--cpu", default="1", help="Core to pin to ('' for none).")
     ap.add_argument("--import-worker", help=argparse.SUPPRESS)
@@ -137,7 +159,9 @@ def main() -> int:
     try:
         inputs: dict[str, Path] = {}
         if "compare" in args.figures or "report" in args.figures:
-            inputs.update(make_run_dirs(tmp, args.requests, args.report_chunks))
+            inputs.update(
+                make_run_dirs(tmp, args.requests, args.report_requests, args.report_chunks)
+            )
         if "import" in args.figures:
             inputs["agentx"] = make_agentx(tmp)
         head = f"{'figure':<8} {'goal':>11} {'cpu s':>7} {'wall s':>7} {'MB':>6}"

@@ -11,12 +11,12 @@ played, the run-to-run spread (reported beside it) captures timing noise between
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
-from agentab.analysis.bootstrap import weighted_quantiles
+from agentab.analysis.bootstrap import QuantileLayout, weighted_quantiles
 from agentab.analysis.summary import CANCELLED, QUANTILES, RunSummary
 
 
@@ -98,6 +98,7 @@ class ArmSample:
     wall_s: float
     busy_s: float
     gpu_count: int | None
+    layouts: dict[str, QuantileLayout] = field(default_factory=dict, compare=False, repr=False)
 
     def count(self, metric: Metric) -> int:
         """How many requests enter `metric`: the measured values of a distribution (the
@@ -114,7 +115,12 @@ class ArmSample:
         out: dict[str, np.ndarray] = {}
         qs = list(QUANTILES.values())
         for key in DISTRIBUTION_KEYS:
-            quant = weighted_quantiles(self.values[key], self.groups[key], weights, qs)
+            layout = self.layouts.get(key)
+            if layout is None or layout.sessions != weights.shape[1]:
+                # built once, reused by every batch of resamples
+                layout = QuantileLayout(self.groups[key], weights.shape[1], len(qs))
+                self.layouts[key] = layout
+            quant = weighted_quantiles(self.values[key], self.groups[key], weights, qs, layout)
             for j, name in enumerate(QUANTILES):
                 out[f"{key}.{name}"] = quant[:, j]
             out[f"{key}.mean"] = _div(s[f"{key}_sum"], s[f"{key}_n"])

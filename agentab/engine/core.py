@@ -56,6 +56,56 @@ class _Channel:
             w.set_result(None)
 
 
+class Timeline:
+    """A request's response collected as arrays (`Engine.submit`), for in-process clients.
+
+    Why: a client in the same process that only needs when each chunk was emitted (the replay's
+    records) need not receive one Python event per step. The engine appends each step's time and
+    token count here (a fast-forwarded window adds its times and counts in one piece) and
+    resolves `finished` with the FinalUsage at the request's end, so the client runs once per
+    request instead of once per step. The times are the same as `generate`'s events'.
+    """
+
+    __slots__ = ("_open", "_parts", "done", "finished")
+
+    def __init__(self, finished: asyncio.Future[FinalUsage]) -> None:
+        self.finished = finished
+        self.done = False
+        self._parts: list[tuple[Any, ...]] = []
+        self._open: tuple[list[float], list[int]] | None = None  # the piece single steps extend
+
+    def add_step(self, t: float, n: int) -> None:
+        piece = self._open
+        if piece is None:
+            piece = self._open = ([], [])
+            self._parts.append(piece)
+        piece[0].append(t)
+        piece[1].append(n)
+
+    def add_window(self, times: list[float], counts: list[int]) -> None:
+        """A window's step times and this request's token count at each of them."""
+        self._open = None
+        self._parts.append((times, counts))
+
+    def chunks(self) -> tuple[list[float], list[int]]:
+        """(loop times, tokens) of every chunk emitted so far, in order."""
+        if len(self._parts) == 1:
+            times, counts = self._parts[0]
+            times, counts = list(times), list(counts)
+        else:
+            times, counts = [], []
+            for piece_times, piece_counts in self._parts:
+                times.extend(piece_times)
+                counts.extend(piece_counts)
+        if 0 in counts:  # a step that emitted nothing for this request is no chunk
+            keep = [i for i, n in enumerate(counts) if n]
+            times, counts = [times[i] for i in keep], [counts[i] for i in keep]
+        return times, counts
+
+    def wake(self) -> None:
+        """Only a failed step loop wakes a timeline early (see Engine._guarded)."""
+
+
 class Engine:
     """Continuous-batching engine: `Engine(scheduler, executor)`; see docs/interfaces.md."""
 
@@ -80,7 +130,7 @@ class Engine:
         self._step_no = 0
         self._worker: Any = None  # the thread a measured executor's steps run in
         self._failure: BaseException | None = None  # why the step loop died, if it did
-        self._channels: set[_Channel] = set()  # every open stream (to wake them on a failure)
+        self._channels: set[_Channel | Timeline] = set()  # open streams (woken on a failure)
 
     # -- public API ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -96,13 +146,22 @@ class Engine:
         except Exception as exc:
             self._failure = exc
             for ch in list(self._channels):
-                ch.wake()
+                if type(ch) is Timeline:
+                    if not ch.finished.done():
+                        ch.finished.set_exception(self._failure_error())
+                else:
+                    ch.wake()
             raise
 
-    def _raise_failure(self) -> None:
+    def _failure_error(self) -> EngineFailed:
         exc = self._failure
         assert exc is not None
-        raise EngineFailed(f"the engine's step loop failed: {type(exc).__name__}: {exc}") from exc
+        err = EngineFailed(f"the engine's step loop failed: {type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        return err
+
+    def _raise_failure(self) -> None:
+        raise self._failure_error()
 
     async def stop(self) -> None:
         """Stop the loop; requests still in flight end with finish_reason "abort".
@@ -155,6 +214,22 @@ class Engine:
             self._channels.discard(ch)
             if not ch.done and self._failure is None:
                 self.abort(request.request_id)
+
+    def submit(self, request: EngineRequest) -> Timeline:
+        """Queue a request whose chunks are collected rather than streamed (see Timeline).
+
+        `await timeline.finished` gives its FinalUsage (finish_reason "abort" if aborted);
+        `timeline.chunks()` its chunk times and token counts, also part-way. The caller aborts
+        the request itself if it stops waiting. Raises like `generate` (a refused request,
+        a dead step loop)."""
+        if self._failure is not None:
+            self._raise_failure()
+        req = self.scheduler.add(request.request_id, request.prompt_token_ids, request.max_tokens)
+        tl = Timeline(asyncio.get_running_loop().create_future())
+        req.sink = tl
+        self._channels.add(tl)
+        self._wake()
+        return tl
 
     def abort(self, request_id: str) -> None:
         """Abort a request at the next step boundary (its stream ends with "abort")."""
@@ -254,9 +329,18 @@ class Engine:
                 self._observe_step(plan, t0, t, self._step_rows(plan))
             reqs, counts, finished = sched.update(plan, output)
             for req, n in zip(reqs, counts, strict=True):
-                ch: _Channel = req.sink  # type: ignore[assignment]
-                ch.items.append(TokenEvent(t, n, sched.output_ids(req, n)))
-                ch.wake()
+                ch = req.sink
+                if type(ch) is Timeline:
+                    piece = ch._open  # Timeline.add_step, inlined: this runs per row and step
+                    if piece is None:
+                        piece = ch._open = ([], [])
+                        ch._parts.append(piece)
+                    piece[0].append(t)
+                    piece[1].append(n)
+                else:
+                    assert isinstance(ch, _Channel)
+                    ch.items.append(TokenEvent(t, n, sched.output_ids(req, n)))
+                    ch.wake()
             for req in finished:
                 self._finish(req)
 
@@ -300,8 +384,13 @@ class Engine:
                     self._observe_step(plan, t0, t, rows)
                 sched.fill(adv, output.sampled)
                 for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
-                    ch: _Channel = req.sink  # type: ignore[assignment]
-                    if ch is not None and not ch.done:
+                    ch = req.sink
+                    if ch is None or ch.done:  # type: ignore[attr-defined]
+                        continue
+                    if type(ch) is Timeline:
+                        ch.add_step(t, n)
+                    else:
+                        assert isinstance(ch, _Channel)
                         ch.items.append(TokenEvent(t, n, req.tokens[at : at + n]))
                         ch.wake()
                 for req in adv.finished:
@@ -325,8 +414,14 @@ class Engine:
             self._observe_window(w, m, t0, times)
         reqs, finished = self.scheduler.commit_window(w, m)
         output_ids = self.scheduler.output_ids
-        for req, col in zip(reqs, w.emitted[:m].T.tolist(), strict=True):
-            ch: _Channel = req.sink  # type: ignore[assignment]
+        # without drafts every row emits one token per step of a window
+        cols = [[1] * m] * len(reqs) if w.q == 1 else w.emitted[:m].T.tolist()
+        for req, col in zip(reqs, cols, strict=True):
+            ch = req.sink
+            if type(ch) is Timeline:
+                ch.add_window(times, col)
+                continue
+            assert isinstance(ch, _Channel)
             ids = output_ids(req, sum(col))
             at = 0
             events = []
@@ -340,18 +435,24 @@ class Engine:
             self._finish(req)
 
     def _finish(self, req: Req) -> None:
-        ch: _Channel = req.sink  # type: ignore[assignment]
+        ch = req.sink
         if ch is None:
             return
-        ch.done = True
-        ch.items.append(
-            FinalUsage(
-                prompt_tokens=req.prompt_len,
-                completion_tokens=req.num_output,
-                cached_tokens=max(req.cached_tokens, 0),
-                finish_reason=req.finish_reason or "length",
-            )
+        usage = FinalUsage(
+            prompt_tokens=req.prompt_len,
+            completion_tokens=req.num_output,
+            cached_tokens=max(req.cached_tokens, 0),
+            finish_reason=req.finish_reason or "length",
         )
+        if type(ch) is Timeline:
+            ch.done = True
+            self._channels.discard(ch)
+            if not ch.finished.done():
+                ch.finished.set_result(usage)
+            return
+        assert isinstance(ch, _Channel)
+        ch.done = True
+        ch.items.append(usage)
         ch.wake()
 
     def _apply_aborts(self) -> None:

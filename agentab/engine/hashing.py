@@ -83,9 +83,17 @@ def chain_hashes(
     The raw value after j blocks is the polynomial sum_i x_i * P^(n-1-i) over the first n tokens
     (x_i a fixed mixing of token i): it does not depend on the block size.
     """
+    keys, raw = chain_hashes_raw(token_ids, block_size, first_block, prev)
+    return keys, int(raw[-1]) if len(raw) else prev
+
+
+def chain_hashes_raw(
+    token_ids: np.ndarray, block_size: int, first_block: int = 0, prev: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """`chain_hashes` with the raw chained value after every full block (to resume from any)."""
     n_full = len(token_ids) // block_size
     if n_full == 0:
-        return np.zeros(0, dtype=np.uint64), prev
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint64)
     pw = _POWERS.get(block_size)
     if pw is None:
         pw = _POWERS[block_size] = _Powers(block_size)
@@ -97,7 +105,60 @@ def chain_hashes(
         if prev:
             raw += np.uint64(prev) * pw.fwd[1 : n_full + 1]
         keys = mix64(raw ^ pw.salt[first_block : first_block + n_full]) | np.uint64(1)
-    return keys, int(raw[-1])
+    return keys, raw
+
+
+class PrefixHashes:
+    """Block keys of prompts, reusing the keys of an earlier prompt that starts the same way.
+
+    Why: a multi-turn conversation sends its whole context every turn, each turn extending the
+    last, so hashing every prompt from its first token costs O(context) per request, most of a
+    long simulation's hashing. Each entry remembers one prompt (its tokens, block keys and raw
+    values) under the bytes of its first block; a new prompt with the same first block is
+    compared with it, and only the blocks after the common prefix are hashed. The keys are those
+    of `chain_hashes` exactly (the chain is resumed from the raw value where the prefixes part).
+    Entries are evicted least recently used first.
+    """
+
+    def __init__(self, block_size: int, max_entries: int = 256) -> None:
+        from collections import OrderedDict
+
+        self.block_size = block_size
+        self.max_entries = max_entries
+        self._memo: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+
+    def hashes(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, raw values) of the prompt's full blocks, as `chain_hashes_raw(prompt, bs)`."""
+        bs = self.block_size
+        n_full = len(prompt) // bs
+        if n_full == 0:
+            return chain_hashes_raw(prompt, bs)
+        tag = prompt[:bs].tobytes()
+        entry = self._memo.get(tag)
+        same = 0  # full blocks shared with the remembered prompt
+        if entry is not None:
+            old_tokens, old_keys, old_raw = entry
+            n = min(len(old_keys), n_full) * bs
+            diff = np.flatnonzero(old_tokens[:n] != prompt[:n])
+            same = (int(diff[0]) if len(diff) else n) // bs
+        if same == 0:
+            keys, raw = chain_hashes_raw(prompt, bs)
+        else:
+            assert entry is not None
+            old_tokens, old_keys, old_raw = entry
+            if same == n_full:
+                keys, raw = old_keys[:same], old_raw[:same]
+            else:
+                rest, rest_raw = chain_hashes_raw(
+                    prompt[same * bs : n_full * bs], bs, same, int(old_raw[same - 1])
+                )
+                keys = np.concatenate([old_keys[:same], rest])
+                raw = np.concatenate([old_raw[:same], rest_raw])
+        self._memo[tag] = (prompt[: n_full * bs].copy(), keys, raw)  # a copy: callers own theirs
+        self._memo.move_to_end(tag)
+        if len(self._memo) > self.max_entries:
+            self._memo.popitem(last=False)
+        return keys, raw
 
 
 def _mixed_tokens(token_ids: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine.hashing import chain_hashes, output_ids_from_seed, prompt_seed
+from agentab.engine.hashing import PrefixHashes, chain_hashes, output_ids_from_seed, prompt_seed
 from agentab.engine.kv_cache import BlockPool
 from agentab.engine.outputs import StepInputs, StepOutput
 from agentab.engine.paths import padded_tokens, specialized_ok
@@ -178,6 +178,7 @@ class Scheduler:
         self.bs = config.block_size
         self.k = config.spec.num_draft_tokens
         self.pool = BlockPool(config.num_blocks)
+        self._prefix_hashes = PrefixHashes(config.block_size)
         self.waiting: deque[Req] = deque()
         self.requests: dict[str, Req] = {}
         self.run = np.zeros(0, dtype=_I64)  # running slots in admission order
@@ -288,7 +289,8 @@ class Scheduler:
             )
         bs = self.bs
         n_full = len(prompt) // bs
-        keys, raw = chain_hashes(prompt, bs)
+        keys, raws = self._prefix_hashes.hashes(prompt)
+        raw = int(raws[-1]) if len(raws) else 0
         if self.cfg.synthetic_output:
             seed = prompt_seed(prompt, raw, n_full * bs)
             out = output_ids_from_seed(seed, max_tokens, self.cfg.vocab_size)
@@ -683,7 +685,9 @@ class Scheduler:
             req.finish_reason = "length"
             del self.requests[req.id]
             out.append(req)
-        self.run = self.run[~np.isin(self.run, slots)]
+        gone = np.zeros(self._cap, dtype=np.bool_)
+        gone[slots] = True
+        self.run = self.run[~gone[self.run]]
         self.counters["request_success"] += len(out)
         return out
 
@@ -712,19 +716,22 @@ class Scheduler:
             return None
         comp0 = self.computed[run]
         remaining = self.maxtok[run] - self.output[run]
-        steps = np.arange(max_steps, dtype=_I64)[:, None]
+        # every step emits at least one token per row, so the first finish comes within the
+        # smallest remaining count: no need to price steps past it
+        horizon = min(max_steps, int(remaining.min()))
+        steps = np.arange(horizon, dtype=_I64)[:, None]
         drafts = np.full((1, B), k, dtype=_I64)
         if k:
             acc = self.cfg.spec.accepted(
                 self.keys[run][None, :], self.spec_idx[run] + steps, drafts
             )
-            acc = np.broadcast_to(acc, (max_steps, B))
+            acc = np.broadcast_to(acc, (horizon, B))
         else:
-            acc = np.zeros((max_steps, B), dtype=_I64)
+            acc = np.zeros((horizon, B), dtype=_I64)
         cum = np.cumsum(acc + 1, axis=0)
         fin = cum >= remaining
         any_fin = fin.any(axis=0)
-        n = max_steps
+        n = horizon
         if any_fin.any():
             n = int(fin.argmax(axis=0)[any_fin].min()) + 1
         prev = np.zeros((n, B), dtype=_I64)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from agentab.errors import AgentabError
@@ -26,6 +29,28 @@ def load(path: str | Path, format: str | None = None, *, block_size: int | None 
         format = detect(p, None if p.is_dir() else read_bytes(p))
     if p.is_dir() and format != "agentx":
         raise AgentabError(f"{p}: a directory holds AgentX sessions, not {format}")
+    with _gc_paused():
+        return _load(p, format, block_size)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a workload is parsed.
+
+    Parsing allocates millions of containers (each request's hash-id list) that form no
+    cycles; the collector's passes over them cost about a tenth of a 100k-request AgentX
+    import (2.55 s -> 2.3 s measured). Each parsed line's JSON objects are still freed by
+    reference counting as soon as the line is converted."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load(p: Path, format: str, block_size: int | None) -> Workload:
     if format == "agentx":
         from agentab.workloads.agentx import load_agentx
 

@@ -97,17 +97,95 @@ def prompt_token_ids(
     if n_blocks:
         ids = np.fromiter(request.hash_ids[:n_blocks], dtype=np.uint64, count=n_blocks)
         out[: n_blocks * bs] = block_token_ids(key, ids, bs, vocab_size).reshape(-1)
-    start = n_blocks * bs
-    if start < n:
-        last = np.uint64(request.hash_ids[n_blocks - 1]) if n_blocks else _NO_BLOCK
-        seed = _mix(np.array([last ^ _TAIL_C], dtype=np.uint64))[0] ^ key
-        pos = np.arange(start + 1, n + 1, dtype=np.uint64) * _GOLDEN
-        out[start:] = _reduce(_mix(pos + seed), vocab_size)
+    _fill_tail(out, n_blocks * bs, request.hash_ids, n_blocks, key, vocab_size)
     if salt is not None and n:
         digits = salt_digits(salt, vocab_size)
         k = min(len(digits), n)
         out[:k] = digits[:k]
     return out
+
+
+class PromptTokens:
+    """`prompt_token_ids` for a stream of requests, reusing the previous prompt's blocks.
+
+    Why: each turn of a session resends its whole context, which extends the previous turn's,
+    so building every prompt from scratch costs O(context) hashing per request, a large share
+    of a long in-process simulation. One entry per (scope, block size, salt, vocabulary) keeps
+    the last prompt built there and its hash ids; the next prompt copies the blocks of the
+    common leading hash ids and computes only the rest. The result is exactly
+    `prompt_token_ids(...)`; entries are evicted least recently used first.
+    """
+
+    def __init__(self, vocab_size: int = 32000, max_entries: int = 256) -> None:
+        if vocab_size < 3:
+            raise ValueError("vocab_size must be at least 3")
+        from collections import OrderedDict
+
+        self.vocab_size = vocab_size
+        self.max_entries = max_entries
+        self._memo: OrderedDict[tuple[object, ...], tuple[tuple[int, ...], np.ndarray]] = (
+            OrderedDict()
+        )
+
+    def token_ids(self, session: Session, request: Request, salt: int | None = None) -> np.ndarray:
+        n = request.in_tokens
+        bs = session.block_size
+        key = session_key(session)
+        n_blocks = min(len(request.hash_ids), n // bs)
+        ids = request.hash_ids[:n_blocks]
+        tag = (int(key), bs, salt, self.vocab_size)
+        entry = self._memo.get(tag)
+        same = 0  # leading blocks shared with the remembered prompt
+        if entry is not None:
+            same = _common_prefix(entry[0], ids)
+        if same == 0:
+            out = prompt_token_ids(session, request, salt=salt, vocab_size=self.vocab_size)
+        else:
+            assert entry is not None
+            out = np.empty(n, dtype=np.int32)
+            out[: same * bs] = entry[1][: same * bs]
+            if n_blocks > same:
+                rest = np.fromiter(ids[same:], dtype=np.uint64, count=n_blocks - same)
+                out[same * bs : n_blocks * bs] = block_token_ids(
+                    key, rest, bs, self.vocab_size
+                ).reshape(-1)
+            _fill_tail(out, n_blocks * bs, request.hash_ids, n_blocks, key, self.vocab_size)
+            if salt is not None and n:
+                digits = salt_digits(salt, self.vocab_size)
+                k = min(len(digits), n)
+                out[:k] = digits[:k]
+        self._memo[tag] = (ids, out)
+        self._memo.move_to_end(tag)
+        if len(self._memo) > self.max_entries:
+            self._memo.popitem(last=False)
+        return out
+
+
+def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the common leading run of two hash-id tuples."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case: one extends the other
+        return n
+    x = np.fromiter(a[:n], dtype=np.uint64, count=n)
+    y = np.fromiter(b[:n], dtype=np.uint64, count=n)
+    return int(np.argmax(x != y))
+
+
+def _fill_tail(
+    out: np.ndarray,
+    start: int,
+    hash_ids: tuple[int, ...],
+    n_blocks: int,
+    key: np.uint64,
+    vocab_size: int,
+) -> None:
+    """The ids after a prompt's last full block: from (scope, last hash id, position)."""
+    n = len(out)
+    if start < n:
+        last = np.uint64(hash_ids[n_blocks - 1]) if n_blocks else _NO_BLOCK
+        seed = _mix(np.array([last ^ _TAIL_C], dtype=np.uint64))[0] ^ key
+        pos = np.arange(start + 1, n + 1, dtype=np.uint64) * _GOLDEN
+        out[start:] = _reduce(_mix(pos + seed), vocab_size)
 
 
 def _word_table() -> np.ndarray:

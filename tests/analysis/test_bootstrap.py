@@ -68,3 +68,27 @@ def test_batches_cover_the_total() -> None:
 def test_percentile_ci_ignores_non_finite() -> None:
     lo, hi = percentile_ci(np.array([np.nan, np.inf, *range(101)], dtype=float), 0.9)
     assert (lo, hi) == pytest.approx((5.0, 95.0))
+
+
+def test_weighted_quantiles_with_large_weights_use_the_exact_wide_paths() -> None:
+    """Weights past int16 and totals past float32's exact integers take the wide code paths,
+    with the same result as numpy on the expanded sample; a prebuilt layout changes nothing."""
+    from agentab.analysis.bootstrap import QuantileLayout
+
+    rng = np.random.default_rng(9)
+    n, sessions = 300, 6
+    values = np.sort(rng.normal(size=n))
+    groups = rng.integers(0, sessions, n)
+    weights = resample_weights(rng, 4, sessions)
+    weights[1, 2] = 40_000  # beyond int16
+    weights[2] = 0
+    weights[2, groups[0]] = 400_000  # the total passes 2**24: float64 products
+    qs = [0.0, 0.5, 0.9, 0.99, 1.0]
+    layout = QuantileLayout(groups, sessions, len(qs))
+    assert int((weights @ layout.per_session).max()) >= 1 << 24
+    got = weighted_quantiles(values, groups, weights, qs, layout)
+    np.testing.assert_array_equal(got, weighted_quantiles(values, groups, weights, qs))
+    for r in range(weights.shape[0]):
+        expanded = np.repeat(values, weights[r, groups])
+        want = np.percentile(expanded, [100 * q for q in qs])
+        np.testing.assert_allclose(got[r], want, rtol=1e-12, atol=1e-15)

@@ -58,6 +58,56 @@ def test_fast_forward_equals_single_steps(options):
         assert np.allclose([e.t for e in ev_f[:-1]], [e.t for e in ev_s[:-1]], rtol=0, atol=1e-9)
 
 
+async def _drive_collected(engine, n_requests: int, gap_s: float, seed: int = 0):
+    """As `_drive`, through `Engine.submit`: per request (times, tokens, usage, t_seen)."""
+    loop = asyncio.get_running_loop()
+    out: dict[int, tuple[list, list, FinalUsage, float]] = {}
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(i * gap_s)
+        rng = np.random.default_rng(seed * 1000 + i)
+        prompt = rng.integers(1, 32000, size=int(rng.integers(10, 12000)))
+        timeline = engine.submit(EngineRequest(f"r{i}", prompt, int(rng.integers(1, 600))))
+        usage = await timeline.finished
+        out[i] = (*timeline.chunks(), usage, loop.time())
+
+    engine.start()
+    await asyncio.gather(*(one(i) for i in range(n_requests)))
+    await engine.stop()
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"num_draft_tokens": 7, "acceptance_length": 6, "decode_backend": "latency_specialized"},
+        {"num_draft_tokens": 3, "acceptance_probs": [0.8, 0.6, 0.4], "seed": 3},
+        {"kv_blocks": 2500, "max_num_seqs": 12},
+    ],
+)
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_collected_timelines_equal_streamed_events(options, fast_forward):
+    """`submit` (chunks collected as arrays) gives exactly the times, token counts, usage and
+    end time of `generate`'s events, stepping and fast-forwarding, preemptions included."""
+    backend = options.pop("decode_backend", "auto")
+
+    def engine():
+        return build_simulator("gb300-tp16-kimi-k3", backend, fast_forward=fast_forward, **options)
+
+    streamed_engine, collected_engine = engine(), engine()
+    streamed = run_virtual(_drive(streamed_engine, 60, 0.37))
+    collected = run_virtual(_drive_collected(collected_engine, 60, 0.37))
+    assert streamed_engine.metrics() == collected_engine.metrics()
+    for i in range(60):
+        (*events, final), t_seen = streamed[i]
+        times, tokens, usage, t_end = collected[i]
+        assert times == [e.t for e in events]
+        assert tokens == [e.num_tokens for e in events]
+        assert usage == final
+        assert t_end == t_seen
+
+
 def test_stream_contract():
     """Token events sum to max_tokens, times increase, the last one is delivered at its time."""
     eng = build_simulator("gb300-tp16-kimi-k3", num_draft_tokens=7, acceptance_length=6)

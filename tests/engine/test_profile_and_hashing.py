@@ -145,3 +145,31 @@ def test_block_pool_table_matches_a_dict_model_under_churn():
                     break
                 want.append(ref[h])
             assert pool.lookup(c).tolist() == want
+
+
+def test_prefix_hashes_equal_hashing_each_prompt_from_scratch():
+    """Prompts that extend, cut or change a remembered one get chain_hashes' keys exactly."""
+    from agentab.engine.hashing import PrefixHashes, chain_hashes_raw
+
+    rng = np.random.default_rng(7)
+    memo = PrefixHashes(16, max_entries=3)
+    base = rng.integers(1, 32000, size=16 * 60 + 5).astype(np.int32)
+    variants = [
+        base[:100],
+        base,  # extends the last one
+        np.concatenate([base, rng.integers(1, 32000, size=77).astype(np.int32)]),
+        base[: 16 * 20],  # shorter: every block shared
+        np.concatenate([base[:331], [7], base[332:]]).astype(np.int32),  # differs mid-block 20
+        np.concatenate([[9], base[1:]]).astype(np.int32),  # another first block: a new entry
+        base[:15],  # no full block
+        base,
+    ]
+    for _ in range(3):  # other families evict the first one (max_entries=3)
+        variants.append(rng.integers(1, 32000, size=16 * 5).astype(np.int32))
+    variants.append(base)
+    for prompt in variants:
+        keys, raw = memo.hashes(prompt)
+        want_keys, want_raw = chain_hashes_raw(prompt, 16)
+        assert keys.tolist() == want_keys.tolist()
+        assert raw.tolist() == want_raw.tolist()
+    assert len(memo._memo) == 3

@@ -112,3 +112,21 @@ def test_prompt_text_keeps_prefixes_and_tags_salts() -> None:
     assert tb.split(" ")[:8] == ta.split(" ")[:8]
     assert prompt_text(S, a, salt=7) == "[0000000000000007] " + ta
     assert prompt_text(S, a, salt=8) != prompt_text(S, a, salt=7)
+
+
+def test_prompt_tokens_reuse_gives_prompt_token_ids_exactly() -> None:
+    """PromptTokens (reusing each conversation's previous prompt) equals building from scratch,
+    with and without salts, for parents and subagents in an interleaved order."""
+    from agentab.workloads.tokens import PromptTokens
+
+    wl = generate(load_config("agentx-coding"), 4, 11)
+    jobs = [(s, r, salt) for s in wl.sessions for r in s.all_requests() for salt in (None, 5)]
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(jobs))
+    order[: len(jobs) // 2].sort()  # half in turn order (the usual case), half shuffled
+    builder = PromptTokens(vocab_size=32000, max_entries=4)
+    for i in order:
+        session, request, salt = jobs[i]
+        got = builder.token_ids(session, request, salt)
+        want = prompt_token_ids(session, request, salt=salt, vocab_size=32000)
+        assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
+from agentab.engine.core import Timeline
+from agentab.engine.types import EngineRequest
 from agentab.replay.metrics import engine_samples
 from agentab.replay.targets.base import Outcome, RequestSpec
-from agentab.workloads.tokens import prompt_token_ids
+from agentab.workloads.tokens import PromptTokens
 
 _CONTEXT_WORDS = ("context", "too long", "max_model_len", "maximum model length", "kv blocks")
 
@@ -27,6 +28,7 @@ class EngineTarget:
         self.engine = engine
         self.vocab_size = vocab_size
         self.manage = manage  # start/stop the engine with the run
+        self._prompts = PromptTokens(vocab_size)
 
     async def start(self) -> None:
         if self.manage:
@@ -46,37 +48,35 @@ class EngineTarget:
 
     async def send(self, spec: RequestSpec, out: Outcome) -> None:
         loop = asyncio.get_running_loop()
-        ids = prompt_token_ids(
-            spec.session, spec.request, salt=spec.salt, vocab_size=self.vocab_size
-        )
+        ids = self._prompts.token_ids(spec.session, spec.request, salt=spec.salt)
         req = EngineRequest(spec.request_id, ids, spec.max_tokens)
-        times = out.chunk_times
-        tokens: list[int] = []
         out.sent = sent = loop.time()
-        finished = False
+        timeline: Timeline | None = None
         try:
-            async for ev in self.engine.generate(req):
-                if isinstance(ev, TokenEvent):
-                    # The event's own time is when the engine emitted it: what an ideal client
-                    # on the same machine would observe.
-                    times.append(ev.t - sent)
-                    tokens.append(ev.num_tokens)
-                elif isinstance(ev, FinalUsage):
-                    out.prompt_tokens = ev.prompt_tokens
-                    out.completion_tokens = ev.completion_tokens
-                    out.cached_tokens = ev.cached_tokens
-                    if ev.finish_reason == "abort":
-                        out.fail("engine", "the engine aborted the request")
-                    finished = True
+            # The chunks come back as arrays at the end (Engine.submit), not as one event per
+            # step: the runner reacts only to a request's end, and each chunk's time is when the
+            # engine emitted it, which is what an ideal client on the same machine observes.
+            timeline = self.engine.submit(req)
+            usage = await timeline.finished
+            out.prompt_tokens = usage.prompt_tokens
+            out.completion_tokens = usage.completion_tokens
+            out.cached_tokens = usage.cached_tokens
+            if usage.finish_reason == "abort":
+                out.fail("engine", "the engine aborted the request")
         except asyncio.CancelledError:
             self.engine.abort(spec.request_id)
+            if timeline is not None:  # the record keeps the chunks emitted before the cancel
+                out.chunk_times.extend([t - sent for t in timeline.chunks()[0]])
             raise
         except Exception as exc:  # the engine refused the request (e.g. prompt too long)
             text = str(exc)
             overflow = any(w in text.lower() for w in _CONTEXT_WORDS)
             kind = "context_overflow" if overflow else "engine"
             out.fail(kind, f"{type(exc).__name__}: {text}")
-        out.chunk_tokens = tokens
+        if timeline is None:  # refused before it was queued
+            out.chunk_tokens = []
+        else:
+            times, counts = timeline.chunks()
+            out.chunk_times.extend([t - sent for t in times])
+            out.chunk_tokens = counts
         out.end = loop.time()
-        if not finished and out.error_class is None:
-            out.fail("engine", "the engine stream ended without usage")

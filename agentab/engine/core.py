@@ -57,7 +57,7 @@ class _Channel:
 
 
 class Timeline:
-    """A request's response collected as arrays (`Engine.submit`), for in-process clients.
+    """A request's response collected as lists (`Engine.submit`), for in-process clients.
 
     Why: a client in the same process that only needs when each chunk was emitted (the replay's
     records) need not receive one Python event per step. The engine appends each step's time and
@@ -101,9 +101,6 @@ class Timeline:
             keep = [i for i, n in enumerate(counts) if n]
             times, counts = [times[i] for i in keep], [counts[i] for i in keep]
         return times, counts
-
-    def wake(self) -> None:
-        """Only a failed step loop wakes a timeline early (see Engine._guarded)."""
 
 
 class Engine:

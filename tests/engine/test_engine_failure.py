@@ -45,3 +45,21 @@ def test_a_dead_step_loop_fails_open_and_later_streams():
         await eng.stop()  # does not raise again
 
     run_virtual(asyncio.wait_for(main(), timeout=60))
+
+
+def test_a_dead_step_loop_fails_collected_requests_too():
+    """`submit`'s future raises the same EngineFailed; the chunks emitted before stay readable."""
+
+    async def main() -> None:
+        eng = build_simulator("gb300-tp16-kimi-k3", fast_forward=False)
+        eng.executor = FailingAfter(eng.executor, 3)
+        eng.start()
+        timeline = eng.submit(EngineRequest("a", np.arange(1, 100), 50))
+        with pytest.raises(EngineFailed, match="RuntimeError: device lost"):
+            await timeline.finished
+        assert timeline.chunks()[1] == [1, 1]  # steps 1 and 2 emitted, step 3 raised
+        with pytest.raises(EngineFailed):
+            eng.submit(EngineRequest("b", np.arange(1, 10), 5))
+        await eng.stop()
+
+    run_virtual(asyncio.wait_for(main(), timeout=60))

@@ -13,6 +13,13 @@ benchmark clients use:
   each content chunk was written (tests compare them with what the client measured).
 Bad requests get vLLM-shaped errors: `{"object": "error", "message", "type", "param", "code"}`.
 
+What one client may cost is bounded: a request body over `max_request_bytes` is refused (413)
+before it is read, a body that does not arrive within `read_timeout_s` gets a 408, and a
+connection that sends no complete request for `idle_timeout_s` (nothing at all, half a header,
+or an idle keep-alive) is closed. A client that goes away ends its request in the engine at
+once, queued or streaming (aiohttp cancels the handler), and costs one log line (the
+`agentab.serve` logger, INFO), not a traceback.
+
 Text prompts are tokenized one token per whitespace-separated word (a stable hash of the word),
 so identical text prefixes are identical token prefixes and hit the prefix cache; generated
 tokens are the ids the engine produced (a real model's samples, or the simulator's synthetic
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 import zlib
 from typing import Any
@@ -37,6 +45,12 @@ from agentab.errors import AgentabError
 VOCAB_SIZE = 32000
 _SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"]
 _CONTEXT_HINTS = ("kv blocks", "context", "too long")
+DEFAULT_MAX_REQUEST_BYTES = 32 * 1024 * 1024
+"""32 MiB: a 1M-token prompt as JSON ids is about 7 MiB, as chat text about 6 MiB."""
+PARSE_IN_THREAD_BYTES = 1024 * 1024
+DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+log = logging.getLogger("agentab.serve")
 _SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -85,14 +99,28 @@ class EngineServer:
         model: str = "agentab-sim",
         max_model_len: int | None = None,
         record_emissions: bool = False,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
+        for name, value in (
+            ("max_request_bytes", max_request_bytes),
+            ("read_timeout_s", read_timeout_s),
+            ("idle_timeout_s", idle_timeout_s),
+        ):
+            if not value > 0:
+                raise AgentabError(f"serve: {name} must be > 0, got {value!r}")
         self.engine = engine
         self.model = model
         self.max_model_len = max_model_len
         self.record_emissions = record_emissions
+        self.max_request_bytes = max_request_bytes
+        self.read_timeout_s = read_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.emissions: dict[str, list[float]] = {}
+        self.disconnects = 0
         self._ids = itertools.count()
-        self.app = web.Application(client_max_size=256 * 1024 * 1024)
+        self.app = web.Application(client_max_size=max_request_bytes)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_get("/v1/models", self.models)
@@ -155,6 +183,14 @@ class EngineServer:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=True)
 
+    def _load(self, raw: bytes, chat: bool) -> tuple[Any, tuple[np.ndarray, int, bool, bool]]:
+        """The JSON body and what `_parse` makes of it, or BadRequest."""
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"invalid JSON body: {exc}") from None
+        return body, self._parse(body, chat)
+
     def _parse(self, body: Any, chat: bool) -> tuple[np.ndarray, int, bool, bool]:
         """(prompt ids, max_tokens, stream, include_usage) or BadRequest."""
         if not isinstance(body, dict):
@@ -208,15 +244,44 @@ class EngineServer:
         include_usage = bool(opts.get("include_usage", False)) if isinstance(opts, dict) else False
         return ids, raw_max, stream, include_usage
 
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request body, within the size and time bounds (BadRequest otherwise)."""
+        limit = self.max_request_bytes
+        too_big = (
+            f"the request body exceeds the server's limit of {limit:,} bytes "
+            "(agentab serve --max-request-bytes)"
+        )
+        length = request.content_length
+        if length is not None and length > limit:
+            raise BadRequest(
+                f"{too_big}: Content-Length is {length:,}", status=413, err_type="RequestTooLarge"
+            )
+        try:
+            async with asyncio.timeout(self.read_timeout_s):
+                return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BadRequest(too_big, status=413, err_type="RequestTooLarge") from None
+        except TimeoutError:
+            raise BadRequest(
+                f"the request body did not arrive within {self.read_timeout_s:g} s "
+                "(agentab serve --read-timeout)",
+                status=408,
+                err_type="RequestTimeout",
+            ) from None
+
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
-            body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError as exc:
-            return error_response(f"invalid JSON body: {exc}")
-        try:
-            ids, max_tokens, stream, include_usage = self._parse(body, chat)
+            raw = await self._read_body(request)
+            if len(raw) > PARSE_IN_THREAD_BYTES:
+                # Parsing and tokenizing megabytes takes a second or more: in a thread the loop
+                # keeps serving the other streams meanwhile (the GIL is handed over every 5 ms).
+                body, parsed = await asyncio.to_thread(self._load, raw, chat)
+            else:
+                body, parsed = self._load(raw, chat)
         except BadRequest as exc:
             return error_response(str(exc), exc.status, exc.err_type)
+        ids, max_tokens, stream, include_usage = parsed
+        del raw
         client_id = request.headers.get("X-Request-Id")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         engine_id = f"{rid}-{client_id}" if client_id else rid
@@ -230,23 +295,53 @@ class EngineServer:
                 msg = _context_message(limit, len(ids), max_tokens) if limit else text
                 return error_response(f"{msg} ({text})" if limit else text)
             return error_response(text)
+        except asyncio.CancelledError:  # the client went away while the request was queued
+            self._client_gone(request, rid, 0, max_tokens)
+            raise  # leaving the generator aborted the request in the engine
         meta = {"id": rid, "created": int(time.time()), "model": self.model}
+        del body, ids  # a long prompt is not kept alive for the whole generation
         if stream:
             return await self._stream(
                 request, gen, first, max_tokens, meta, chat, include_usage, client_id
             )
-        return await self._whole(gen, first, meta, chat)
+        return await self._whole(request, gen, first, meta, chat, max_tokens)
 
-    async def _whole(self, gen: Any, first: Any, meta: dict[str, Any], chat: bool) -> web.Response:
+    def _client_gone(self, request: web.Request, rid: str, sent: int, max_tokens: int) -> None:
+        self.disconnects += 1
+        peer = request.remote or "?"
+        log.info(
+            "client %s went away during %s after %d of %d tokens; request aborted",
+            peer,
+            rid,
+            sent,
+            max_tokens,
+        )
+
+    async def _whole(
+        self,
+        request: web.Request,
+        gen: Any,
+        first: Any,
+        meta: dict[str, Any],
+        chat: bool,
+        max_tokens: int,
+    ) -> web.StreamResponse:
         usage: FinalUsage | None = None
         parts: list[np.ndarray] = []
         item = first
+        done = 0
         while True:
             if isinstance(item, FinalUsage):
                 usage = item
                 break
             parts.append(_event_ids(item))
-            item = await gen.__anext__()
+            done += item.num_tokens
+            try:
+                item = await gen.__anext__()
+            except asyncio.CancelledError:  # the client went away: nobody reads the answer
+                await gen.aclose()
+                self._client_gone(request, meta["id"], done, max_tokens)
+                raise
         text = detokenize(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
         finish = usage.finish_reason
         if chat:
@@ -275,23 +370,23 @@ class EngineServer:
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         resp = web.StreamResponse(headers=_SSE_HEADERS)
-        await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = orjson.dumps({**meta, "object": obj})[:-1]  # reused prefix of every chunk
         times: list[float] | None = None
         if self.record_emissions and client_id:
             times = self.emissions.setdefault(client_id, [])
-        if chat:  # vLLM opens a chat stream with the assistant role
-            role = {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-            await resp.write(_sse(head, [role]))
         done = 0
         item = first
         try:
+            await resp.prepare(request)
+            if chat:  # vLLM opens a chat stream with the assistant role
+                role = {
+                    "index": 0,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                await resp.write(_sse(head, [role]))
             while True:
                 if isinstance(item, TokenEvent):
                     ids = _event_ids(item)
@@ -323,10 +418,16 @@ class EngineServer:
                     await resp.write(b"data: [DONE]\n\n")
                     break
                 item = await gen.__anext__()
-        except (ConnectionResetError, asyncio.CancelledError):
+            await resp.write_eof()
+        except ConnectionResetError:
+            # The client went away (aiohttp's ClientConnectionResetError is one): end the
+            # request in the engine and say so in one line; the response is over.
+            await gen.aclose()
+            self._client_gone(request, meta["id"], done, max_tokens)
+        except asyncio.CancelledError:  # the client went away between two writes
             await gen.aclose()  # aborts the request in the engine
+            self._client_gone(request, meta["id"], done, max_tokens)
             raise
-        await resp.write_eof()
         return resp
 
 
@@ -363,7 +464,18 @@ def _context_message(limit: int, prompt: int, max_tokens: int) -> str:
 
 async def start_server(server: EngineServer, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start `server` on host:port (0 picks a free port): (runner to cleanup(), bound port)."""
-    runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=1.0)
+    runner = web.AppRunner(
+        server.app,
+        access_log=None,
+        shutdown_timeout=1.0,
+        # aiohttp arms this when a connection opens and again after each response; it closes a
+        # connection still waiting for a complete request then: one that sent nothing, half a
+        # header, or an idle keep-alive.
+        keepalive_timeout=server.idle_timeout_s,
+        # A client that disconnects cancels its handler, so a request still queued or in
+        # prefill is aborted at once instead of at its first write.
+        handler_cancellation=True,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

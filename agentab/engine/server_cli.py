@@ -8,12 +8,18 @@ and prints one line `agentab serve: listening on http://HOST:PORT ...` once it a
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from typing import Any
 
 import click
 
 from agentab.engine.cli import simulator_flags, simulator_options
+from agentab.engine.server import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+)
 from agentab.errors import AgentabError
 
 ENGINES = ("sim", "local")
@@ -81,9 +87,36 @@ def _with_simulator_options(command: Any) -> Any:
     is_flag=True,
     help="Keep per-request chunk write times at /agentab/emissions (tests).",
 )
+@click.option(
+    "--max-request-bytes",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_REQUEST_BYTES,
+    show_default=True,
+    help="Refuse a larger request body (413) before reading it.",
+)
+@click.option(
+    "--read-timeout",
+    "read_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_READ_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a request body may take to arrive (else 408).",
+)
+@click.option(
+    "--idle-timeout",
+    "idle_timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_IDLE_TIMEOUT_S,
+    show_default=True,
+    help="Close a connection that sends no complete request for this long (nothing, half a "
+    "header, or an idle keep-alive).",
+)
 def serve(**kw: Any) -> None:
     """Serve an agentab engine over the OpenAI API (completions, chat, /metrics)."""
     from agentab.engine.server import EngineServer
+
+    logging.basicConfig(format="agentab serve: %(message)s", level=logging.WARNING)
+    logging.getLogger("agentab.serve").setLevel(logging.INFO)
 
     engine = _local_engine(kw) if kw["engine_kind"] == "local" else _simulator(kw)
     server = EngineServer(
@@ -91,6 +124,9 @@ def serve(**kw: Any) -> None:
         model=kw["model_name"] or _default_model(kw),
         max_model_len=kw["max_model_len"] or engine.describe().get("max_model_len"),
         record_emissions=kw["record_emissions"],
+        max_request_bytes=kw["max_request_bytes"],
+        read_timeout_s=kw["read_timeout_s"],
+        idle_timeout_s=kw["idle_timeout_s"],
     )
     asyncio.run(_run(server, kw["host"], kw["port"]))
 

@@ -96,7 +96,7 @@ def main() -> int:
     if args.worker:
         worker(args.worker, args.out)
         return 0
-    from sim_fingerprint import base_tree
+    from sim_fingerprint import base_tree, remove_scratch
 
     tmp = Path(tempfile.mkdtemp(prefix="agentab-simspeed-"))
     base = base_tree(args.base, tmp) if args.base else None
@@ -124,12 +124,7 @@ def main() -> int:
                 line += f"  {'identical' if same else 'DIFFER'}"
             print(line, flush=True)
     finally:
-        if base is not None:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                capture_output=True,
-            )
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_scratch(tmp, base)
     return 1 if differ else 0
 
 

@@ -151,6 +151,16 @@ def base_tree(rev: str, tmp: Path) -> Path:
     return path
 
 
+def remove_scratch(tmp: Path, base: Path | None) -> None:
+    """Remove the base revision's worktree (when there is one) and the scratch dir."""
+    if base is not None:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
+            capture_output=True,
+        )
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", help="Also run from a git worktree of this revision and compare.")
@@ -190,12 +200,7 @@ def main() -> int:
             print("all identical" if not differ else f"{differ} case(s) differ")
         return 1 if differ else 0
     finally:
-        if base is not None:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                capture_output=True,
-            )
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_scratch(tmp, base)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,19 @@ def _command_line(ctx: click.Context) -> str:
     return shlex.join(words)
 
 
+def _engine_options(path: Path) -> dict[str, Any]:
+    """The [engine] table of an experiment of kind local: the options its arms' servers get."""
+    from agentab.analysis.experiment import load_experiment
+
+    experiment = load_experiment(path)
+    if experiment.engine_kind != "local":
+        raise AgentabError(
+            f"--engine-config {path}: [engine] kind is {experiment.engine_kind!r}; "
+            'calibration launches a local engine (kind "local")'
+        )
+    return dict(experiment.engine)
+
+
 @click.command("calibrate")
 @click.option(
     "-o",
@@ -62,6 +75,13 @@ def _command_line(ctx: click.Context) -> str:
     type=click.Choice(["local"]),
     default=None,
     help="Launch agentab's local engine here instead of timing a URL (one server per path).",
+)
+@click.option(
+    "--engine-config",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Local engine: take its options from this experiment's [engine] table (kind local), "
+    "so the profile is fitted to the engine that experiment runs. Implies --engine local.",
 )
 @click.option("--preset", default=None, help="Local engine preset (tiny: CPU).")
 @click.option("--device", default=None, help="Local engine device (cpu, cuda).")
@@ -119,14 +139,23 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
 
     local = None
     urls: dict[str, str] = {}
+    if kw["engine_config"] is not None:
+        if kw["preset"] or kw["device"]:
+            raise AgentabError(
+                "--engine-config gives the local engine's options; drop --preset / --device"
+            )
+        kw["engine_kind"] = "local"
     if kw["engine_kind"] == "local":
         if kw["url"] or kw["specialized_url"]:
             raise AgentabError("--engine local launches its own servers; drop --url")
-        if not kw["preset"]:
+        if kw["engine_config"] is not None:
+            local = _engine_options(kw["engine_config"])
+        elif not kw["preset"]:
             raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
-        local = {"preset": kw["preset"]}
-        if kw["device"]:
-            local["device"] = kw["device"]
+        else:
+            local = {"preset": kw["preset"]}
+            if kw["device"]:
+                local["device"] = kw["device"]
     else:
         if not kw["url"]:
             raise AgentabError("give --url (a running server) or --engine local --preset NAME")

@@ -11,6 +11,9 @@
 # again resumes (`agentab ab` keeps completed runs). Each call archives the dir to $OUT (run dirs
 # nest too deep to come back as files); RESTORE=path.tgz unpacks such an archive first when the
 # machine is a fresh one. EXTRA_SED edits the experiment file (e.g. a longer window).
+#   `bash scripts/gpu/local_ab.sh calibrate` (carry [".gpu"]) instead fits a simulator profile to
+# the same engine (`agentab calibrate --engine-config`, both decode paths, the engine's own step
+# counters) and writes it with its fit report under $OUT.
 set -uo pipefail
 if [ "${1:-}" = install ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pysite .pyk/*.whl
@@ -20,6 +23,13 @@ fi
 [ -d /tmp/pysite/polars ] || { echo "run 'bash scripts/gpu/local_ab.sh install' (carry .pyk) first" >&2; exit 2; }
 export PYTHONPATH=/tmp/pysite${PYTHONPATH:+:$PYTHONPATH}
 source .gpu/setup.sh
+if [ "${1:-}" = calibrate ]; then
+  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env-calibrate.log"
+  timeout "${AB_TIMEOUT:-580}" python3 -m agentab calibrate --engine-config examples/local-k2-h200.toml \
+    --specialized --contexts "${CONTEXTS:-256,8192}" --allow-assumed spec_decode.drafter_step_us \
+    -o "$OUT/h200-local-k2-tp8-shard.toml" 2>&1 | tee "$OUT/calibrate.log"
+  exit "${PIPESTATUS[0]}"
+fi
 c=${CONCURRENCY:-1}
 mkdir -p out
 exp="out/local-k2-h200-c$c.toml"

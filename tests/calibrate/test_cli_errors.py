@@ -32,6 +32,22 @@ def test_calibrate_needs_a_server_or_the_local_engine(tmp_path: Path, capsys) ->
     assert "--allow-assumed" in msg
 
 
+def test_engine_config_must_be_a_local_experiment(tmp_path: Path, capsys) -> None:
+    out = str(tmp_path / "p.toml")
+    examples = Path(__file__).parents[2] / "examples"
+    sim = str(examples / "agentx-gb300-tp16.toml")
+    msg = error_of(["calibrate", "-o", out, "--engine-config", sim], capsys)
+    assert msg == (
+        f"agentab: error: --engine-config {sim}: [engine] kind is 'simulator'; "
+        'calibration launches a local engine (kind "local")'
+    )
+    local = str(examples / "local-tiny-cpu.toml")
+    msg = error_of(["calibrate", "-o", out, "--engine-config", local, "--preset", "tiny"], capsys)
+    assert "drop --preset / --device" in msg
+    msg = error_of(["calibrate", "-o", out, "--engine-config", local, "--url", "http://x"], capsys)
+    assert "drop --url" in msg
+
+
 def test_fidelity_needs_the_engine_limits(tmp_path: Path, capsys) -> None:
     profile = Path(__file__).with_name("truth.toml")  # a profile without a fit report
     wl = tmp_path / "w.jsonl"

@@ -14,19 +14,37 @@ import pytest
 from agentab.cli import main
 from agentab.engine.profile import load_profile
 
+EXPERIMENT = """
+name = "tiny-local"
+[workload]
+generate = { preset = "agentx-coding", sessions = 2, seed = 1 }
+[gpus]
+count = 1
+[replay]
+concurrency = 1
+[engine]
+kind = "local"
+preset = "tiny"
+device = "cpu"
+max_num_seqs = 32
+kv_blocks = 2048
+[[arms]]
+decode_backend = "auto"
+[[arms]]
+decode_backend = "latency_specialized"
+"""
+
 
 @pytest.mark.slow
 def test_calibrate_from_the_local_engines_step_counters(tmp_path: Path, capsys) -> None:
     out = tmp_path / "local-tiny-cpu.toml"
+    experiment = tmp_path / "experiment.toml"  # the engine options come from its [engine] table
+    experiment.write_text(EXPERIMENT)
     main(
         [
             "calibrate",
-            "--engine",
-            "local",
-            "--preset",
-            "tiny",
-            "--device",
-            "cpu",
+            "--engine-config",
+            str(experiment),
             "--specialized",
             "--batches",
             "1,4",
@@ -55,15 +73,15 @@ def test_calibrate_from_the_local_engines_step_counters(tmp_path: Path, capsys) 
     assert all(r["engine_steps"] == 1 and r["engine_s"] > 0 for r in prefill)
     assert report["measurements"]["specialized"]["prefill"] == []
     p = load_profile(out)
-    assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 4096, 1)
+    assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 2048, 1)
     assert p.gpu_name == "cpu" and p.model == "agentab-local-tiny"
     assert p.standard.batch_tokens.tolist()[:2] == [1.0, 4.0]
     assert p.specialized.batch_tokens.tolist() == [1.0, 4.0]
     assert (p.standard.layer_time_us > 0).all() and (p.specialized.layer_time_us > 0).all()
     assert report["scheduler"] == {
-        "max_num_seqs": 256,
+        "max_num_seqs": 32,
         "max_num_batched_tokens": 2048,
         "block_size": 16,
-        "kv_blocks": 4096,
+        "kv_blocks": 2048,
     }
     assert f"wrote {out}" in capsys.readouterr().out

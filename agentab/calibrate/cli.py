@@ -199,12 +199,37 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
     click.echo(f"wrote {profile} and {report}: {summary}")
 
 
+REPLAY_FLAGS = (
+    "concurrency",
+    "passes",
+    "max_requests",
+    "duration_s",
+    "warmup_requests",
+    "start_window",
+    "idle_cap_global_s",
+    "idle_cap_tree_s",
+    "seed",
+    "fmt",
+    "model",
+    "b_url",
+)
+
+
 @click.command("fidelity")
-@click.argument("workload", type=click.Path(path_type=Path))
+@click.argument("workload", type=click.Path(path_type=Path), required=False)
 @click.option(
     "--profile", required=True, type=click.Path(path_type=Path), help="Calibrated profile."
 )
-@click.option("--url", required=True, help="The real engine (decode_backend auto, arm A).")
+@click.option("--url", default=None, help="The real engine (decode_backend auto, arm A).")
+@click.option(
+    "--ab",
+    "ab_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Instead of replaying now: an `agentab ab` experiment dir whose completed runs are "
+    "the measurement; each is simulated with its own recorded plan (no WORKLOAD, --url or "
+    "replay options).",
+)
 @click.option(
     "--b-url", default=None, help="A second server (arm B) for the predicted vs measured B/A ratio."
 )
@@ -248,12 +273,16 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
 @click.option("--kv-blocks", type=int, default=None, help="[default: from the fit report]")
 @click.option("--json", "as_json", is_flag=True, help="Print fidelity.json instead of the table.")
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-def fidelity(**kw: Any) -> None:
+@click.pass_context
+def fidelity(ctx: click.Context, **kw: Any) -> None:
     """Replay WORKLOAD on the real engine and on the simulator with a calibrated profile.
 
     Same workload, replay plan and seed on both; prints P50/P90/P99 of ITL, TTFT and E2E,
     decode throughput, P90 interactivity and the cache hit ratio side by side with the
     simulator's relative error, and writes OUT/fidelity.json, OUT/fidelity.md and the run dirs.
+    With --ab, the measurement is an A/B that already ran: every completed run of the
+    experiment dir is simulated with the plan it recorded, and both sides are pooled over
+    repeats as the A/B report pools them.
     """
     from agentab.calibrate.fidelity import Arm, run_fidelity, simulator_options, write_result
     from agentab.calibrate.write import read_report
@@ -268,6 +297,11 @@ def fidelity(**kw: Any) -> None:
         k: kw[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks")
     }
     engine_options = simulator_options(profile, read_report(profile), overrides)
+    if kw["ab_dir"] is not None:
+        _fidelity_of_recorded(ctx, kw, engine_options)
+        return
+    if kw["workload"] is None or kw["url"] is None:
+        raise AgentabError("give WORKLOAD and --url (replay now), or --ab DIR (a recorded A/B)")
     replay = ReplayOptions(
         concurrency=kw["concurrency"],
         duration_s=kw["duration_s"] or None,
@@ -299,3 +333,40 @@ def fidelity(**kw: Any) -> None:
 
         click.echo(render_table(result))
         click.echo(f"wrote {path}")
+
+
+def _fidelity_of_recorded(
+    ctx: click.Context, kw: dict[str, Any], engine_options: dict[str, Any]
+) -> None:
+    from click.core import ParameterSource
+
+    from agentab.calibrate.fidelity import render_table, write_result
+    from agentab.calibrate.recorded import predict_recorded
+
+    given = [
+        name
+        for name in ("workload", "url", *REPLAY_FLAGS)
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+    ]
+    if given:
+        flags = ", ".join("WORKLOAD" if g == "workload" else _flag(ctx, g) for g in given)
+        raise AgentabError(f"--ab replays the plans its runs recorded; drop {flags}")
+    echo = (lambda s: None) if kw["quiet"] else (lambda s: click.echo(s, err=True))
+    result = predict_recorded(
+        kw["ab_dir"],
+        engine_options=engine_options,
+        out_dir=kw["out_dir"],
+        progress=not kw["quiet"],
+        echo=echo,
+    )
+    path = write_result(kw["out_dir"], result)
+    click.echo(path.read_text() if kw["as_json"] else render_table(result))
+    if not kw["as_json"]:
+        click.echo(f"wrote {path}")
+
+
+def _flag(ctx: click.Context, name: str) -> str:
+    for param in ctx.command.params:
+        if param.name == name and isinstance(param, click.Option):
+            return max(param.opts, key=len)
+    return name

@@ -1,0 +1,141 @@
+"""Fidelity against an A/B that already ran: simulate each recorded run's exact plan, then pool.
+
+A GPU A/B is expensive, so it should serve twice: once as the measurement, once as the held-out
+workload the simulator must predict. Every run dir of an `agentab ab` experiment dir records
+what the simulator needs to play the same plan: the replay options (seed, salt, window,
+concurrency) and the engine seed in its manifest, the workload in the dir's copy of the
+experiment file. Each run is simulated with the calibrated profile and the engine's limits,
+on the run's decode backend; then both sides are pooled over repeats the way `compare` pools an
+arm (percentiles over all requests of all runs, throughputs as total tokens over total
+seconds), so the errors are errors of the figures the A/B report prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentab.analysis.summary import RunSummary
+from agentab.calibrate.fidelity import METRICS, ab_ratio, compare
+from agentab.errors import AgentabError
+
+
+def recorded_runs(ab_dir: Path) -> dict[str, list[Path]]:
+    """Arm name -> its completed run dirs, in repeat order, from an `agentab ab` dir."""
+    from agentab.analysis.experiment_dir import COPY, is_complete
+    from agentab.analysis.load import MANIFEST, read_manifest
+
+    if not (ab_dir / COPY).is_file():
+        raise AgentabError(f"--ab {ab_dir}: not an `agentab ab` experiment dir (no {COPY})")
+    arms: dict[str, list[tuple[int, Path]]] = {}
+    for manifest in sorted(ab_dir.rglob(MANIFEST)):
+        run = manifest.parent
+        if not is_complete(run):
+            continue
+        m = read_manifest(run)
+        arms.setdefault(str(m.get("arm")), []).append((int(m.get("repeat") or 0), run))
+    if len(arms) != 2:
+        raise AgentabError(
+            f"--ab {ab_dir}: need completed runs of two arms, found {len(arms)} "
+            f"({', '.join(sorted(arms)) or 'none'})"
+        )
+    return {arm: [run for _, run in sorted(runs)] for arm, runs in arms.items()}
+
+
+def predict_recorded(
+    ab_dir: Path,
+    *,
+    engine_options: dict[str, Any],
+    out_dir: Path,
+    progress: bool,
+    echo: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """Simulate every completed run of `ab_dir`; measured vs simulated per arm, pooled."""
+    from agentab.analysis.ab import load_workload
+    from agentab.analysis.experiment import load_experiment
+    from agentab.analysis.experiment_dir import COPY
+    from agentab.analysis.load import load_run, read_manifest
+    from agentab.analysis.summary import summarize_run
+    from agentab.replay.api import simulate_to_dir
+    from agentab.replay.options import ReplayOptions
+
+    runs = recorded_runs(ab_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    experiment = load_experiment(ab_dir / COPY)
+    workload = load_workload(experiment)
+    # arm A is the one running auto, as in the experiment's arm order
+    order = [a.name for a in experiment.arms if a.name in runs] or sorted(runs)
+    result: dict[str, Any] = {
+        "ab_dir": str(ab_dir),
+        "experiment": experiment.name,
+        "workload": {"source": workload.source, "content_hash": workload.content_hash},
+        "engine_options": engine_options,
+        "arms": {},
+    }
+    for label, arm in zip(("A", "B"), order, strict=True):
+        measured: list[RunSummary] = []
+        simulated: list[RunSummary] = []
+        backend = None
+        for run in runs[arm]:
+            manifest = read_manifest(run)
+            backend = str(manifest.get("decode_backend"))
+            replay = ReplayOptions.from_mapping(
+                manifest.get("replay") or {}, where=f"{run}/manifest.json: replay"
+            )
+            target = out_dir / "simulated" / arm / run.name
+            echo(f"  simulating {arm} {run.name} ({backend})")
+            simulate_to_dir(
+                workload,
+                engine_options={
+                    **engine_options,
+                    "decode_backend": backend,
+                    "seed": int(manifest.get("engine_seed") or 0),
+                },
+                replay=replay,
+                out_dir=target,
+                manifest_extra={"arm": f"simulated-{arm}", "repeat": manifest.get("repeat")},
+                progress=progress,
+            )
+            measured.append(summarize_run(load_run(run)))
+            simulated.append(summarize_run(load_run(target)))
+        m_values, s_values = pooled_values(measured), pooled_values(simulated)
+        result["arms"][label] = {
+            "arm": arm,
+            "decode_backend": backend,
+            "runs": [str(r) for r in runs[arm]],
+            "requests": {"measured": m_values["requests_ok"], "simulated": s_values["requests_ok"]},
+            "metrics": compare(m_values, s_values),
+            "per_run": [
+                {
+                    "run": str(run),
+                    "metrics": compare(m.values, s.values),
+                }
+                for run, m, s in zip(runs[arm], measured, simulated, strict=True)
+            ],
+        }
+    result["ab"] = ab_ratio(result["arms"])
+    return result
+
+
+def pooled_values(summaries: Sequence[RunSummary]) -> dict[str, Any]:
+    """One arm's pooled point estimates, in the nested shape of a run's summary values."""
+    from agentab.analysis.sample import build_sample, session_index
+
+    sessions = session_index(summaries)
+    sample = build_sample("pooled", summaries, sessions)
+    flat = sample.evaluate(np.ones((1, sessions.height)))
+    values: dict[str, Any] = {
+        "requests_ok": int(sum(s.values.get("requests_ok") or 0 for s in summaries))
+    }
+    for _label, key, stat in METRICS:
+        name = f"{key}.{stat}" if stat else key
+        v = float(flat[name][0]) if name in flat else None
+        v = None if v is None or not np.isfinite(v) else v
+        if stat:
+            values.setdefault(key, {})[stat] = v
+        else:
+            values[key] = v
+    return values

@@ -1,0 +1,113 @@
+"""`agentab fidelity --ab`: the measurement is an A/B that already ran. The test A/B runs on the
+simulator with the truth profile, so predicting it with the same profile and engine limits must
+reproduce every run exactly: every error is 0 and the predicted B/A equals the measured one.
+Then the same dir predicted with a profile twice as slow on the specialized path shows the
+direction of the error that profile makes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentab.cli import main
+
+TRUTH = Path(__file__).with_name("truth.toml")
+WORKLOAD_CONFIG = Path(__file__).parents[2] / "benchmarks" / "fidelity" / "agentx-tiny.toml"
+LIMITS = {"max_num_seqs": 8, "max_num_batched_tokens": 2048, "block_size": 16, "kv_blocks": 4096}
+
+EXPERIMENT = f"""
+name = "recorded"
+repeats = 2
+seed = 7
+[workload]
+generate = {{ preset = "agentx-coding", sessions = 6, seed = 3 }}
+[gpus]
+count = 1
+[replay]
+concurrency = 3
+duration_s = 120.0
+warmup_requests = 1
+[engine]
+kind = "simulator"
+profile = "{TRUTH}"
+{chr(10).join(f"{k} = {v}" for k, v in LIMITS.items())}
+[[arms]]
+decode_backend = "auto"
+[[arms]]
+decode_backend = "latency_specialized"
+"""
+
+
+def limits_flags() -> list[str]:
+    return [x for k, v in LIMITS.items() for x in ("--" + k.replace("_", "-"), str(v))]
+
+
+@pytest.fixture(scope="module")
+def ab_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("recorded")
+    experiment = root / "experiment.toml"
+    experiment.write_text(EXPERIMENT)
+    main(["ab", str(experiment), "-o", str(root / "ab")])
+    return root / "ab"
+
+
+def fidelity_of(ab_dir: Path, profile: Path, out: Path, capsys) -> dict:
+    capsys.readouterr()
+    args = ["fidelity", "--ab", str(ab_dir), "--profile", str(profile), "-o", str(out)]
+    main([*args, *limits_flags(), "--quiet", "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads((out / "fidelity.json").read_text())
+    return printed
+
+
+def test_the_profile_that_ran_the_ab_predicts_it_exactly(ab_dir: Path, tmp_path: Path, capsys):
+    result = fidelity_of(ab_dir, TRUTH, tmp_path / "same", capsys)
+    assert [a["arm"] for a in result["arms"].values()] == ["auto", "latency_specialized"]
+    for arm in result["arms"].values():
+        assert len(arm["runs"]) == 2 and len(arm["per_run"]) == 2
+        assert arm["requests"]["measured"] == arm["requests"]["simulated"] > 0
+        for row in arm["metrics"]:
+            assert row["measured"] == row["simulated"], row
+            if row["error"] is not None:
+                assert row["error"] == 0.0
+    ab = result["ab"]
+    assert ab["measured_ratio"] == ab["predicted_ratio"] > 1.0 and ab["error"] == 0.0
+    assert "B/A P90 interactivity" in (tmp_path / "same" / "fidelity.md").read_text()
+
+
+def test_a_slower_specialized_profile_underpredicts_the_gain(ab_dir: Path, tmp_path: Path, capsys):
+    slow = tmp_path / "slow-specialized.toml"
+    specialized = "layer_time_us = [400, 500, 700, 1100, 2000, 3500]"
+    text = TRUTH.read_text()
+    assert text.count(specialized) == 1
+    text = text.replace(specialized, "layer_time_us = [800, 1000, 1400, 2200, 4000, 7000]")
+    slow.write_text(text.replace('name = "truth"', 'name = "slow-specialized"'))
+    result = fidelity_of(ab_dir, slow, tmp_path / "slow", capsys)
+    a_rows = {r["metric"]: r for r in result["arms"]["A"]["metrics"]}
+    assert a_rows["ITL P50 (ms)"]["error"] == 0.0  # arm A runs the standard path only
+    assert result["ab"]["predicted_ratio"] < result["ab"]["measured_ratio"]
+    assert result["ab"]["error"] < 0
+
+
+def test_recorded_mode_refuses_replay_flags_and_non_ab_dirs(ab_dir: Path, tmp_path: Path, capsys):
+    def error(args: list[str]) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        assert exc.value.code == 2
+        return capsys.readouterr().err.strip()
+
+    base = ["fidelity", "--profile", str(TRUTH), "-o", str(tmp_path / "x"), *limits_flags()]
+    msg = error([*base, "--ab", str(ab_dir), "--concurrency", "4", "--url", "http://x"])
+    assert msg == (
+        "agentab: error: --ab replays the plans its runs recorded; drop --url, --concurrency"
+    )
+    msg = error([*base, "--ab", str(tmp_path)])
+    assert msg == (
+        f"agentab: error: --ab {tmp_path}: not an `agentab ab` experiment dir (no experiment.toml)"
+    )
+    msg = error(base)
+    assert msg == (
+        "agentab: error: give WORKLOAD and --url (replay now), or --ab DIR (a recorded A/B)"
+    )

@@ -9,6 +9,7 @@ here, one per backend, and stopped after their load.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,6 +97,20 @@ def calibrate(
         )
         facts[path] = f
         loads[path] = load
+    described = {p: load.describe() for p, load in loads.items()}
+    return fit_and_write(req, measured, facts, described, timing)
+
+
+def fit_and_write(
+    req: CalibrateRequest,
+    measured: dict[str, Measurements],
+    facts: dict[str, EngineFacts],
+    loads: dict[str, dict[str, Any]],
+    timing: str,
+    refit_of: dict[str, Any] | None = None,
+) -> tuple[Path, Path, str]:
+    """Fit the measurements and write the profile and its report. `refit_of`: the provenance
+    of the report whose measurements these are, when they are fitted again (`--refit`)."""
     std = facts["standard"]
     if "specialized" in measured:  # prefill and KV come from the standard server only
         measured["specialized"] = replace(measured["specialized"], prefill=[])
@@ -118,7 +133,10 @@ def calibrate(
         model=std.model,
         url=std.url,
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        command=req.command,
+        command=req.command
+        if refit_of is None
+        else f"{req.command}  # refit of the measurements of {refit_of.get('date')}: "
+        f"{refit_of.get('command')}",
         timing=timing,
         urls={p: f.url for p, f in facts.items()},
     )
@@ -140,17 +158,36 @@ def calibrate(
         "block_size": std.block_size,
         "kv_blocks": kv_blocks,
     }
-    report = fit_report(
-        fit,
-        facts,
-        provenance,
-        {p: load.describe() for p, load in loads.items()},
-        missing,
-        scheduler,
-    )
+    report = fit_report(fit, facts, provenance, loads, missing, scheduler)
+    if refit_of is not None:
+        report["refit_of"] = refit_of
     report["measurements"] = {p: m for p, m in measured.items()}
     profile_path, report_path = write_outputs(req.out, text, report)
     return profile_path, report_path, _summary(fit)
+
+
+def refit(req: CalibrateRequest, report_path: Path) -> tuple[Path, Path, str]:
+    """Fit a fit report's recorded measurements again (after the fit or the model changed),
+    without timing anything: the facts, load and clock are the report's."""
+    from agentab.calibrate.client import DecodeMeasurement, PrefillMeasurement
+
+    try:
+        report = json.loads(report_path.read_text())
+        measured = {
+            path: Measurements(
+                decode=[DecodeMeasurement(**row) for row in m["decode"]],
+                prefill=[PrefillMeasurement(**row) for row in m["prefill"]],
+            )
+            for path, m in report["measurements"].items()
+        }
+        facts = {path: EngineFacts(**f) for path, f in report["engine"].items()}
+        timing, loads, provenance = report["timing"], report["load"], report["provenance"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AgentabError(f"--refit {report_path}: not a calibration fit report ({exc})") from None
+    if "standard" not in measured or "standard" not in facts:
+        raise AgentabError(f"--refit {report_path}: no standard-path measurements")
+    refit_of = {"report": str(report_path), **provenance}
+    return fit_and_write(req, measured, facts, loads, timing, refit_of=refit_of)
 
 
 def _servers(req: CalibrateRequest) -> Iterator[tuple[str, str]]:

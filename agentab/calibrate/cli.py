@@ -83,6 +83,14 @@ def _engine_options(path: Path) -> dict[str, Any]:
     help="Local engine: take its options from this experiment's [engine] table (kind local), "
     "so the profile is fitted to the engine that experiment runs. Implies --engine local.",
 )
+@click.option(
+    "--refit",
+    "refit_report",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="Time nothing: fit the measurements recorded in this fit report (NAME.fit.json) "
+    "again, e.g. after the step-time model gained a term. Facts and clock are the report's.",
+)
 @click.option("--preset", default=None, help="Local engine preset (tiny: CPU).")
 @click.option("--device", default=None, help="Local engine device (cpu, cuda).")
 @click.option(
@@ -139,7 +147,11 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
 
     local = None
     urls: dict[str, str] = {}
-    if kw["engine_config"] is not None:
+    if kw["refit_report"] is not None:
+        clash = [k for k in ("url", "specialized_url", "engine_kind", "engine_config") if kw[k]]
+        if clash:
+            raise AgentabError("--refit times nothing; drop the server options")
+    elif kw["engine_config"] is not None:
         if kw["preset"] or kw["device"]:
             raise AgentabError(
                 "--engine-config gives the local engine's options; drop --preset / --device"
@@ -156,7 +168,7 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
             local = {"preset": kw["preset"]}
             if kw["device"]:
                 local["device"] = kw["device"]
-    else:
+    elif kw["refit_report"] is None:
         if not kw["url"]:
             raise AgentabError("give --url (a running server) or --engine local --preset NAME")
         if kw["preset"] or kw["device"] or kw["specialized"]:
@@ -195,7 +207,12 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
     def warn(message: str) -> None:
         click.echo(f"agentab: warning: {message}", err=True)
 
-    profile, report, summary = run(req, echo, warn)
+    if kw["refit_report"] is not None:
+        from agentab.calibrate.calibrate import refit
+
+        profile, report, summary = refit(req, kw["refit_report"])
+    else:
+        profile, report, summary = run(req, echo, warn)
     click.echo(f"wrote {profile} and {report}: {summary}")
 
 

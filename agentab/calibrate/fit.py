@@ -8,8 +8,12 @@ What a timed load identifies, and what it cannot:
   profile therefore states whole-step times (`num_layers = 1`, `step_fixed_us = 0`), which
   the simulator prices identically.
 - prefill: a step of `n` new tokens after `c` cached ones costs `base(min(n, T_max))` (the
-  mixed-step rule) `+ n * us_per_token + pairs * us_per_pair`, pairs = n*c + n(n+1)/2. Prompts
-  of several lengths with and without a cached prefix separate the two rates. The table's
+  mixed-step rule) `+ n * us_per_token + pairs * us_per_pair + c * us_per_context_token`,
+  pairs = n*c + n(n+1)/2. The last term is work per computed context token whatever the
+  chunk's length: MLA prefill expands every cached latent into per-head keys and values
+  before attending (vLLM's chunked-context path does the same), so a short turn after a long
+  cached prefix, the agentic pattern, costs far more than its pairs say. Prompts of several
+  lengths with and without a cached prefix separate the three rates. The table's
   value at prefill sizes (beyond the largest decode batch timed) is fitted too, as one more
   table point at the shortest prefill: the step's cost outside the two rates (it may lie below
   the largest decode batch's: a single prompt can cost less than many decode rows, which the
@@ -51,6 +55,9 @@ class DecodeFit:
 class PrefillFit:
     us_per_token: Coefficient
     us_per_pair: Coefficient
+    # per token of a prefill row's computed context (cached prefix, earlier chunks) per step;
+    # None when the load had no prefill after a cached prefix
+    us_per_context_token: Coefficient | None
     tail_tokens: int  # the shortest prefill: the standard table's point for prefill steps
     tail_us: Coefficient  # the table's value there (a step's cost outside the prefill rates)
     residuals: list[dict[str, float]]
@@ -158,7 +165,7 @@ def fit_prefill(
         )
     y, x = [], []
     for (new, cached), measured_us in points.items():
-        known, tail_w, tokens, pairs = 0.0, 0.0, 0.0, 0.0
+        known, tail_w, tokens, pairs, context = 0.0, 0.0, 0.0, 0.0, 0.0
         done, left = cached, new
         while left > 0:  # chunked prefill: one step per budget's worth of tokens
             n = min(left, max_num_batched_tokens)
@@ -172,14 +179,18 @@ def fit_prefill(
                 tail_w += w
             tokens += n
             pairs += n * done + n * (n + 1) / 2
+            context += done
             done += n
             left -= n
         y.append(measured_us - known)
-        x.append([tokens, pairs, tail_w])
+        x.append([tokens, pairs, tail_w, context])
     xa, ya = np.array(x), np.array(y)
     if len({r[0] for r in x}) < 3 or len({r[1] for r in x}) < 3:
         raise AgentabError("prefill: the load must vary the prompt length to fit the rates")
-    coef, stderr = _lstsq(xa, ya, nonneg=[0, 1, 2])
+    with_context = len({r[3] for r in x}) > 1
+    if not with_context:
+        xa = xa[:, :3]
+    coef, stderr = _lstsq(xa, ya, nonneg=list(range(xa.shape[1])))
     fitted = xa @ coef
     residuals = [
         {
@@ -194,6 +205,7 @@ def fit_prefill(
     return PrefillFit(
         us_per_token=_coef(coef, stderr, 0),
         us_per_pair=_coef(coef, stderr, 1),
+        us_per_context_token=_coef(coef, stderr, 3) if with_context else None,
         tail_tokens=int(tail_t),
         tail_us=_coef(coef, stderr, 2),
         residuals=residuals,

@@ -38,6 +38,7 @@ ASSUMABLE = {
     "kv_cache.block_size_tokens": "16 tokens (vLLM's default)",
     "decode.cuda_graph_max_tokens": "1 (no CUDA-graph padding)",
     "gpu_count": "1 GPU (also tp = 1)",
+    "prefill.context_token_us": "0 (the load ran no prefill after a cached prefix)",
 }
 
 
@@ -80,6 +81,8 @@ def unidentified_fields(fit: Fit, facts: EngineFacts, kv_blocks: int | None) -> 
         missing.append("decode.cuda_graph_max_tokens")
     if facts.gpu_count is None:
         missing.append("gpu_count")
+    if fit.prefill is not None and fit.prefill.us_per_context_token is None:
+        missing.append("prefill.context_token_us")
     return missing
 
 
@@ -230,6 +233,14 @@ def render_profile(
     else:
         lines.append("attention_flops_per_token_pair = 0.0  # [C] per-pair cost fitted 0")
         lines.append("attention_flops_per_s_per_gpu = 1.0  # [F] unused")
+    c = pre.us_per_context_token
+    if c is None:
+        lines.append("context_token_us = 0.0  # [A] the load ran no prefill after a cached prefix")
+    else:
+        lines.append(
+            f"context_token_us = {_num(c.value)}  # [C] {_pm(c, 1e3, ' ns')} per computed "
+            "context token of a prefill row, per step"
+        )
     text = "\n".join(lines) + "\n"
     parse_profile(text.encode(), f"calibrated profile {name}")  # what we write must load
     return text

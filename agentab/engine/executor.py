@@ -68,6 +68,7 @@ class SimExecutor:
             * profile.attention_flops_per_token_pair
             / (profile.attention_flops_per_s_per_gpu * profile.gpu_count)
         )
+        self.prefill_ctx_us = profile.prefill_context_token_us
         self._base_cache: dict[tuple[str, int], float] = {}
 
     def decode_base_us(self, path: str, tokens: int) -> float:
@@ -111,6 +112,8 @@ class SimExecutor:
         pairs = float((n * c0 + n * (n + 1) / 2).sum())
         us += self.kv_us * ctx + self.prefill_us_per_token * float(n.sum())
         us += self.attn_us_per_pair * pairs
+        if self.prefill_ctx_us:  # only profiles that price it
+            us += self.prefill_ctx_us * float(c0.sum())
         return us * 1e-6
 
     def window_seconds(self, w: WindowPlan) -> np.ndarray:

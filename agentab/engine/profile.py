@@ -69,6 +69,10 @@ class HardwareProfile:
     prefill_tokens_per_s_per_gpu: float
     attention_flops_per_token_pair: float
     attention_flops_per_s_per_gpu: float
+    # A prefill row's cost per token of its computed context (cached prefix, earlier chunks),
+    # per step, whatever the chunk's length: MLA prefill expands each cached latent into
+    # per-head keys and values before attending.
+    prefill_context_token_us: float = 0.0
 
     def table(self, path: str) -> DecodeTable:
         return self.specialized if path == "specialized" else self.standard
@@ -164,6 +168,7 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
         prefill_tokens_per_s_per_gpu=pre.float("tokens_per_s_per_gpu", 1.0),
         attention_flops_per_token_pair=pre.float("attention_flops_per_token_pair", 0.0),
         attention_flops_per_s_per_gpu=pre.float("attention_flops_per_s_per_gpu", 1.0),
+        prefill_context_token_us=pre.float("context_token_us", 0.0, default=0.0),
     )
     for sub in (r, kv, dec, std, spec, pre, sd):
         sub.done()
@@ -225,7 +230,12 @@ class _Reader:
             raise AgentabError(f"{self.where(key)}: {value} out of range [{lo}, {hi}]")
         return value
 
-    def float(self, key: str, lo: float | None = None) -> float:
+    def float(self, key: str, lo: float | None = None, default: float | None = None) -> float:
+        """A number; `default` only for keys added after format 1 was first written, so
+        older profiles stay valid (docs/engine.md lists which keys have one)."""
+        if default is not None and key not in self.doc:
+            self.used.add(key)
+            return default
         value = self._get(key)
         if not isinstance(value, int | float) or isinstance(value, bool):
             raise AgentabError(f"{self.where(key)}: must be a number")

@@ -17,6 +17,7 @@ from agentab.errors import AgentabError
 BASE_US = {1: 1000.0, 2: 1100.0, 4: 1300.0, 8: 1700.0, 16: 2500.0}
 KV_US = 0.05
 P_US, Q_US, TAIL_US = 2.0, 0.004, 4000.0
+CTX_US = 0.3  # per computed context token of a prefill row
 BUDGET = 2048
 
 
@@ -30,7 +31,7 @@ def synthetic() -> Measurements:
             m.decode.append(DecodeMeasurement(b, ctx, 40, context, step, step, 40, "standard"))
     for new, cached in ((128, 0), (512, 0), (1024, 0), (2048, 0), (128, 1024), (512, 1024)):
         pairs = new * cached + new * (new + 1) / 2
-        us = TAIL_US + P_US * new + Q_US * pairs
+        us = TAIL_US + P_US * new + Q_US * pairs + CTX_US * cached
         m.prefill.append(PrefillMeasurement(new, cached, us * 1e-6, us * 1e-6, 1))
     return m
 
@@ -67,6 +68,8 @@ def test_fit_recovers_every_term_of_exact_measurements(timing: str) -> None:
     p = fit.prefill
     assert p is not None
     assert (p.us_per_token.value, p.us_per_pair.value) == pytest.approx((P_US, Q_US))
+    assert p.us_per_context_token is not None
+    assert p.us_per_context_token.value == pytest.approx(CTX_US)
     assert (p.tail_tokens, p.tail_us.value) == (128, pytest.approx(TAIL_US))
     assert max(abs(r["error"]) for r in d.residuals + p.residuals) < 1e-9
 
@@ -111,10 +114,27 @@ def test_the_written_profile_prices_what_was_fitted() -> None:
     assert 1e6 / p.prefill_tokens_per_s_per_gpu == pytest.approx(P_US, rel=1e-5)
     pair_us = 1e6 * p.attention_flops_per_token_pair / p.attention_flops_per_s_per_gpu
     assert pair_us == pytest.approx(Q_US, rel=1e-5)
+    assert p.prefill_context_token_us == pytest.approx(CTX_US, rel=1e-5)
     assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 1000, 1)
     for line in text.splitlines():  # every key says where its value comes from
         if "=" in line and not line.startswith("#"):
             assert "  # " in line, line
+
+
+def test_a_load_without_a_cached_prefix_cannot_identify_the_context_term() -> None:
+    m = synthetic()
+    m.prefill = [r for r in m.prefill if r.cached == 0]
+    fit = fit_all({"standard": m}, timing="engine", graph_max=1, max_num_batched_tokens=BUDGET)
+    assert fit.prefill is not None and fit.prefill.us_per_context_token is None
+    prov = Provenance("vllm", "1", "cpu", "m", "http://x", "2026-01-01", "c", "engine")
+    kw = dict(name="t", fit=fit, facts=facts(), provenance=prov, kv_blocks=1000)
+    kw.update(kv_blocks_tag="[E]", gpu_count=1, gpu_tag="[E]", tp=1)
+    allowed = ("decode.specialized", "spec_decode.drafter_step_us")
+    with pytest.raises(AgentabError, match=r"prefill\.context_token_us"):
+        render_profile(**kw, allowed=allowed)
+    text = render_profile(**kw, allowed=(*allowed, "prefill.context_token_us"))
+    assert "context_token_us = 0.0  # [A]" in text
+    assert parse_profile(text.encode(), "t").prefill_context_token_us == 0.0
 
 
 def test_unidentified_fields_are_refused_by_name() -> None:

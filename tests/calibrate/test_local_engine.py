@@ -85,3 +85,17 @@ def test_calibrate_from_the_local_engines_step_counters(tmp_path: Path, capsys) 
         "kv_blocks": 2048,
     }
     assert f"wrote {out}" in capsys.readouterr().out
+
+    # the same measurements fitted again, timing nothing: the same profile terms
+    refit = tmp_path / "refit.toml"
+    args = ["calibrate", "--refit", str(out.with_suffix(".fit.json")), "-o", str(refit)]
+    main([*args, "--allow-assumed", "spec_decode.drafter_step_us"])
+    q = load_profile(refit)
+    assert q.standard.layer_time_us.tolist() == p.standard.layer_time_us.tolist()
+    assert q.specialized.layer_time_us.tolist() == p.specialized.layer_time_us.tolist()
+    assert q.prefill_tokens_per_s_per_gpu == p.prefill_tokens_per_s_per_gpu
+    again = json.loads(refit.with_suffix(".fit.json").read_text())
+    assert again["measurements"] == report["measurements"]
+    assert again["refit_of"]["report"] == str(out.with_suffix(".fit.json"))
+    assert again["refit_of"]["date"] == report["provenance"]["date"]
+    assert "# refit of the measurements of" in refit.read_text().splitlines()[1]

@@ -101,3 +101,23 @@ def test_drafter_cost_on_decode_steps_only_when_speculating():
     kv = 56 * 656 / 8.0e12 * 1e6
     want = 36.2 + 56 * 115.13 + 967.2 + (32 + 8) * kv
     assert SimExecutor(prof, 7).step_seconds(plan) == pytest.approx(want * 1e-6, rel=1e-12)
+
+
+def test_a_prefill_chunk_pays_for_its_computed_context_when_the_profile_prices_it():
+    """[prefill] context_token_us: per token a prefill row has already computed (here the
+    first chunk's 512), per step; profiles without the key price it 0."""
+    import dataclasses
+
+    prof = load_profile("gb300-tp16-kimi-k3")
+    assert prof.prefill_context_token_us == 0.0
+    priced = dataclasses.replace(prof, prefill_context_token_us=2.0)
+    s = Scheduler(SchedulerConfig(num_blocks=1000, max_num_batched_tokens=512))
+    s.add("p", np.arange(1, 1001), 5)
+    first = s.schedule()
+    assert first.num_prefill_tokens == 512
+    assert SimExecutor(priced, 0).step_seconds(first) == SimExecutor(prof, 0).step_seconds(first)
+    s.update(first)
+    second = s.schedule()
+    assert second.num_prefill_tokens == 488 and int(second.computed_before.sum()) == 512
+    extra = SimExecutor(priced, 0).step_seconds(second) - SimExecutor(prof, 0).step_seconds(second)
+    assert extra == pytest.approx(2.0 * 512 * 1e-6, rel=1e-9)

@@ -107,7 +107,7 @@ def test_moe_version_9_requests_the_shared_expert_before_the_pdl_wait(k2) -> Non
 
 @pytest.mark.parametrize("batch", [1, 4])
 def test_streaming_gemvs_compile_without_spills(k2, batch: int) -> None:
-    from agentab.kernels.cute.gemv_stream import compile_gemv_stream, stream_plan
+    from benchmarks.kernels.research.cute.gemv_stream import compile_gemv_stream, stream_plan
     from agentab.kernels.specialized import STREAMED, gemv_specs
 
     for name, spec in gemv_specs(k2, batch).items():
@@ -121,7 +121,7 @@ def test_streaming_gemvs_compile_without_spills(k2, batch: int) -> None:
 
 def test_stream_plans_for_the_k2_shard() -> None:
     from agentab.kernels.config import PRESETS
-    from agentab.kernels.cute.gemv_stream import stream_plan
+    from benchmarks.kernels.research.cute.gemv_stream import stream_plan
     from agentab.kernels.specialized import gemv_specs
 
     plans = {n: stream_plan(s) for n, s in gemv_specs(PRESETS["k2-tp8-shard"], 1).items()}
@@ -172,7 +172,7 @@ def test_version_16_builds_the_small_work_list_in_one_warp(k2) -> None:
 
 
 def _chain_phases():
-    from agentab.kernels.cute.stream_chain import Phase
+    from benchmarks.kernels.research.cute.stream_chain import Phase
 
     return (
         Phase(2112, 7168, -1),
@@ -193,7 +193,7 @@ def _chain_phases():
 def test_stream_chain_compiles_with_bulk_copies_and_no_spills(
     mma: bool, sync: str, dynamic: bool
 ) -> None:
-    from agentab.kernels.cute.stream_chain import compile_chain, plan_units
+    from benchmarks.kernels.research.cute.stream_chain import compile_chain, plan_units
 
     phases = _chain_phases()
     ptx = compile_chain(
@@ -223,7 +223,7 @@ def test_stream_chain_compiles_with_bulk_copies_and_no_spills(
 
 
 def test_stream_chain_row_sums_by_store_use_shuffles_not_shared_atomics() -> None:
-    from agentab.kernels.cute.stream_chain import compile_chain, plan_units
+    from benchmarks.kernels.research.cute.stream_chain import compile_chain, plan_units
 
     phases = _chain_phases()
     kw = dict(stages=12, warps=6, mma=True)
@@ -236,7 +236,7 @@ def test_stream_chain_row_sums_by_store_use_shuffles_not_shared_atomics() -> Non
 
 
 def test_stream_chain_layers_loop_at_run_time_instead_of_growing_the_code() -> None:
-    from agentab.kernels.cute.stream_chain import build, compile_chain
+    from benchmarks.kernels.research.cute.stream_chain import build, compile_chain
 
     phases = _chain_phases()
     kw = dict(stages=12, warps=6, mma=True)
@@ -249,7 +249,7 @@ def test_stream_chain_layers_loop_at_run_time_instead_of_growing_the_code() -> N
 
 
 def test_stream_chain_plans_whole_rows_the_mma_consumer_can_split() -> None:
-    from agentab.kernels.cute.stream_chain import Phase, build, plan_units
+    from benchmarks.kernels.research.cute.stream_chain import Phase, build, plan_units
 
     assert [plan_units(p, 16384).rows for p in _chain_phases()] == [1, 4, 32, 16, 4, 1, 1, 32]
     assert plan_units(Phase(3 * 7, 512), 16384).rows == 1  # 3, 7, 21 rows: not splittable
@@ -268,7 +268,7 @@ def test_stream_chain_prefetch_staggered_polls_and_poll_sleep() -> None:
     phase in the code),
     staggered polls (4 kept relaxed loads before and 4 inside each wait's loop, instead of one
     acquire load), a sleep between polls, counters in lines of their own."""
-    from agentab.kernels.cute.stream_chain import build, compile_chain
+    from benchmarks.kernels.research.cute.stream_chain import build, compile_chain
 
     phases = _chain_phases()
     kw = dict(stages=12, warps=6, mma=True)
@@ -291,7 +291,7 @@ def test_stream_chain_prefetch_staggered_polls_and_poll_sleep() -> None:
 def test_stream_chain_phase_ends_in_shared_slots_replace_the_end_markers() -> None:
     """ends="slots": each phase's end position is one shared word (stored by the producer,
     polled in each phase's consumer loop), not six end-marker stages per phase."""
-    from agentab.kernels.cute.stream_chain import build, compile_chain
+    from benchmarks.kernels.research.cute.stream_chain import build, compile_chain
 
     phases = _chain_phases()
     kw = dict(stages=12, warps=6, mma=True, dynamic=True, row_sum="store")
@@ -311,7 +311,7 @@ def test_stream_chain_phase_ends_in_shared_slots_replace_the_end_markers() -> No
 def test_stream_chain_probe_warp_compiles_beside_the_producer() -> None:
     """`probe` (with `trace`) adds a warp timing L2 round trips; it must build with and without
     the prefetch warp (an earlier prefetch dispatch broke the probe-only build)."""
-    from agentab.kernels.cute.stream_chain import compile_chain
+    from benchmarks.kernels.research.cute.stream_chain import compile_chain
 
     phases = _chain_phases()
     kw = dict(stages=12, warps=6, mma=True, trace=True, probe="y")
@@ -327,7 +327,7 @@ def test_stream_chain_stream_options_of_session_8() -> None:
     full barrier, which then expects 32 + 1 arrivals) instead of one bulk copy; evict_first:
     the bulk copies carry an evict-first L2 policy; rolled: the tensor-core consumers loop at
     run time (one step group per phase in the code), which 32 KB stages need to compile."""
-    from agentab.kernels.cute.stream_chain import build, compile_chain, plan_units
+    from benchmarks.kernels.research.cute.stream_chain import build, compile_chain, plan_units
 
     phases = _chain_phases()
     kw = dict(stages=12, warps=6, mma=True, sets=4)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentab.kernels.config import LayerConfig, kernels_version
+from agentab.kernels.config import LayerConfig
 
 
 def mla_decode_torch(
@@ -136,41 +136,27 @@ def _build_triton() -> tuple:
     return split_kernel, combine_kernel
 
 
-# Plan knobs, read at each call (0: by kernel version; scripts/gpu/explore.py times others):
-# cache rows per tile of the split kernel, the fewest tiles per split, its warps and stages.
-BLOCK_N = 0
-MIN_TILES_PER_SPLIT = 0
-SPLIT_WARPS = 0
-SPLIT_STAGES = 0
-NARROW_COMBINE = 0  # 1: the combine narrows its channel tiles as version 9 does
+# The split kernel's plan: cache rows per tile, the fewest tiles per split, warps, pipeline
+# stages. 64-row tiles with one tile per split allowed give a batch-1 step about two programs
+# per SM at contexts from 4096 tokens; 4 warps cover a 16-head x 64-row tile.
+BLOCK_N = 64
+MIN_TILES_PER_SPLIT = 1
+SPLIT_WARPS = 4
+SPLIT_STAGES = 2
 
 
-def split_config(version: int | None = None) -> tuple[int, int, int, int]:
-    """(rows per tile, fewest tiles per split, warps, pipeline stages) of the split kernel.
-
-    Versions 8-16: 32-row tiles, 8 warps, at least two tiles per split (one for 9 and 10).
-    Version 17: 64-row tiles, one per split at least, 4 warps (measured at batch 1 / 64: split
-    10.5 / 180.6 us -> 6.3 / 111.1 us, NOTES.md; the attention is shared, so both paths gain).
-    """
-    v = kernels_version() if version is None else version
-    plan = (64, 1, 4, 2) if v >= 17 else (32, 1 if v in (9, 10) else 2, 8, 2)
-    knobs = (BLOCK_N, MIN_TILES_PER_SPLIT, SPLIT_WARPS, SPLIT_STAGES)
-    return tuple(k or p for k, p in zip(knobs, plan, strict=True))  # type: ignore[return-value]
+def split_config() -> tuple[int, int, int, int]:
+    """(rows per tile, fewest tiles per split, warps, pipeline stages) of the split kernel."""
+    return BLOCK_N, MIN_TILES_PER_SPLIT, SPLIT_WARPS, SPLIT_STAGES
 
 
-def split_plan(batch: int, max_len: int, n_sms: int = 132, version: int | None = None) -> tuple:
-    """(number of splits, tokens per split): about two programs per SM over the whole batch.
-
-    Version 8 kept at least two blocks of tokens per split, which at batch 1-4 and context 4096
-    left 43 programs for 132 SMs; versions 9 and 10 allow one block per split (129 programs at
-    batch 1 and 2, 65 splits at batch 3-4) and leave batch >= 5 as it was; versions 13, 14 and 16
-    (new MoE kernels only) plan as version 8; version 17 with 64-token blocks (`split_config`).
-    """
-    block_n, min_tiles, _warps, _stages = split_config(version)
-    blocks = max(1, math.ceil(max_len / block_n))
+def split_plan(batch: int, max_len: int, n_sms: int = 132) -> tuple[int, int]:
+    """(number of splits, tokens per split): about two programs per SM over the whole batch,
+    each split a whole number of tiles (at least `MIN_TILES_PER_SPLIT`)."""
+    blocks = max(1, math.ceil(max_len / BLOCK_N))
     want = max(1, math.ceil(2 * n_sms / batch))
-    n_splits = min(max(1, blocks // min_tiles), want)
-    split_len = math.ceil(blocks / n_splits) * block_n
+    n_splits = min(max(1, blocks // MIN_TILES_PER_SPLIT), want)
+    split_len = math.ceil(blocks / n_splits) * BLOCK_N
     n_splits = math.ceil(max_len / split_len)
     return n_splits, split_len
 
@@ -181,20 +167,15 @@ def paged_splits(batch: int, max_len: int, n_sms: int = 132) -> int:
     split_plan never plans more than min(blocks, two programs per SM over the batch) splits, and
     rounding the split length up only lowers the count, so this bound holds for every length.
     """
-    block_n = split_config()[0]
-    return max(1, min(math.ceil(max_len / block_n), math.ceil(2 * n_sms / batch)))
+    return max(1, min(math.ceil(max_len / BLOCK_N), math.ceil(2 * n_sms / batch)))
 
 
-def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132,
-                 version: int | None = None) -> int:  # fmt: skip
-    """Channels per combine program: 128 (version 8); versions 9, 10 and 18 halve it down to 32
-    until there are two programs per SM, so batch 1 reads its partials with 256 programs instead
-    of 64 (version 18 on version 17's splits: batch 1 98.2 -> 96.3 us, NOTES.md)."""
-    v = kernels_version() if version is None else version
+def combine_tile(batch: int, n_heads: int, kvl: int, n_sms: int = 132) -> int:
+    """Channels per combine program: 128, halved down to 32 until there are two programs per SM
+    (batch 1 with 16 heads reads its partials with 256 programs instead of 64)."""
     ct = min(128, kvl)
-    if v in (9, 10) or v >= 18 or NARROW_COMBINE:
-        while ct > 32 and batch * n_heads * (kvl // ct) < 2 * n_sms:
-            ct //= 2
+    while ct > 32 and batch * n_heads * (kvl // ct) < 2 * n_sms:
+        ct //= 2
     return ct
 
 

@@ -8,33 +8,12 @@ count bytes on any machine.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 from agentab.errors import AgentabError
 
 BF16_BYTES = 2
 HBM_ROOFLINE_BYTES_PER_S = 4.3e12  # the H200's measured copy bandwidth (docs/kernels.md)
-# benchmarks/kernels/NOTES.md says what each version changed
-KERNEL_VERSIONS = (8, 9, 10, 13, 14, 16, 17, 18)
-DEFAULT_KERNEL_VERSION = 18
-VERSION_ENV = "AGENTAB_KERNELS_VERSION"
-
-
-def kernels_version() -> int:
-    """The kernel version the paths build now: $AGENTAB_KERNELS_VERSION or the default.
-
-    Read at each call (not at import), so one process can build and time both versions. It
-    selects the MoE kernels of the specialized path and the attention split plan shared by both
-    paths (see NOTES.md for what each version changed and measured).
-    """
-    raw = os.environ.get(VERSION_ENV, "").strip()
-    if not raw:
-        return DEFAULT_KERNEL_VERSION
-    if raw not in {str(v) for v in KERNEL_VERSIONS}:
-        known = ", ".join(map(str, KERNEL_VERSIONS))
-        raise AgentabError(f"${VERSION_ENV}: {raw!r} is not a kernel version (known: {known})")
-    return int(raw)
 
 
 @dataclass(frozen=True)

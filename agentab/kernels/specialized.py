@@ -1,7 +1,7 @@
 """The specialized decode path: CuTe DSL kernels for one layer, captured in one CUDA graph.
 
 Batch 1..4 (`SMALL`), ten kernels per layer, every weight streamed with 128-bit loads and
-the first chunks prefetched before the PDL wait (numbered as in the eleven-kernel version):
+the first chunks prefetched before the PDL wait (numbered by step; 3 and 4 share a launch):
   1. input RMSNorm + q_a/kv_a projection                 (gemv, norm fused)          (a)
   2. q_a RMSNorm + q_b projection                         (gemv, norm fused)          (b)
   3+4. absorbed key projection q_nope -> q_lat per head  (gemv, grouped)             (b)
@@ -15,79 +15,43 @@ the first chunks prefetched before the PDL wait (numbered as in the eleven-kerne
  10. routing (sigmoid, bias, top-k, renormalize, scale) + shared & routed gate/up    (d)+(e)
  11. shared & routed down projections + weighted sum + residual add                  (e)
 Batch 5..64: the attention half is the standard path's (cuBLAS uses tensor cores there, where
-the SIMT GEMV stops paying: measured 1.3 TB/s at M=8 against cuBLAS's 2.8) and the MoE half is
-kernels 10-11, whose per-expert token count stays small at these batch sizes.
+the SIMT GEMV stops paying, docs/kernels.md) and the MoE half is kernels 10-11, whose
+per-expert token count stays small at these batch sizes.
 
-Each GEMV shape is compiled once per batch size (1..4); the MoE kernels once per kernel version
-(`config.kernels_version()`), for up to 64 tokens (the token count is a kernel argument).
+Each GEMV shape is compiled once per batch size (1..4); the MoE kernels once for batch 1..4
+(SIMT moe_up) and once for batch 5..64 (tensor-core moe_up), each for up to 64 tokens (the token
+count is a kernel argument).
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from agentab.kernels.config import LayerConfig, kernels_version
+from agentab.kernels.config import LayerConfig
 from agentab.kernels.reference import rope_cos_sin
 from agentab.kernels.standard import StandardPath, StepOut
 from agentab.kernels.weights import DecodeState, LayerWeights
 
 SMALL = 4
 M_MAX = 64
-# The MLA preparation runs as extra CTAs of the absorbed-query GEMV (one launch fewer); set
-# AGENTAB_KERNELS_FUSE_PREP=0 to launch it as its own kernel.
-FUSE_PREP = os.environ.get("AGENTAB_KERNELS_FUSE_PREP", "1") != "0"
-# Kernel version 10 streams these projections with `cute/gemv_stream.py` (cp.async rings).
-STREAMED = ("qkv_a", "q_b", "o_proj")
-
-
-@dataclass(frozen=True)
-class MoePlan:
-    """Which MoE kernels a kernel version builds (NOTES.md says what each measured)."""
-
-    up: int  # moe_up version
-    down: int  # moe_down version
-    prenorm: bool = False  # above batch 4, moe_up reads the router's RMS-normalized tokens
-    mma: bool = False  # above batch 4, moe_up runs on the tensor cores (needs prenorm)
-    small_list: bool = False  # the one-warp work list at m * top_k <= 32
-
-
-# 10 changed only the dense GEMVs and 17-18 only the attention plan; 13 pairs moe_up 13 with
-# moe_down 8. Versions 11-12 (a cp.async ring in moe_up) and 15 (bulk L2 prefetch), measured
-# slower, were removed: commits df509fb and e42f017 have them.
-MOE_PLANS = {
-    8: MoePlan(8, 8),
-    9: MoePlan(9, 9),
-    10: MoePlan(9, 9),
-    13: MoePlan(13, 8, prenorm=True),
-    14: MoePlan(13, 8, prenorm=True, mma=True),
-    16: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
-    17: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
-    18: MoePlan(13, 8, prenorm=True, mma=True, small_list=True),
-}
-# moe_down's output rows per CTA (a plan knob, read at compile time; explore.py times others)
-DOWN_ROWS = 16
-UP_GRID = 0  # moe_up's CTAs (SIMT kernel; 0: two per SM)
+DOWN_ROWS = 16  # moe_down's output rows per CTA
 _compiled: dict[Any, Any] = {}
 
 
 def _cached(key: Any, make: Any) -> Any:
-    from agentab.kernels.cute.common import pdl_mode
-
-    key = (key, pdl_mode())  # the PDL trigger placement is traced into every kernel
+    """One compile per key in this process (every path instance of a shape shares it)."""
     if key not in _compiled:
         _compiled[key] = make()
     return _compiled[key]
 
 
-def prenorm_tokens(version: int, batch: int) -> bool:
-    """Whether moe_up reads RMS-normalized tokens (from version 13 above batch 4, where the
-    attention half already computes them for the router) instead of normalizing them per item."""
-    return MOE_PLANS[version].prenorm and batch > SMALL
+def prenorm_tokens(batch: int) -> bool:
+    """Whether moe_up reads RMS-normalized tokens: above batch 4, where the attention half
+    already computes them for the router and moe_up runs on the tensor cores."""
+    return batch > SMALL
 
 
 def gemv_specs(cfg: LayerConfig, batch: int) -> dict[str, Any]:
@@ -120,44 +84,28 @@ def compile_all(
     """Compile (or fetch) every CuTe DSL kernel the path needs at this batch size (`paged`:
     the MLA preparation writes a paged cache of `max_len` slots, see `cute.mla_prep`)."""
     from agentab.kernels.cute.gemv import compile_gemv
-    from agentab.kernels.cute.gemv_stream import compile_gemv_stream, stream_plan
-    from agentab.kernels.cute.mla_prep import PrepSpec, compile_prep
-    from agentab.kernels.cute.moe import MoeSpec, compile_moe
+    from agentab.kernels.cute.mla_prep import PrepSpec
+    from agentab.kernels.cute.moe import compile_moe
+    from agentab.kernels.cute.moe_routing import MoeSpec
 
     out: dict[str, Any] = {}
     moe_spec = MoeSpec.from_config(cfg, M_MAX)
-    version = kernels_version()
     out["moe_spec"] = moe_spec
-    plan = MOE_PLANS[version]
-    up_v, down_v, small_list = plan.up, plan.down, plan.small_list
-    prenorm = prenorm_tokens(version, batch)
-    mma = prenorm and plan.mma
+    prenorm = prenorm_tokens(batch)
     out["prenorm"] = prenorm
     out["moe"] = _cached(
-        ("moe", moe_spec, up_v, down_v, prenorm, mma, small_list, DOWN_ROWS, UP_GRID),
-        lambda: compile_moe(
-            moe_spec,
-            up_grid=UP_GRID or None,
-            rows_per_cta=DOWN_ROWS,
-            version=up_v,
-            down_version=down_v,
-            prenorm=prenorm,
-            mma=mma,
-            small_list=small_list,
-        ),
+        ("moe", moe_spec, prenorm, DOWN_ROWS),
+        lambda: compile_moe(moe_spec, tensor_cores=prenorm, rows_per_cta=DOWN_ROWS),
     )
     if batch <= SMALL:
+        # the MLA preparation runs in extra CTAs of the absorbed-query GEMV
         pspec = PrepSpec.from_config(cfg, batch, max_len, max_pos, paged)
         for name, spec in gemv_specs(cfg, batch).items():
-            if name == "absorb" and FUSE_PREP:
+            if name == "absorb":
                 fn = _cached(("gemv+prep", spec, pspec), lambda s=spec: compile_gemv(s, pspec))
-            elif version == 10 and name in STREAMED and stream_plan(spec) is not None:
-                fn = _cached(("gemv-stream", spec), lambda s=spec: compile_gemv_stream(s))
             else:
                 fn = _cached(("gemv", spec), lambda s=spec: compile_gemv(s))
             out[name] = (spec, fn)
-        if not FUSE_PREP:
-            out["prep"] = _cached(("prep", pspec), lambda: compile_prep(pspec))
     return out
 
 
@@ -237,15 +185,9 @@ class SpecializedPath:
         w_uk = w.w_uk_t.view(-1, cfg.qk_nope)
         # the preparation's positions: (2, batch) positions and slots for a paged cache
         pos = state.positions if state.paged is None else state.paged.positions_and_slots
-        if FUSE_PREP:
-            _spec, absorb = k["absorb"]
-            absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, self.qkv, pos,
-                   w.kv_a_norm, self.cos_sin, state.cache, self.q_pe)  # fmt: skip
-        else:
-            k["prep"](
-                self.qkv, self.q, pos, w.kv_a_norm, self.cos_sin, state.cache, self.q_pe,
-            )  # fmt: skip
-            gemv("absorb", w_uk, self.q, dv, dr, self.q_lat)
+        _spec, absorb = k["absorb"]
+        absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, self.qkv, pos,
+               w.kv_a_norm, self.cos_sin, state.cache, self.q_pe)  # fmt: skip
         o_lat = mla_decode(
             cfg, self.q_lat.view(b, cfg.n_heads, cfg.kv_lora), self.q_pe, state.cache,
             state.positions, state.paged,

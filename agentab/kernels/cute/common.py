@@ -6,27 +6,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+# The kernels are compiled ahead of their first launch with fake tensors, on machines without a
+# GPU too (the CPU compile tests, CI): CuTe DSL then needs the target named, since it cannot ask
+# a device. A value set by the caller wins; on an H200 it names the same target.
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-
-PDL_ENV = "AGENTAB_KERNELS_PDL"
-PDL_MODES = ("end", "early")
-
-
-def pdl_mode() -> str:
-    """Where each kernel lets its PDL dependent launch: "end" (after its last store) or
-    "early" (right after its own griddepcontrol.wait).
-
-    With "end" the dependent grid starts only as this one drains, so its pre-wait weight loads
-    overlap nothing but the final memory flush. With "early" the dependent's CTAs take SM slots
-    as this grid's CTAs retire and issue their constant (weight) loads under its tail. Safe
-    because every kernel reads and writes activations only after its own wait, and a grid
-    completes only after its wait returned (so completion stays transitive along the chain).
-    Read at trace time: compile caches must key on it.
-    """
-    raw = os.environ.get(PDL_ENV, "end").strip() or "end"
-    if raw not in PDL_MODES:
-        raise ValueError(f"${PDL_ENV}: {raw!r} is not one of {', '.join(PDL_MODES)}")
-    return raw
 
 
 # Hopper's shared-memory capacities per SM (KB); the rest of the 256 KB is L1.
@@ -58,8 +41,3 @@ def compile_tvm_ffi(host: Callable[..., Any], *args: Any) -> Any:
 
     stream = make_fake_stream(use_tvm_ffi_env_stream=True)
     return cute.compile(host, *args, stream, options="--enable-tvm-ffi")
-
-
-def ptx_of(compiled: Any) -> str | None:
-    """The PTX of a compiled kernel when CUTE_DSL_KEEP includes ptx (else None)."""
-    return getattr(compiled, "__ptx__", None)

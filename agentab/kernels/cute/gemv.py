@@ -25,6 +25,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32
 
 from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from agentab.kernels.cute.mla_prep import PrepSpec, check_prep, prep_body, prep_fakes
 from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 N_SMS = 132
@@ -115,7 +116,7 @@ def plan(spec: GemvSpec) -> tuple[int, int, int]:
     return best
 
 
-def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
+def build_gemv(spec: GemvSpec, prep: PrepSpec | None = None) -> Any:
     """Trace the kernel for `spec`; returns the @cute.jit host function.
 
     With `prep` (a `mla_prep.PrepSpec`), `prep.batch` extra CTAs after the GEMV's own do the
@@ -256,8 +257,6 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
 
         return host
 
-    from agentab.kernels.cute.mla_prep import check_prep, prep_body
-
     check_prep(prep, 32 * warps)
 
     @cute.kernel
@@ -295,7 +294,7 @@ def build_gemv(spec: GemvSpec, prep: Any = None) -> Any:
     return host_prep
 
 
-def compile_gemv(spec: GemvSpec, prep: Any = None) -> Any:
+def compile_gemv(spec: GemvSpec, prep: PrepSpec | None = None) -> Any:
     """Compile once for `spec`; call as f(W, X, gamma, resid, Y, rs) with torch tensors.
 
     Unused gamma / resid / rs take any small tensor of the declared shape (see `dummy_shapes`).
@@ -311,8 +310,6 @@ def compile_gemv(spec: GemvSpec, prep: Any = None) -> Any:
         fake(Float32, (spec.m,)),
     ]
     if prep is not None:
-        from agentab.kernels.cute.mla_prep import prep_fakes
-
         args += prep_fakes(prep)
     return compile_tvm_ffi(build_gemv(spec, prep), *args)
 

@@ -1,8 +1,10 @@
-"""MLA step preparation in one small kernel: everything between the q_b projection and attention.
+"""MLA step preparation: everything between the q_b projection and attention, for one token.
 
-Per token (one CTA each): RMSNorm of the compressed kv (kv_a_layernorm), RoPE of the shared rope
-key, both written as the token's latent cache entry; RoPE of every head's q_pe into the attention
-input. The standard path spends about ten torch kernels on the same work.
+`prep_body` runs in extra CTAs of the absorbed-query GEMV (`gemv.build_gemv` with a
+`PrepSpec`), one per token, so the preparation costs no launch of its own. Per token: RMSNorm
+of the compressed kv (kv_a_layernorm), RoPE of the shared rope key, both written as the token's
+latent cache entry; RoPE of every head's q_pe into the attention input. The standard path
+spends about ten torch kernels on the same work.
 
 With `paged` the cache is a serving engine's paged one: `mCache` is one layer's
 (slots, kv_width) slots and `mPos` is (2, batch) int32, row 0 the tokens' positions (for RoPE)
@@ -11,17 +13,13 @@ and row 1 the slots their entries go to (the engine's block table decides them).
 
 # No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.
 from dataclasses import dataclass
-from typing import Any
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.cute.common import compile_tvm_ffi, fake
-from agentab.kernels.cute.pdl import pdl_done, pdl_wait
-
-THREADS = 128
+from agentab.kernels.cute.common import fake
 
 
 @dataclass(frozen=True)
@@ -119,30 +117,6 @@ def check_prep(spec: PrepSpec, nthreads: int) -> None:
         raise ValueError(f"kv_lora must be a multiple of the {nthreads} threads")
 
 
-def build_prep(spec: PrepSpec) -> Any:
-    check_prep(spec, THREADS)
-
-    @cute.kernel
-    def kernel(mQkv: cute.Tensor, mQ: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,
-               mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor):  # fmt: skip
-        tidx, _, _ = cute.arch.thread_idx()
-        b, _, _ = cute.arch.block_idx()
-        alloc = cutlass.memory.SmemAllocator()
-        red = alloc.allocate_tensor(Float32, cute.make_layout(THREADS // 32), byte_alignment=16)
-        pdl_wait()
-        prep_body(spec, THREADS, b, tidx, mQkv, mQ, mPos, mNorm, mCS, mCache, mQpe, red)
-        pdl_done()
-
-    @cute.jit
-    def host(mQkv: cute.Tensor, mQ: cute.Tensor, mPos: cute.Tensor, mNorm: cute.Tensor,
-             mCS: cute.Tensor, mCache: cute.Tensor, mQpe: cute.Tensor, stream):  # fmt: skip
-        kernel(mQkv, mQ, mPos, mNorm, mCS, mCache, mQpe).launch(
-            grid=[spec.batch, 1, 1], block=[THREADS, 1, 1], smem=64, stream=stream, use_pdl=True
-        )
-
-    return host
-
-
 def prep_fakes(spec: PrepSpec) -> list:
     """Fake tensors of the preparation's own arguments, in the fused GEMV's order
     (qkv, positions, kv_a_norm, cos_sin, cache, q_pe_out; q is the GEMV's input)."""
@@ -155,18 +129,3 @@ def prep_fakes(spec: PrepSpec) -> list:
         fake(BFloat16, spec.cache_shape()),
         fake(BFloat16, (b, spec.n_heads, rope)),
     ]
-
-
-def compile_prep(spec: PrepSpec) -> Any:
-    """f(qkv, q, positions, kv_a_norm, cos_sin, cache, q_pe_out) with torch tensors."""
-    b, kvl, rope = spec.batch, spec.kv_lora, spec.rope
-    return compile_tvm_ffi(
-        build_prep(spec),
-        fake(BFloat16, (b, spec.q_lora + kvl + rope)),
-        fake(BFloat16, (b, spec.n_heads * (spec.qk_nope + rope))),
-        fake(Int32, spec.positions_shape()),
-        fake(BFloat16, (kvl,)),
-        fake(Float32, (spec.max_pos, rope)),
-        fake(BFloat16, spec.cache_shape()),
-        fake(BFloat16, (b, spec.n_heads, rope)),
-    )

@@ -1,25 +1,23 @@
 """moe_up on the tensor cores: the batch > 4 variant of the specialized MoE's first kernel.
 
-The profile of the SIMT moe_up (NOTES.md) at batch 64 (ncu: 55% SM throughput, 59% of DRAM
-bandwidth) showed it issue-bound: per token and weight element it converted, multiplied and
-reduced across lanes. Here the weights sit on the MMA M side (`mma.sync.m16n8k16`, bf16 in,
-fp32 accumulate), as the issue asks for larger batches: an item is (segment of <= 8 tokens,
-block of 8 intermediate rows); A rows 0-7 are those gate rows and rows 8-15 the matching up
-rows, so one thread ends with gate and up of the same row; B columns are the segment's tokens
-(columns past its length hold a repeated token and are dropped). The 8 warps split the hidden
-dim (896 columns each, 28 steps of 32 columns; each lane streams 16 bytes of its gate row, its
-up row and its token per step, `UNROLL` steps in flight), then sum their partials in shared
-memory.
+Above batch 4 the SIMT moe_up is bound by instruction issue: per token and weight element it
+converts, multiplies and reduces across lanes. Here the weights sit on the MMA M side
+(`mma.sync.m16n8k16`, bf16 in, fp32 accumulate): an item is (segment of <= 8 tokens, block of
+8 intermediate rows); A rows 0-7 are those gate rows and rows 8-15 the matching up rows, so one
+thread ends with gate and up of the same row; B columns are the segment's tokens (columns past
+its length hold a repeated token and are dropped). The 8 warps split the hidden dim (896
+columns each, 28 steps of 32 columns; each lane streams 16 bytes of its gate row, its up row and
+its token per step, `UNROLL` steps in flight), then sum their partials in shared memory.
 
 Only the k order inside a step is ours to choose: a lane's 8 consecutive columns feed the k
 slots {2c, 2c+1, 2c+8, 2c+9} of two MMAs (c = lane % 4), and its token's chunk feeds the same
 slots of B, so each product pairs the same columns. The tokens arrive RMS-normalized (times
 gamma) in bf16, as the path's router input; the routing prologue and the work list are the SIMT
-kernel's (`moe._routing`, shared expert first), so `moe_down` reads the same lists.
+kernel's (`moe_routing.route_and_publish`, shared expert first), so `moe_down` reads the same
+lists.
 
 CTA b takes items b, b + grid, ...: at any moment the grid streams neighbouring row blocks of
-one expert (measured faster than contiguous runs per CTA, which kept a warp's token chunks in
-L1); the weights bypass L1.
+one expert; the weights bypass L1 (L1::no_allocate), which the tokens keep.
 """
 
 # No `from __future__ import annotations`: CuTe DSL evaluates kernel annotations at trace time.
@@ -30,36 +28,30 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32
 
 from agentab.kernels.cute.common import carveout_for
-from agentab.kernels.cute.moe import (
+from agentab.kernels.cute.moe_routing import (
+    N_SMS,
     SEG,
     WARPS,
     MoeSpec,
-    _route_and_publish,
-    _weight_atom,
+    route_and_publish,
     routing_smem,
     routing_smem_bytes,
     up_host,
+    weight_atom,
 )
 from agentab.kernels.cute.pdl import pdl_done, pdl_wait
 
 RB = 8  # gate rows (and as many up rows) per item: the MMA's M = 16
 STEP_COLS = 32  # columns per warp step: 4 lanes x 8
-# Plan knobs, read at trace time (scripts/gpu/explore.py times alternatives by setting them).
-# Measured, batch 64 (NOTES.md; us per layer, each against 1309.8 with unroll 7, 2 CTAs/SM,
-# contiguous runs): round-robin items 1261.4, unroll 14 with 1 CTA/SM 1268.3, unroll 4 1310.0,
-# weights through L1 1304.2. The defaults combine the two gains.
 UNROLL = 14  # steps whose loads are in flight together (divides 28)
-CTAS_PER_SM = 1
-CONTIGUOUS = False  # round robin: all CTAs stream through neighbouring row blocks together
-WEIGHTS_NO_L1 = True  # weight loads with L1::no_allocate
+CTAS_PER_SM = 1  # one CTA of 8 warps per SM, each warp with UNROLL steps of loads in flight
 
 
-def build_moe_up_mma(spec: MoeSpec, grid: int | None = None, small_list: bool = False) -> Any:
-    """Trace the tensor-core moe_up (prenormalized tokens); arguments as `moe.build_moe_up`."""
-    from agentab.kernels.cute.moe import N_SMS
-
-    grid = CTAS_PER_SM * N_SMS if grid is None else grid
-    unroll, contiguous, per_sm = UNROLL, CONTIGUOUS, CTAS_PER_SM
+def build_moe_up_mma(spec: MoeSpec) -> Any:
+    """Trace the tensor-core moe_up (prenormalized tokens), one CTA per SM; its arguments are
+    the SIMT `moe.build_moe_up`'s (`moe_routing.up_host`)."""
+    grid = CTAS_PER_SM * N_SMS
+    unroll, per_sm = UNROLL, CTAS_PER_SM
     hid, inter, k = spec.hidden, spec.inter, spec.top_k
     if SEG != 8:
         raise ValueError("the MMA's N is 8: segments of 8 tokens")
@@ -111,24 +103,13 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None, small_list: bool = 
         red = alloc.allocate_tensor(Float32, cute.make_layout(2 * red_n), byte_alignment=16)
         pdl_wait()
         outs = (mIds, mWts, mSelW, mSorted, mSegs)
-        n_seg = _route_and_publish(spec, True, m, mLogits, mBias, rsm, outs, tidx, warp, lane,
-                                   bidx, small_list)  # fmt: skip
+        n_seg = route_and_publish(spec, m, mLogits, mBias, rsm, outs, tidx, warp, lane, bidx)
         atom = cute.make_mma_atom(cute.nvgpu.warp.MmaF16BF16Op(BFloat16, Float32, (16, 8, 16)))
-        w_atom = _weight_atom(WEIGHTS_NO_L1)
+        w_atom = weight_atom(True)
         x_atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), BFloat16, num_bits_per_copy=128)
         n_items = n_seg * tiles
-        per = (n_items + grid - 1) // grid
-        lo = bidx * per
-        hi = lo + per
-        stride = 1
-        if cutlass.const_expr(not contiguous):
-            lo = bidx
-            hi = n_items
-            stride = grid
-        if hi > n_items:
-            hi = n_items
         col0 = warp * (kw // 8) + c  # in 16-byte chunks of a row
-        for item in range(lo, hi, stride):
+        for item in range(bidx, n_items, grid):
             s = item // tiles
             jb = item % tiles
             e = seg_e[s]
@@ -163,7 +144,7 @@ def build_moe_up_mma(spec: MoeSpec, grid: int | None = None, small_list: bool = 
                 for t in cutlass.range_constexpr(unroll):
                     mma_step(atom, acc, ws[t], us[t], xs[t])
             # acc: (gate row g, tokens 2c, 2c+1), (up row g, tokens 2c, 2c+1), this warp's part
-            rb = (((item - lo) // stride) % 2) * red_n
+            rb = (((item - bidx) // grid) % 2) * red_n
             for i in cutlass.range_constexpr(4):
                 red[rb + (warp * 32 + lane) * 4 + i] = acc[i]
             cute.arch.sync_threads()

@@ -7,7 +7,8 @@ The question it answers (benchmarks/kernels/NOTES.md): does a persistent design
 requested before the barrier) keep HBM busy across the dependencies well enough for the batch-1
 goal (75% of 4.3 TB/s = 56.6 us for 182.6 MB)? Plain Triton reads, no math: a ceiling.
 
-Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/persistent_read.py
+Run on the GPU machine (repo root):
+  source .gpu/setup.sh && python3 -m benchmarks.kernels.research.persistent_read
 Writes $OUT/persistent_read.json.
 """
 
@@ -22,7 +23,7 @@ import triton
 import triton.language as tl
 
 from agentab.kernels.harness import capture, time_replays
-from agentab.kernels.read_ceiling import record_row
+from benchmarks.kernels.research.read_ceiling import record_row
 
 OUT = Path(os.environ.get("OUT", "out"))
 PARTS = [30_277_632, 9_437_184, 2_097_152, 4_718_592, 2_097_152, 29_360_128, 5_505_024,

@@ -12,8 +12,8 @@ ring keeps up to `stages` x 16 KB per SM in flight, so the HBM does not see the 
 
 The phases here are plain GEMVs y_p = W_p x_p (fp32 out; x_p = the first k_p values of an
 earlier phase's output, or of the layer input): the skeleton of a persistent decode layer, and
-the measurement of what it can reach (scripts/gpu/stream_chain.py). The layer's other work
-(norms, attention, routing) would become consumer code between the same barriers.
+the measurement of what it can reach (benchmarks/kernels/research/stream_chain_run.py). The
+layer's other work (norms, attention, routing) would become consumer code between the same barriers.
 
 Grid barriers: after writing its rows of y_p, a CTA adds 1 to counter[slot, p] (release);
 consumers of phase q wait, one thread polling, until counter[slot, src_q] >= grid (acquire).
@@ -43,8 +43,9 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Float32, Int32, Int64
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
-from agentab.kernels.cute.chain_dot import consume_unit
-from agentab.kernels.cute.chain_sync import (
+from agentab.kernels.cute.common import compile_tvm_ffi, fake
+from benchmarks.kernels.research.cute.chain_dot import consume_unit
+from benchmarks.kernels.research.cute.chain_sync import (
     WATCHDOG,
     Counters,
     arrive_count,
@@ -54,7 +55,7 @@ from agentab.kernels.cute.chain_sync import (
     wait_count,
     wait_flagged,
 )
-from agentab.kernels.cute.chain_trace import (
+from benchmarks.kernels.research.cute.chain_trace import (
     CTA_STAMPS,
     TRACE_LEN,
     WATCH,
@@ -62,8 +63,7 @@ from agentab.kernels.cute.chain_trace import (
     stamp,
     stamp_position,
 )
-from agentab.kernels.cute.common import compile_tvm_ffi, fake
-from agentab.kernels.cute.flagged import l2_evict_first_policy, ld_flagged2, st_flagged
+from benchmarks.kernels.research.cute.flagged import l2_evict_first_policy, ld_flagged2, st_flagged
 
 SMEM_LIMIT = 227 * 1024  # Hopper's largest dynamic shared memory per CTA
 FRONT_EL = 128  # the prefetch front's unit: 256 bytes of weights (int32 covers 512 GB)

@@ -17,7 +17,7 @@ output after the wait, and the routed experts' addresses come from the router ke
 down kernel reads the routing before its wait, as the decode path's moe_down may, but still loads
 its routed rows after it).
 
-Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/pdl_ceiling.py
+Run on the GPU machine (repo root): source .gpu/setup.sh && python3 -m benchmarks.kernels.research.pdl_ceiling
 Writes $OUT/pdl_ceiling.json.
 """
 
@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from agentab.kernels.harness import capture, time_replays
-from agentab.kernels.read_ceiling import BLOCK, plain_read, record_row, share
+from benchmarks.kernels.research.read_ceiling import BLOCK, plain_read, record_row, share
 
 OUT = Path(os.environ.get("OUT", "out"))
 SMS = 132

@@ -15,8 +15,8 @@ import cutlass.cute as cute
 from cutlass import Int32
 from cutlass.experimental.primitives import nvvm_wrapper as nvvm
 
-from agentab.kernels.cute.chain_trace import WATCH
-from agentab.kernels.cute.flagged import ld_flagged2, ld_relaxed_kept
+from benchmarks.kernels.research.cute.chain_trace import WATCH
+from benchmarks.kernels.research.cute.flagged import ld_flagged2, ld_relaxed_kept
 
 
 @dataclass(frozen=True)

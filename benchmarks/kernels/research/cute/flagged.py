@@ -3,10 +3,10 @@
 Why: a grid barrier between two phases of a persistent kernel costs a release (the writing
 CTA's stores must be acknowledged before its arrival counts) and then a poll and a second read
 of the data, each a round trip through an L2 that a saturating weight stream keeps queued
-(several microseconds per phase, `scripts/gpu/stream_chain.py`). When every value is written
-together with the launch's flag in one 64-bit store, which is single-copy atomic, a reader that
-sees the flag also sees the value: no fence, no counter, one round trip. NCCL's LL protocol
-does the same for the same reason.
+(several microseconds per phase, `benchmarks/kernels/research/stream_chain_run.py`). When
+every value is written together with the launch's flag in one 64-bit store, which is
+single-copy atomic, a reader that sees the flag also sees the value: no fence, no counter, one
+round trip. NCCL's LL protocol does the same for the same reason.
 
 Both accesses are relaxed at GPU scope: they bypass the non-coherent L1 and the compiler keeps
 every poll. Not `.volatile`: that is system scope (LDG.STRONG.SYS), and such loads took 5-8 us

@@ -1,5 +1,5 @@
 # ruff: noqa: E501  (log lines)
-"""Measure the persistent GEMV chain (agentab/kernels/cute/stream_chain.py) on the layer's bytes.
+"""Measure the persistent GEMV chain (benchmarks/kernels/research/cute/stream_chain.py) on the layer's bytes.
 
 The question (NOTES.md): with the weight stream decoupled from the data (a producer
 warp per SM filling a shared-memory ring with bulk copies, consumers behind grid barriers), how
@@ -13,7 +13,7 @@ k >= 256), the MoE split into shared and routed halves, the routed weights gated
 checked against torch (fp32) on the kernel's own inputs; then 4 layers per CUDA graph (730 MB,
 far above L2) are timed, median of 50 replays.
 
-Run on the GPU machine (repo root): source .gpu/setup.sh && python3 scripts/gpu/stream_chain.py
+Run on the GPU machine (repo root): source .gpu/setup.sh && python3 -m benchmarks.kernels.research.stream_chain_run
 Each variant runs in its own process (LIMIT_S); writes $OUT/stream_chain_<variant>.json (the
 device tool returns at most 8 files: keep VARIANTS at 7). Run a reference in every call
 (`BEST`: 65.92 and 66.0-66.3 us; `EF4`, the best measured: 64.80 / 64.83
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from agentab.kernels.cute.chain_trace import (
+from agentab.kernels.harness import capture, time_replays
+from benchmarks.kernels.research.cute.chain_trace import (
     CTA_STAMPS,
     PROBE,
     PROBE_SAMPLES,
@@ -40,14 +41,13 @@ from agentab.kernels.cute.chain_trace import (
     TRACE_POSITIONS,
     WATCH,
 )
-from agentab.kernels.cute.stream_chain import (
+from benchmarks.kernels.research.cute.stream_chain import (
     Phase,
     compile_chain,
     counter_words,
     w_offsets,
     y_offsets,
 )
-from agentab.kernels.harness import capture, time_replays
 
 OUT = Path(os.environ.get("OUT", "out"))
 LIMIT_S = 120  # per variant
@@ -172,7 +172,11 @@ def main() -> int:
         env = dict(os.environ, CHAIN_ONE=str(vi))
         try:
             r = subprocess.run(
-                [sys.executable, __file__], env=env, timeout=LIMIT_S, capture_output=True, text=True
+                [sys.executable, "-m", __spec__.name],
+                env=env,
+                timeout=LIMIT_S,
+                capture_output=True,
+                text=True,
             )
             print(r.stdout.strip() or f"{label}: no output", flush=True)
             if r.returncode:
@@ -268,7 +272,7 @@ def one(vi: int) -> int:
 def triton_read(layers: list, per_layer: int, doc: dict, label: str) -> None:
     """The read ceiling of the same buffers: one plain Triton streaming read per launch
     buffer (the plain read kernel: each program sums a contiguous share), 2 and 8 programs/SM."""
-    from agentab.kernels.read_ceiling import plain_read
+    from benchmarks.kernels.research.read_ceiling import plain_read
 
     out = torch.empty(132 * 64, device="cuda", dtype=torch.float32)
     bufs = [lay["w"] for lay in layers]

@@ -1,8 +1,9 @@
 """`kernels bench`: per-layer time of the decode paths on the GPU, and a simulator profile.
 
-For each batch size: every path (standard-eager, standard, specialized) is captured in one CUDA graph each holding `layers` layers with
-their own weights and caches (weights read per replay far exceed L2), timed over many replays
-(median, CUDA events), and their kernels per layer counted from the profiler. Bytes are the
+For each batch size: every path (standard-eager, standard, specialized) is captured in one
+CUDA graph holding `layers` layers with their own weights and caches (weights read per replay
+far exceed L2), timed over many replays (median, CUDA events), and its kernels per layer
+counted from the profiler. Bytes are the
 fewest the step must move (`LayerConfig.step_bytes`, with the routed experts actually touched);
 the roofline fraction is bytes / time / 4.3 TB/s for the specialized path, and its speedup is
 against the faster of the two standard paths at that batch size (named in `speedup_vs`).

@@ -78,7 +78,9 @@ def mla_attention(
         paged = PagedKV(cache=cache, block_table=block_table, new_slots=slots,
                         positions_and_slots=None, block_size=block_size, max_len=max_len,
                         split_len=split_len)  # type: ignore[arg-type]  # fmt: skip
-    return mla_decode(shape, q_lat.contiguous(), q_pe.contiguous(), cache, positions, paged)  # type: ignore[arg-type]
+    # the attention kernels take any batch / head strides but a unit stride within a head
+    q_lat, q_pe = (t if t.stride(-1) == 1 else t.contiguous() for t in (q_lat, q_pe))
+    return mla_decode(shape, q_lat, q_pe, cache, positions, paged)  # type: ignore[arg-type]
 
 
 @mla_attention.register_fake

@@ -218,9 +218,7 @@ def _moe_gemm_kernel(
     offs_bn = offs_n % N  # wrapped, so B loads need no mask (the store masks)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + (pair // A_ROW_DIV).to(tl.int64)[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = (
-        b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
-    )
+    b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):

@@ -76,7 +76,8 @@ class TorchExecutor:
     ) -> None:
         """`decoder_impl` / `standard_impl`: what the specialized and the standard decode steps
         run (the manifest records both: `cute-dsl` or `cpu-torch`; `torch-compile+triton-moe`
-        for the GPU's standard decode graphs or `torch-eager`); `max_rows`: the most rows a step has (the scheduler's max_num_seqs); `graphs`: on
+        for the GPU's standard decode graphs or `torch-eager`); `max_rows`: the most rows a
+        step has (the scheduler's max_num_seqs); `graphs`: on
         the GPU, each decode path's `cuda.DecodeGraphs`, which write their sampled ids into
         `last_sampled`; `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU's
         eager steps use; `tp`: this rank's place in a tensor-parallel group, and on rank 0 the

@@ -1,9 +1,9 @@
 """Shared test setup.
 
 Tests that need an outside component (the vLLM CPU venv, the AIPerf venv, headless chromium,
-the CuTe DSL compiler) are marked. Locally they are skipped when the component is absent; in CI
-`.ci/run` sets AGENTAB_REQUIRE_<MARK>=1, and then a missing component fails the test instead, so
-CI can never pass by skipping them.
+the gpu extra: the CuTe DSL compiler and Triton) are marked. Locally they are skipped when the
+component is absent; in CI `.ci/run` sets AGENTAB_REQUIRE_<MARK>=1, and then a missing
+component fails the test instead, so CI can never pass by skipping them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Triton kernels run in Triton's interpreter on CPU tensors, which has to be switched on before
+# triton is imported (it decides at each kernel's definition); no test runs on a GPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def _vllm_python() -> str | None:
@@ -38,15 +42,16 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _cutlass_dsl() -> bool:
-    return importlib.util.find_spec("cutlass") is not None
+def _gpu_extra() -> bool:
+    """The gpu extra's compilers: the CuTe DSL (cutlass) and Triton."""
+    return all(importlib.util.find_spec(m) is not None for m in ("cutlass", "triton"))
 
 
 AVAILABLE = {
     "vllm": _vllm_python,
     "aiperf": _aiperf_python,
     "chromium": _chromium,
-    "gpu": _cutlass_dsl,
+    "gpu": _gpu_extra,
 }
 
 

@@ -1,10 +1,12 @@
-"""`kernels bench`: per-layer time of both decode paths on the GPU, and a simulator profile.
+"""`kernels bench`: per-layer time of the decode paths on the GPU, and a simulator profile.
 
-For each batch size: both paths are captured in one CUDA graph each holding `layers` layers with
-their own weights and caches (weights read per replay far exceed L2), timed over many replays
-(median, CUDA events), and their kernels per layer counted from the profiler. Bytes are the
+For each batch size: every path (standard-eager, standard, specialized) is captured in one
+CUDA graph holding `layers` layers with their own weights and caches (weights read per replay
+far exceed L2), timed over many replays (median, CUDA events), and its kernels per layer
+counted from the profiler. Bytes are the
 fewest the step must move (`LayerConfig.step_bytes`, with the routed experts actually touched);
-the roofline fraction is bytes / time / 4.3 TB/s for the specialized path.
+the roofline fraction is bytes / time / 4.3 TB/s for the specialized path, and its speedup is
+against the faster of the two standard paths at that batch size (named in `speedup_vs`).
 
 Runnable without click: `python -m agentab.kernels.bench --preset k2-tp8-shard ...`.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentab.kernels.config import HBM_ROOFLINE_BYTES_PER_S, LayerConfig, get_preset
+from agentab.kernels.paths import PATH_NAMES, STANDARD_PATHS, result_key
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -92,7 +95,8 @@ def finish_row(
     """Complete a results row from the per-path `bench_path` results in `detail`.
 
     `row` already holds `batch` and `<path>_us` / `<path>_kernels` for the paths measured;
-    adds bytes (with the experts the step touched), speedup and the roofline fractions.
+    adds bytes (with the experts the step touched), speedup and the roofline fractions. The
+    speedup is against the faster standard path (`speedup_vs` names it).
     """
     if not detail:
         return row
@@ -100,8 +104,11 @@ def finish_row(
     nbytes = cfg.step_bytes(row["batch"], context, touched_experts=touched)
     row["bytes"] = int(nbytes)
     row["touched_experts"] = touched
-    if "specialized_us" in row and "standard_us" in row:
-        row["speedup"] = round(row["standard_us"] / row["specialized_us"], 3)
+    std = {n: row[f"{result_key(n)}_us"] for n in STANDARD_PATHS if f"{result_key(n)}_us" in row}
+    if "specialized_us" in row and std:
+        best = min(std, key=lambda n: std[n])
+        row["speedup"] = round(std[best] / row["specialized_us"], 3)
+        row["speedup_vs"] = best
         row["roofline_fraction"] = round(
             nbytes / (row["specialized_us"] * 1e-6) / HBM_ROOFLINE_BYTES_PER_S, 3
         )
@@ -123,7 +130,7 @@ def run_bench(
     iters: int = 100,
     seed: int = 0,
     standard_extra: list[int] | None = None,
-    paths: tuple[str, ...] = ("standard", "specialized"),
+    paths: tuple[str, ...] = PATH_NAMES,
 ) -> dict[str, Any]:
     """Measure every batch size; returns the results document (see docs/kernels.md)."""
     import torch
@@ -144,12 +151,12 @@ def run_bench(
                 import traceback
 
                 traceback.print_exc()
-                row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:500]
+                row[f"{result_key(name)}_error"] = f"{type(exc).__name__}: {exc}"[:500]
                 continue
-            row[f"{name}_us"] = round(r["us_per_layer"], 2)
-            row[f"{name}_kernels"] = r["kernels"]
+            row[f"{result_key(name)}_us"] = round(r["us_per_layer"], 2)
+            row[f"{result_key(name)}_kernels"] = r["kernels"]
             detail[name] = r
-            _log(f"  batch {b:3d} {name:12s} {r['us_per_layer']:9.1f} us/layer "
+            _log(f"  batch {b:3d} {name:14s} {r['us_per_layer']:9.1f} us/layer "
                  f"(p10 {r['p10_us_per_layer']:.1f}, p90 {r['p90_us_per_layer']:.1f}) "
                  f"{r['kernels']} kernels, build {r['build_s']:.1f}s")  # fmt: skip
         rows.append(finish_row(cfg, context, row, detail))
@@ -173,19 +180,22 @@ def run_bench(
 
 def table(results: dict[str, Any]) -> str:
     """The short table printed last."""
-    head = f"{'batch':>5} {'standard_us':>11} {'special_us':>10} {'speedup':>7} " \
-           f"{'k_std':>5} {'k_spec':>6} {'MB':>8} {'roofline':>8}"  # fmt: skip
+    head = f"{'batch':>5} {'eager_us':>9} {'standard_us':>11} {'special_us':>10} " \
+           f"{'speedup':>7} {'vs':>14} {'k_eager':>7} {'k_std':>5} {'k_spec':>6} {'MB':>8} " \
+           f"{'roofline':>8}"  # fmt: skip
     lines = [head]
+    nan = float("nan")
     for r in results["rows"]:
         if "bytes" not in r:
             lines.append(f"{r['batch']:>5} failed: {r}")
             continue
         lines.append(
-            f"{r['batch']:>5} {r.get('standard_us', float('nan')):>11.1f} "
-            f"{r.get('specialized_us', float('nan')):>10.1f} "
-            f"{r.get('speedup', float('nan')):>7.2f} "
-            f"{r.get('standard_kernels', 0):>5} {r.get('specialized_kernels', 0):>6} "
-            f"{r['bytes'] / 1e6:>8.1f} {r.get('roofline_fraction', float('nan')):>8.2f}"
+            f"{r['batch']:>5} {r.get('standard_eager_us', nan):>9.1f} "
+            f"{r.get('standard_us', nan):>11.1f} {r.get('specialized_us', nan):>10.1f} "
+            f"{r.get('speedup', nan):>7.2f} {r.get('speedup_vs', '-'):>14} "
+            f"{r.get('standard_eager_kernels', 0):>7} {r.get('standard_kernels', 0):>5} "
+            f"{r.get('specialized_kernels', 0):>6} "
+            f"{r['bytes'] / 1e6:>8.1f} {r.get('roofline_fraction', nan):>8.2f}"
         )
     return "\n".join(lines)
 

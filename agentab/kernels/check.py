@@ -1,4 +1,4 @@
-"""`kernels check`: both decode paths against the fp32 reference at every batch size, on the GPU.
+"""`kernels check`: the decode paths against the fp32 reference at every batch size, on the GPU.
 
 For each batch size: fresh random weights' inputs and cache (ragged context lengths), the path
 captured in a CUDA graph as the bench runs it, every output buffer and the cache rows the step
@@ -18,6 +18,7 @@ from typing import Any
 
 from agentab.errors import AgentabError
 from agentab.kernels.config import get_preset
+from agentab.kernels.paths import PATH_NAMES, check_path_names
 
 
 def parse_batches(text: str) -> list[int]:
@@ -82,7 +83,7 @@ def run_check(
     w = init_weights(cfg, seed + 4242, torch.device("cuda"))
     results = []
     for b in batches:
-        for name in paths or ("standard", "specialized"):
+        for name in paths or PATH_NAMES:
             try:
                 r = check_one(name, cfg, w, b, context, seed)
             except Exception as exc:  # report and go on: one broken batch size hides no other
@@ -91,11 +92,11 @@ def run_check(
                 traceback.print_exc()
                 r = {"path": name, "batch": b, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
                 results.append(r)
-                print(f"  FAIL batch {b:3d} {name:12s} {r['error'][:200]}", flush=True)
+                print(f"  FAIL batch {b:3d} {name:14s} {r['error'][:200]}", flush=True)
                 continue
             results.append(r)
             flag = "ok " if r["ok"] else "FAIL"
-            print(f"  {flag} batch {b:3d} {name:12s} h1 {r['h1_err']:.2e} "
+            print(f"  {flag} batch {b:3d} {name:14s} h1 {r['h1_err']:.2e} "
                   f"cache {r['cache_err']:.2e} "
                   f"out {r['out_err']:.2e} w {r['weights_err']:.2e} e2e {r['e2e_err']:.2e} "
                   f"experts mismatched {r['expert_mismatches']} ties {r['tie_excused']} "
@@ -114,11 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="k2-tp8-shard")
     p.add_argument("--batch", default="1-64")
     p.add_argument("--context", type=int, default=512)
-    p.add_argument("--paths", default="standard,specialized")
+    p.add_argument("--paths", default=",".join(PATH_NAMES))
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
-    res = run_check(a.preset, parse_batches(a.batch), a.context,
-                    paths=tuple(x for x in a.paths.split(",") if x))  # fmt: skip
+    paths = tuple(x for x in a.paths.split(",") if x)
+    check_path_names(paths)
+    res = run_check(a.preset, parse_batches(a.batch), a.context, paths=paths)
     if a.out:
         Path(a.out).write_text(json.dumps(res, indent=1))
     n_fail = sum(not r["ok"] for r in res["results"])

@@ -14,6 +14,7 @@ import click
 from agentab.errors import AgentabError
 from agentab.kernels.check import parse_batches
 from agentab.kernels.config import PRESETS, get_preset
+from agentab.kernels.paths import PATH_NAMES, check_path_names
 
 
 def _need_cuda() -> None:
@@ -34,16 +35,19 @@ def kernels() -> None:
 @click.option("--preset", default="k2-tp8-shard", type=click.Choice(sorted(PRESETS)))
 @click.option("--batch", default="1-64", show_default=True, help="e.g. 1-64 or 1,2,4")
 @click.option("--context", default=512, show_default=True, type=click.IntRange(1))
-@click.option("--paths", default="standard,specialized", show_default=True)
+@click.option("--paths", default=",".join(PATH_NAMES), show_default=True,
+              help="standard (compiled, vLLM's design), standard-eager, specialized")  # fmt: skip
 @click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
 def check(preset: str, batch: str, context: int, paths: str, out: Path | None) -> None:
-    """Both paths against the fp32 reference at every batch size (exit 1 on any failure)."""
+    """Every path against the fp32 reference at every batch size (exit 1 on any failure)."""
     from agentab.kernels.check import run_check
 
     batches = parse_batches(batch)
     get_preset(preset)
+    names = tuple(p for p in paths.split(",") if p)
+    check_path_names(names)
     _need_cuda()
-    res = run_check(preset, batches, context, paths=tuple(p for p in paths.split(",") if p))
+    res = run_check(preset, batches, context, paths=names)
     if out:
         out.write_text(json.dumps(res, indent=1))
     n_fail = sum(not r["ok"] for r in res["results"])
@@ -73,7 +77,9 @@ def bench(
     out: Path,
     profile_out: Path | None,
 ) -> None:
-    """Microseconds and kernels per layer for both paths; writes results.json (and a profile)."""
+    """Microseconds and kernels per layer for every path; writes results.json (and a profile).
+
+    The specialized path's speedup is against the faster standard path at each batch size."""
     from agentab.kernels.bench import run_bench, table
     from agentab.kernels.profile_toml import write_profile
 

@@ -1,5 +1,7 @@
-"""The standard decode path: what a good general engine runs, op by op, in one CUDA graph.
+"""The eager standard decode path (`standard-eager`): a general engine's ops, one by one.
 
+The path named `standard` is this layer under torch.compile (`standard_compiled.py`), as vLLM
+runs it; this eager version stays as a reference point and runs prefill-sized MoE batches.
 It mirrors vLLM's standard DeepSeek-V3 / Kimi-K2 decode (the `auto` backend) op for op:
 
 - `F.rms_norm` (torch's fused kernel): vLLM's RMSNorm custom op.
@@ -86,9 +88,12 @@ def grouped_topk(
 
 
 class StandardPath:
-    """Modular torch ops; `step` allocates nothing on the host side and captures in a graph."""
+    """Modular torch ops, eager (`standard-eager`); `step` allocates nothing on the host side
+    and captures in a graph. `standard_compiled.CompiledStandardPath` is the same layer under
+    torch.compile (`standard`); this one stays as the reference and for prefill-sized batches."""
 
-    name = "standard"
+    name = "standard-eager"
+    impl = "torch-eager"
 
     def __init__(self, cfg: LayerConfig, weights: LayerWeights, max_position: int) -> None:
         self.cfg = cfg

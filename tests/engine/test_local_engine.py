@@ -138,6 +138,7 @@ def test_bad_options_are_named():
 def test_manifest_facts_name_the_decoder_implementation():
     facts = engine("latency_specialized").describe()
     assert facts["decoder_impl"] == "cpu-torch"
+    assert facts["standard_impl"] == "torch-eager"  # the compiled path runs on the GPU only
     assert (facts["engine"], facts["preset"], facts["num_layers"], facts["weight_sets"]) == (
         "agentab-local",
         "tiny",

@@ -130,7 +130,8 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
     )
     if kind == "cpu":
         executor = TorchExecutor(cfg, weights, cache, device=device, dtype=dtype,
-                                 decoder_impl="cpu-torch", max_rows=max_num_seqs, tp=group,
+                                 decoder_impl="cpu-torch", standard_impl="torch-eager",
+                                 max_rows=max_num_seqs, tp=group,
                                  workers=workers)  # fmt: skip
         gpu_name = "none (CPU)"
     else:
@@ -181,15 +182,20 @@ def _cuda_executor(
     """The GPU executor: decode graphs for every padded batch size the scheduler can form.
 
     Under `latency_specialized` the specialized decoder's graphs cover the sizes its path
-    serves (at most 64 rows); any larger pure-decode step falls back to standard graphs.
+    serves (at most 64 rows); any larger pure-decode step falls back to standard graphs. The
+    standard decode graphs run the compiled standard layer (`standard_compiled`, vLLM's
+    design); prefill and mixed steps run eager, their routed experts through the eager path's
+    grouped GEMM (`standard.StandardPath.moe`).
     """
     import torch
 
     from agentab.engine.local.cuda import DecodeGraphs, graph_sizes
     from agentab.engine.local.executor import TorchExecutor
     from agentab.kernels.standard import StandardPath
+    from agentab.kernels.standard_compiled import IMPL, CompiledStandardPath
 
     standard = [StandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
+    compiled = [CompiledStandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
     rows = sched_cfg.max_num_seqs
     last_sampled = torch.zeros(max(rows, 512), dtype=torch.int64, device=device)
     sizes = graph_sizes(sched_cfg.max_num_seqs, sched_cfg.cuda_graph_max_tokens)
@@ -201,11 +207,11 @@ def _cuda_executor(
         if path_sizes:
             _say(f"capturing {path} decode graphs for batch sizes {path_sizes}")
             graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
-                                        scratch_block, standard, last_sampled)  # fmt: skip
+                                        scratch_block, compiled, last_sampled)  # fmt: skip
     _say("ready")
     return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
-                         decoder_impl="cute-dsl", max_rows=rows, graphs=graphs, grouped=standard,
-                         last_sampled=last_sampled)  # fmt: skip
+                         decoder_impl="cute-dsl", standard_impl=IMPL, max_rows=rows,
+                         graphs=graphs, grouped=standard, last_sampled=last_sampled)  # fmt: skip
 
 
 def start_ranks(tp: int, spec: dict[str, Any]) -> tuple[Any, list[Any]]:

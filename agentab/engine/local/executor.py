@@ -66,6 +66,7 @@ class TorchExecutor:
         device: torch.device,
         dtype: torch.dtype,
         decoder_impl: str,
+        standard_impl: str,
         max_rows: int,
         graphs: dict[str, Any] | None = None,
         grouped: list[Any] | None = None,
@@ -73,7 +74,10 @@ class TorchExecutor:
         tp: TPGroup | None = None,
         workers: list[Any] | None = None,
     ) -> None:
-        """`max_rows`: the most rows a step has (the scheduler's max_num_seqs); `graphs`: on
+        """`decoder_impl` / `standard_impl`: what the specialized and the standard decode steps
+        run (the manifest records both: `cute-dsl` or `cpu-torch`; `torch-compile+triton-moe`
+        for the GPU's standard decode graphs or `torch-eager`); `max_rows`: the most rows a
+        step has (the scheduler's max_num_seqs); `graphs`: on
         the GPU, each decode path's `cuda.DecodeGraphs`, which write their sampled ids into
         `last_sampled`; `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU's
         eager steps use; `tp`: this rank's place in a tensor-parallel group, and on rank 0 the
@@ -86,6 +90,7 @@ class TorchExecutor:
         self.device = device
         self.dtype = dtype
         self.decoder_impl = decoder_impl
+        self.standard_impl = standard_impl
         self.graphs = graphs or {}
         self.grouped = grouped
         self.cuda = device.type == "cuda"
@@ -222,6 +227,7 @@ class TorchExecutor:
     def describe(self) -> dict[str, Any]:
         return {
             "decoder_impl": self.decoder_impl,
+            "standard_impl": self.standard_impl,
             "device": str(self.device),
             "activation_dtype": str(self.dtype).removeprefix("torch."),
             "kv_cache_dtype": "bfloat16",

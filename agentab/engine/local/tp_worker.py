@@ -48,7 +48,8 @@ def run(spec: dict[str, Any]) -> None:
                                  int(spec["block_size"]), cfg.layer.kv_width, device)  # fmt: skip
         tp = TPGroup(rank, world)
         executor = TorchExecutor(cfg, weights, cache, device=device, dtype=torch.float32,
-                                 decoder_impl="cpu-torch", max_rows=int(spec["max_rows"]),
+                                 decoder_impl="cpu-torch",
+                                 standard_impl="torch-eager", max_rows=int(spec["max_rows"]),
                                  tp=tp)  # fmt: skip
         while True:
             msg = tp.broadcast(None)

@@ -1,0 +1,412 @@
+"""Routed experts as vLLM's fused MoE runs them: expert-aligned blocks and two Triton GEMMs.
+
+The design is vLLM's `fused_moe` (Triton), written here for this layer:
+
+1. `moe_align_block_size`: the M x top_k (token, expert) pairs are grouped by expert and each
+   expert's group padded to a multiple of BLOCK_M, so every block of BLOCK_M rows belongs to one
+   expert. Outputs: `sorted_ids` (pair index per padded row; `M * top_k` marks padding),
+   `expert_ids` (expert per block) and the padded total, all on the device (one kernel, one
+   program: no host sync, so it captures in a CUDA graph).
+2. Gate/up: one program per (block, N tile) multiplies its block's token rows with its expert's
+   gate and up rows (one block-sparse GEMM) and applies SiLU(gate) * up in the epilogue, so the
+   (pairs, inter) activation is written once, in bf16. (vLLM writes gate and up and runs a
+   separate `silu_and_mul`; fusing it saves that kernel and a round trip.)
+3. Down: the same block-sparse GEMM over the activation rows, the router weight multiplied in
+   the epilogue, written per pair: (M, top_k, hidden). The sum over the k choices is left to
+   the caller, where inductor fuses it with the shared expert and the residual add (vLLM's
+   `moe_sum` kernel does it alone).
+
+Each touched expert's weights are read once per N tile, by the programs of its blocks; an expert
+no token chose is never read. Tile shapes come per number of tokens M from a JSON file per
+(experts, intermediate size, device), as vLLM's tuned configs do (`moe_configs/`); shapes with no
+file use `default_config`.
+
+On CUDA tensors the kernels are compiled by Triton. On CPU tensors they run only in Triton's
+interpreter (TRITON_INTERPRET=1 before triton is imported: what the CPU tests do), whose bf16
+`tl.dot` is patched to compute on the values rather than their bit patterns
+(`_patch_interpreter`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from agentab.errors import AgentabError
+
+CONFIG_DIR = Path(__file__).with_name("moe_configs")
+SMEM_LIMIT_BYTES = 227 * 1024  # H100 / H200 shared memory per block (opt-in maximum)
+TAIL_CHUNK = 16  # pairs (or blocks) the alignment kernel handles per step of its loops
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """One GEMM's tile shape and launch options (vLLM's config keys)."""
+
+    BLOCK_SIZE_M: int
+    BLOCK_SIZE_N: int
+    BLOCK_SIZE_K: int
+    GROUP_SIZE_M: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def smem_bytes(self, gated: bool) -> int:
+        """Shared memory the software pipeline needs: A and B (two B tiles when gated) tiles
+        of bf16 per stage."""
+        a = self.BLOCK_SIZE_M * self.BLOCK_SIZE_K
+        b = self.BLOCK_SIZE_K * self.BLOCK_SIZE_N * (2 if gated else 1)
+        return 2 * (a + b) * self.num_stages
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The gate/up GEMM's and the down GEMM's configs at one token count (same BLOCK_M)."""
+
+    up: GemmConfig
+    down: GemmConfig
+
+    def __post_init__(self) -> None:
+        if self.up.BLOCK_SIZE_M != self.down.BLOCK_SIZE_M:
+            raise AgentabError("MoE config: up and down need the same BLOCK_SIZE_M")
+
+    @property
+    def block_m(self) -> int:
+        return self.up.BLOCK_SIZE_M
+
+
+def default_config(m: int) -> MoeConfig:
+    """Tiles for shapes without a tuned file (vLLM's default rule: BLOCK_M 16 for decode)."""
+    bm = 16 if m <= 64 else (32 if m <= 256 else 64)
+    return MoeConfig(
+        up=GemmConfig(bm, 32, 64, 1, 4, 3),
+        down=GemmConfig(bm, 64, 64, 1, 4, 3),
+    )
+
+
+def config_file(n_experts: int, inter: int, device_name: str) -> Path:
+    """vLLM's naming: E=<experts>,N=<intermediate>,device_name=<name, spaces as _>.json."""
+    return CONFIG_DIR / f"E={n_experts},N={inter},device_name={device_name.replace(' ', '_')}.json"
+
+
+@functools.cache
+def load_configs(path: Path) -> dict[int, MoeConfig]:
+    """{M: MoeConfig} from a config file; a malformed entry is a one-line error naming it."""
+    raw = json.loads(path.read_text())
+    out: dict[int, MoeConfig] = {}
+    for key, entry in raw.items():
+        if not key.isdigit():
+            continue  # comments and metadata
+        try:
+            cfg = MoeConfig(up=GemmConfig(**entry["up"]), down=GemmConfig(**entry["down"]))
+        except (KeyError, TypeError) as exc:
+            raise AgentabError(f"{path}: entry {key!r}: {exc}") from None
+        for name, gemm, gated in (("up", cfg.up, True), ("down", cfg.down, False)):
+            if gemm.smem_bytes(gated) > SMEM_LIMIT_BYTES:
+                raise AgentabError(
+                    f"{path}: entry {key!r} {name}: {gemm.smem_bytes(gated)} bytes of shared "
+                    f"memory over the {SMEM_LIMIT_BYTES} a block may have"
+                )
+        out[int(key)] = cfg
+    if not out:
+        raise AgentabError(f"{path}: no entries keyed by token count")
+    return out
+
+
+def get_config(m: int, n_experts: int, inter: int, device_name: str | None) -> MoeConfig:
+    """The config for M tokens: the file's entry whose M is nearest (vLLM's rule), else the
+    default."""
+    path = config_file(n_experts, inter, device_name) if device_name else None
+    if path is None or not path.is_file():
+        return default_config(m)
+    table = load_configs(path)
+    return table[min(table, key=lambda k: abs(k - m))]
+
+
+def max_padded_rows(pairs: int, n_experts: int, block_m: int) -> int:
+    """The most padded rows the alignment can produce: every expert's group padded up, but
+    never more blocks than pairs (vLLM's bound, so batch 1 launches 8 blocks, not 384)."""
+    return min(pairs + n_experts * (block_m - 1), pairs * block_m)
+
+
+# -- kernels ---------------------------------------------------------------------------------
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr, sorted_ptr, expert_ptr, total_ptr, n_pairs, n_blocks,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+):  # fmt: skip
+    """One program: per-expert counts, padded starts, each pair's row, padding, block experts.
+
+    A pair's row is its expert's padded start plus the pairs of the same expert before it (so
+    rows keep pair order within an expert); a row is padding when it lies past its expert's
+    count. Every row is written exactly once (pairs and padding are disjoint), so no barrier is
+    needed between the loops.
+    """
+    offs_e = tl.arange(0, E_PAD)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for t0 in range(0, n_pairs, CHUNK):
+        offs_t = t0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs_t, mask=offs_t < n_pairs, other=E_PAD)
+        counts += tl.sum((ids[:, None] == offs_e[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    tl.store(total_ptr, total)
+    seen = tl.zeros([E_PAD], dtype=tl.int32)
+    for t0 in range(0, n_pairs, CHUNK):
+        offs_t = t0 + tl.arange(0, CHUNK)
+        ids = tl.load(ids_ptr + offs_t, mask=offs_t < n_pairs, other=E_PAD)
+        hit = (ids[:, None] == offs_e[None, :]).to(tl.int32)
+        before = tl.cumsum(hit, axis=0) - hit
+        row = tl.sum(hit * (starts[None, :] + seen[None, :] + before), axis=1)
+        tl.store(sorted_ptr + row, offs_t, mask=offs_t < n_pairs)
+        seen += tl.sum(hit, axis=0)
+    offs_r = tl.arange(0, BLOCK_M)
+    for b0 in range(0, n_blocks, CHUNK):
+        offs_b = b0 + tl.arange(0, CHUNK)
+        first = offs_b * BLOCK_M
+        # the block's expert: how many experts' padded groups end at or before its first row
+        expert = tl.sum((ends[None, :] <= first[:, None]).to(tl.int32), axis=1)
+        live = first < total
+        tl.store(expert_ptr + offs_b, tl.where(live, expert, -1), mask=offs_b < n_blocks)
+        own = (expert[:, None] == offs_e[None, :]).to(tl.int32)
+        used = tl.sum(own * (starts[None, :] + counts[None, :]), axis=1)  # end of real rows
+        rows = first[:, None] + offs_r[None, :]
+        pad = (rows >= used[:, None]) & live[:, None] & (offs_b < n_blocks)[:, None]
+        tl.store(sorted_ptr + rows, tl.zeros_like(rows) + n_pairs, mask=pad)
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, w_ptr, sorted_ptr, expert_ptr, total_ptr,
+    N, K, n_pairs, max_rows,
+    stride_am, stride_be, stride_bn, stride_bk, stride_cm,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):  # fmt: skip
+    """C[pair, n] = A[pair // A_ROW_DIV] . B[expert(pair), n] over the expert-aligned blocks.
+
+    GATED: B holds [gate; up] rows (2N of them); the program multiplies its N tile of both and
+    writes SiLU(gate) * up. MUL_WEIGHT: the row's router weight multiplies the result. Padding
+    rows load zeros and store nothing; blocks past the padded total return at once.
+    """
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(max_rows, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    group = GROUP_SIZE_M * num_pid_n
+    first_m = (pid // group) * GROUP_SIZE_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_SIZE_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+    if pid_m * BLOCK_SIZE_M >= tl.load(total_ptr):
+        return
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    pair = tl.load(sorted_ptr + offs_m)
+    valid = pair < n_pairs
+    expert = tl.load(expert_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_bn = offs_n % N  # wrapped, so B loads need no mask (the store masks)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + (pair // A_ROW_DIV).to(tl.int64)[:, None] * stride_am + offs_k[None, :]
+    b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        k_left = K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=valid[:, None] & (offs_k[None, :] < k_left), other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        acc += tl.dot(a, b)
+        if GATED:
+            b_up = tl.load(b_ptrs + N * stride_bn, mask=offs_k[:, None] < k_left, other=0.0)
+            acc_up += tl.dot(a, b_up)
+        a_ptrs += BLOCK_SIZE_K
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    if GATED:
+        acc = acc * tl.sigmoid(acc) * acc_up
+    if MUL_WEIGHT:
+        acc = acc * tl.load(w_ptr + pair, mask=valid, other=0.0)[:, None]
+    c_ptrs = c_ptr + pair.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n[None, :] < N))
+
+
+def _patch_interpreter() -> None:
+    """Two fixes to Triton 3.6's interpreter (CPU tests only; compiled kernels are untouched).
+
+    - bf16 `tl.dot`: the interpreter keeps bf16 values as their uint16 bit patterns (numpy has
+      no bf16) and its dot multiplied those integers (a dot of N(0,1) values came out ~1e10).
+      Widening bf16 to fp32 is exact (the bits shifted up by 16), so the patched dot computes
+      what the GPU's bf16 MMA with fp32 accumulation does, up to summation order.
+    - fp32 -> bf16 casts truncated; the GPU rounds to nearest even, and so does the patch (a
+      truncated activation and output made a 0.7% error against an fp32 reference that
+      rounding to nearest brings to the bf16 floor).
+    - Scalar kernel arguments are 1-element arrays, which `int()` refuses from numpy 2.4 on, so
+      a loop bounded by one (`range(0, n, step)`) failed; `__index__` reads the element.
+    """
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "widens_bf16", False):
+        return
+    original_dot = builder.create_dot
+    original_cast = builder.cast_impl
+    original_tensor_patch = interpreter._patch_lang_tensor
+
+    def widen(h: Any) -> Any:
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        bits = h.data.astype(np.uint32) << np.uint32(16)
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # type: ignore[no-untyped-def]
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    def cast_impl(self, src, dst_type):  # type: ignore[no-untyped-def]
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = src.data.astype(np.float32).view(np.uint32)
+            bits = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+            return interpreter.TensorHandle((bits >> np.uint32(16)).astype(np.uint16), tl.bfloat16)
+        return original_cast(self, src, dst_type)
+
+    def patch_lang_tensor(tensor, scope):  # type: ignore[no-untyped-def]
+        original_tensor_patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    create_dot.widens_bf16 = True  # type: ignore[attr-defined]
+    builder.create_dot = create_dot
+    builder.cast_impl = cast_impl
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+if triton.knobs.runtime.interpret:
+    _patch_interpreter()
+
+
+def _check_device(t: torch.Tensor) -> None:
+    """CPU tensors run only in Triton's interpreter, which must be on before triton loads."""
+    if not t.is_cuda and not triton.knobs.runtime.interpret:
+        raise AgentabError(
+            "the Triton MoE kernels got CPU tensors: they need a CUDA device, or "
+            "TRITON_INTERPRET=1 in the environment before triton is imported"
+        )
+
+
+def _device_name(t: torch.Tensor) -> str | None:
+    return torch.cuda.get_device_name(t.device) if t.is_cuda else None
+
+
+# -- host side ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Alignment:
+    """What `moe_align_block_size` leaves on the device for the GEMMs."""
+
+    sorted_ids: torch.Tensor  # (max_rows,) int32: pair index per padded row, n_pairs = padding
+    expert_ids: torch.Tensor  # (max_rows // block_m,) int32: expert per block, -1 past the end
+    total: torch.Tensor  # (1,) int32: padded rows in use
+    max_rows: int
+    block_m: int
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, n_experts: int, block_m: int) -> Alignment:
+    """Group the (token, expert) pairs by expert in blocks of `block_m` rows (one kernel)."""
+    pairs = topk_ids.numel()
+    max_rows = max_padded_rows(pairs, n_experts, block_m)
+    n_blocks = triton.cdiv(max_rows, block_m)
+    dev = topk_ids.device
+    sorted_ids = torch.empty(n_blocks * block_m, dtype=torch.int32, device=dev)
+    expert_ids = torch.empty(n_blocks, dtype=torch.int32, device=dev)
+    total = torch.empty(1, dtype=torch.int32, device=dev)
+    _check_device(topk_ids)
+    _align_kernel[(1,)](
+        topk_ids.reshape(-1).to(torch.int32), sorted_ids, expert_ids, total, pairs, n_blocks,
+        E_PAD=triton.next_power_of_2(n_experts + 1), BLOCK_M=block_m, CHUNK=TAIL_CHUNK,
+        num_warps=8,  # [16, 512] int32 tiles: 8 warps keep them in registers
+    )  # fmt: skip
+    return Alignment(sorted_ids, expert_ids, total, n_blocks * block_m, block_m)
+
+
+def _gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    al: Alignment,
+    n: int,
+    cfg: GemmConfig,
+    *,
+    a_row_div: int,
+    gated: bool,
+    weights: torch.Tensor | None,
+) -> None:
+    _check_device(a)
+    k = a.shape[1]
+    grid = (triton.cdiv(al.max_rows, cfg.BLOCK_SIZE_M) * triton.cdiv(n, cfg.BLOCK_SIZE_N),)
+    _moe_gemm_kernel[grid](
+        a, b, out, weights if weights is not None else out, al.sorted_ids, al.expert_ids,
+        al.total, n, k, a.shape[0] * a_row_div, al.max_rows,
+        a.stride(0), b.stride(0), b.stride(1), b.stride(2), out.stride(0),
+        A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=weights is not None,
+        BLOCK_SIZE_M=cfg.BLOCK_SIZE_M, BLOCK_SIZE_N=cfg.BLOCK_SIZE_N,
+        BLOCK_SIZE_K=cfg.BLOCK_SIZE_K, GROUP_SIZE_M=cfg.GROUP_SIZE_M,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def fused_experts(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    n_experts: int,
+    config: MoeConfig | None = None,
+) -> torch.Tensor:
+    """Each token's k routed expert outputs, router-weighted: (M, top_k, hidden) bf16.
+
+    hidden (M, H) bf16; w13 (>= n_experts, 2I, H) with gate rows [0, I) and up rows [I, 2I);
+    w2 (>= n_experts, H, I); topk_ids (M, k) ints < n_experts; topk_weights (M, k) fp32.
+    Three kernels: the alignment and the two GEMMs.
+    """
+    m, h = hidden.shape
+    top_k = topk_ids.shape[1]
+    inter = w13.shape[1] // 2
+    if hidden.stride(1) != 1 or w13.stride(2) != 1 or w2.stride(2) != 1:
+        raise ValueError("fused_experts: hidden and the weights need a contiguous last dim")
+    cfg = config or get_config(m, n_experts, inter, _device_name(hidden))
+    al = moe_align_block_size(topk_ids, n_experts, cfg.block_m)
+    pairs = m * top_k
+    act = torch.empty(pairs, inter, dtype=hidden.dtype, device=hidden.device)
+    _gemm(hidden, w13, act, al, inter, cfg.up, a_row_div=top_k, gated=True, weights=None)
+    out = torch.empty(pairs, h, dtype=hidden.dtype, device=hidden.device)
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    _gemm(act, w2, out, al, h, cfg.down, a_row_div=1, gated=False, weights=weights)
+    return out.view(m, top_k, h)
+
+
+@torch.library.custom_op("agentab::fused_moe", mutates_args=())
+def fused_moe_op(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    n_experts: int,
+) -> torch.Tensor:
+    """`fused_experts` as an opaque op: inductor schedules around it and never traces into it."""
+    return fused_experts(hidden, w13, w2, topk_ids, topk_weights, n_experts)
+
+
+@fused_moe_op.register_fake
+def _fused_moe_fake(hidden, w13, w2, topk_ids, topk_weights, n_experts):  # type: ignore[no-untyped-def]
+    return hidden.new_empty(hidden.shape[0], topk_ids.shape[1], hidden.shape[1])

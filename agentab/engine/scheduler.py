@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentab.engine import compiled
 from agentab.engine.hashing import PrefixHashes, chain_hashes, output_ids_from_seed, prompt_seed
 from agentab.engine.kv_cache import BlockPool
 from agentab.engine.outputs import StepInputs, StepOutput
@@ -437,6 +438,9 @@ class Scheduler:
         if total == 0:
             return
         ids = self.pool.allocate(total)
+        if compiled.ENABLED:
+            compiled.fill_rows(self.block_table, self.nblocks, slots, need, ids)
+            return
         rows, cols = _ragged(slots, self.nblocks[slots], need)
         self.block_table[rows, cols] = ids
         self.nblocks[slots] += need
@@ -448,6 +452,13 @@ class Scheduler:
         being sampled by the step in flight is registered by a later step."""
         if not self.cfg.synthetic_output:
             full = np.minimum(full, self.nhashed[slots])
+        if compiled.ENABLED:
+            ids, keys = compiled.newly_full(
+                self.block_table, self.hash_table, self.ncached, slots, full.astype(_I64)
+            )
+            if len(ids):
+                self.pool.register(ids, keys)
+            return
         start = self.ncached[slots]
         count = np.maximum(full - start, 0)
         if not count.any():

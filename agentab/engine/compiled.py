@@ -115,7 +115,11 @@ def insert(
 
 @_jit
 def fill_rows(
-    block_table: np.ndarray, nblocks: np.ndarray, slots: np.ndarray, need: np.ndarray, ids: np.ndarray
+    block_table: np.ndarray,
+    nblocks: np.ndarray,
+    slots: np.ndarray,
+    need: np.ndarray,
+    ids: np.ndarray,
 ) -> None:
     """Append need[i] of `ids` (in order) to row slots[i]'s block table (Scheduler._alloc_rows)."""
     at = 0

@@ -428,9 +428,7 @@ class Engine:
         for req in finished:
             self._finish(req)
 
-    def _stream_window(
-        self, w: WindowPlan, m: int, times: list[float], reqs: list[Req]
-    ) -> None:
+    def _stream_window(self, w: WindowPlan, m: int, times: list[float], reqs: list[Req]) -> None:
         """A window's token events for the requests streamed through `generate`."""
         output_ids = self.scheduler.output_ids
         # without drafts every row emits one token per step of a window

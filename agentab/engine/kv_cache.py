@@ -112,9 +112,7 @@ class BlockPool:
         """Vectorized linear-probing insert; contested slots are resolved by writing and
         reading back (numpy keeps the last write), the losers probe on."""
         if compiled.ENABLED:
-            self._used += compiled.insert(
-                ids, keys, self._tkey, self._tblk, self.hash, self._mask
-            )
+            self._used += compiled.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
             return
         tkey, tblk, held, mask = self._tkey, self._tblk, self.hash, int(self._mask)
         pos = (keys & self._mask).astype(np.int64)

@@ -57,20 +57,29 @@ class _Channel:
 
 
 class Timeline:
-    """A request's response collected as lists (`Engine.submit`), for in-process clients.
+    """A request's response collected as arrays (`Engine.submit`), for in-process clients.
 
     Why: a client in the same process that only needs when each chunk was emitted (the replay's
-    records) need not receive one Python event per step. The engine appends each step's time and
-    token count here (a fast-forwarded window adds its times and counts in one piece) and
-    resolves `finished` with the FinalUsage at the request's end, so the client runs once per
-    request instead of once per step. The times are the same as `generate`'s events'.
+    records) need not receive one Python event per step. On a priced executor the scheduler's
+    EmissionLog holds every step's time and each slot's token count, and the request's chunks
+    are read off it as arrays when it leaves its slot; a measured executor's loop appends each
+    step here (`add_step`). `finished` resolves with the FinalUsage at the request's end, so
+    the client runs once per request instead of once per step. The times are the same as
+    `generate`'s events'.
     """
 
-    __slots__ = ("_open", "_parts", "done", "finished")
+    __slots__ = ("_open", "_parts", "_req", "_sched", "done", "finished")
 
-    def __init__(self, finished: asyncio.Future[FinalUsage]) -> None:
+    def __init__(
+        self,
+        finished: asyncio.Future[FinalUsage],
+        req: Req | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
         self.finished = finished
         self.done = False
+        self._req = req
+        self._sched = scheduler
         self._parts: list[tuple[Any, ...]] = []
         self._open: tuple[list[float], list[int]] | None = None  # the piece single steps extend
 
@@ -82,25 +91,29 @@ class Timeline:
         piece[0].append(t)
         piece[1].append(n)
 
-    def add_window(self, times: list[float], counts: list[int]) -> None:
-        """A window's step times and this request's token count at each of them."""
-        self._open = None
-        self._parts.append((times, counts))
+    def chunk_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(loop times as float64, tokens as int32) of every chunk emitted so far, in order."""
+        parts = [(np.asarray(t, np.float64), np.asarray(n, np.int32)) for t, n in self._parts]
+        req, sched = self._req, self._sched
+        if req is not None:
+            parts.extend(req.chunk_parts)
+            if req.slot >= 0 and sched is not None and sched.log is not None:
+                parts.append(sched.span(req))  # still running: what it emitted so far
+        if len(parts) == 1:
+            times, counts = parts[0]
+        elif not parts:
+            return np.zeros(0, np.float64), np.zeros(0, np.int32)
+        else:
+            times = np.concatenate([p[0] for p in parts])
+            counts = np.concatenate([p[1] for p in parts])
+        if counts.dtype != np.int32:
+            counts = counts.astype(np.int32)
+        return times, counts
 
     def chunks(self) -> tuple[list[float], list[int]]:
-        """(loop times, tokens) of every chunk emitted so far, in order."""
-        if len(self._parts) == 1:
-            times, counts = self._parts[0]
-            times, counts = list(times), list(counts)
-        else:
-            times, counts = [], []
-            for piece_times, piece_counts in self._parts:
-                times.extend(piece_times)
-                counts.extend(piece_counts)
-        if 0 in counts:  # a step that emitted nothing for this request is no chunk
-            keep = [i for i, n in enumerate(counts) if n]
-            times, counts = [times[i] for i in keep], [counts[i] for i in keep]
-        return times, counts
+        """(loop times, tokens) of every chunk emitted so far, in order, as lists."""
+        times, counts = self.chunk_arrays()
+        return times.tolist(), counts.tolist()
 
 
 class Engine:
@@ -128,6 +141,7 @@ class Engine:
         self._worker: Any = None  # the thread a measured executor's steps run in
         self._failure: BaseException | None = None  # why the step loop died, if it did
         self._channels: set[_Channel | Timeline] = set()  # open streams (woken on a failure)
+        self._streams = 0  # open `generate` streams (steps need per-row work only for these)
 
     # -- public API ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -193,6 +207,7 @@ class Engine:
         ch = _Channel()
         req.sink = ch
         self._channels.add(ch)
+        self._streams += 1
         self._wake()
         loop = asyncio.get_running_loop()
         try:
@@ -209,6 +224,7 @@ class Engine:
                 ch.waiter = None
         finally:
             self._channels.discard(ch)
+            self._streams -= 1
             if not ch.done and self._failure is None:
                 self.abort(request.request_id)
 
@@ -222,7 +238,7 @@ class Engine:
         if self._failure is not None:
             self._raise_failure()
         req = self.scheduler.add(request.request_id, request.prompt_token_ids, request.max_tokens)
-        tl = Timeline(asyncio.get_running_loop().create_future())
+        tl = Timeline(asyncio.get_running_loop().create_future(), req, self.scheduler)
         req.sink = tl
         self._channels.add(tl)
         self._wake()
@@ -292,6 +308,7 @@ class Engine:
             return
         virtual = is_virtual(loop)
         sched = self.scheduler
+        sched.collect_timelines()
         # Real clock: while busy, a step starts when the previous one was priced to end, so the
         # host's time between steps (streaming, timer lateness) does not stretch every step;
         # a host later than one step starts afresh instead of compressing the steps after it.
@@ -324,20 +341,14 @@ class Engine:
             t = loop.time() if not virtual else max(loop.time(), end)
             if self.step_observer is not None:
                 self._observe_step(plan, t0, t, self._step_rows(plan))
+            sched.log_times(np.array([t]))
             reqs, counts, finished = sched.update(plan, output)
-            for req, n in zip(reqs, counts, strict=True):
-                ch = req.sink
-                if type(ch) is Timeline:
-                    piece = ch._open  # Timeline.add_step, inlined: this runs per row and step
-                    if piece is None:
-                        piece = ch._open = ([], [])
-                        ch._parts.append(piece)
-                    piece[0].append(t)
-                    piece[1].append(n)
-                else:
-                    assert isinstance(ch, _Channel)
-                    ch.items.append(TokenEvent(t, n, sched.output_ids(req, n)))
-                    ch.wake()
+            if self._streams:
+                for req, n in zip(reqs, counts, strict=True):
+                    ch = req.sink
+                    if type(ch) is _Channel:
+                        ch.items.append(TokenEvent(t, n, sched.output_ids(req, n)))
+                        ch.wake()
             for req in finished:
                 self._finish(req)
 
@@ -405,20 +416,27 @@ class Engine:
         if delay > 0:
             await asyncio.sleep(delay)
         t_last = max(loop.time(), float(ends[m - 1]))
-        times = ends[:m].tolist()
-        times[-1] = t_last
+        step_ends = ends[:m]
+        step_ends[-1] = t_last
         if self.step_observer is not None:
-            self._observe_window(w, m, t0, times)
-        reqs, finished = self.scheduler.commit_window(w, m)
+            self._observe_window(w, m, t0, step_ends.tolist())
+        sched = self.scheduler
+        sched.log_times(step_ends)
+        reqs, finished = sched.commit_window(w, m)
+        if self._streams:
+            self._stream_window(w, m, step_ends.tolist(), reqs)
+        for req in finished:
+            self._finish(req)
+
+    def _stream_window(self, w: WindowPlan, m: int, times: list[float], reqs: list[Req]) -> None:
+        """A window's token events for the requests streamed through `generate`."""
         output_ids = self.scheduler.output_ids
         # without drafts every row emits one token per step of a window
         cols = [[1] * m] * len(reqs) if w.q == 1 else w.emitted[:m].T.tolist()
         for req, col in zip(reqs, cols, strict=True):
             ch = req.sink
-            if type(ch) is Timeline:
-                ch.add_window(times, col)
+            if type(ch) is not _Channel:
                 continue
-            assert isinstance(ch, _Channel)
             ids = output_ids(req, sum(col))
             at = 0
             events = []
@@ -428,8 +446,6 @@ class Engine:
                     at += n
             ch.items.extend(events)
             ch.wake()
-        for req in finished:
-            self._finish(req)
 
     def _finish(self, req: Req) -> None:
         ch = req.sink

@@ -23,6 +23,8 @@ from collections import deque
 
 import numpy as np
 
+from agentab.engine import compiled
+
 
 class BlockPool:
     """`num_blocks` KV blocks, their reference counts, hashes and the LRU free queue."""
@@ -57,6 +59,11 @@ class BlockPool:
         n = len(hashes)
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        if compiled.ENABLED:
+            keys = np.ascontiguousarray(hashes, dtype=np.uint64)
+            out = np.empty(n, dtype=np.int64)
+            hit = compiled.lookup_into(keys, out, self._tkey, self._tblk, self.hash, self._mask)
+            return out[:hit]
         found = self._find(np.ascontiguousarray(hashes, dtype=np.uint64))
         ok = found >= 0
         if ok.all():
@@ -104,6 +111,9 @@ class BlockPool:
     def _insert(self, ids: np.ndarray, keys: np.ndarray) -> None:
         """Vectorized linear-probing insert; contested slots are resolved by writing and
         reading back (numpy keeps the last write), the losers probe on."""
+        if compiled.ENABLED:
+            self._used += compiled.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
+            return
         tkey, tblk, held, mask = self._tkey, self._tblk, self.hash, int(self._mask)
         pos = (keys & self._mask).astype(np.int64)
         while len(keys):
@@ -137,6 +147,21 @@ class BlockPool:
             raise RuntimeError(f"allocate({n}) with only {self.num_free} free blocks")
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        if compiled.ENABLED:
+            out = np.empty(n, dtype=np.int64)
+            got = 0
+            while got < n:
+                ids, gens = self._queue[0]
+                k, head = compiled.take_live(
+                    ids, gens, self._head, self.ref, self.gen, n - got, out, got
+                )
+                got += k
+                self._entries -= head - self._head
+                self._head = head
+                if head >= len(ids):
+                    self._queue.popleft()
+                    self._head = 0
+            return self._hand_out(out)
         taken: list[np.ndarray] = []
         need = n
         while need:
@@ -157,7 +182,11 @@ class BlockPool:
             if self._head >= len(ids):
                 self._queue.popleft()
                 self._head = 0
-        out = np.concatenate(taken) if len(taken) > 1 else taken[0]
+        return self._hand_out(np.concatenate(taken) if len(taken) > 1 else taken[0])
+
+    def _hand_out(self, out: np.ndarray) -> np.ndarray:
+        """Allocated blocks: their cached hashes evicted, one reference each."""
+        n = len(out)
         held = self.hash[out] != 0
         if held.any():
             self.evictions += int(np.count_nonzero(held))

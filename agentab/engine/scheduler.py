@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentab.engine import compiled
 from agentab.engine.hashing import PrefixHashes, chain_hashes, output_ids_from_seed, prompt_seed
 from agentab.engine.kv_cache import BlockPool
 from agentab.engine.outputs import StepInputs, StepOutput
@@ -67,6 +68,7 @@ class Req:
 
     __slots__ = (
         "cached_tokens",
+        "chunk_parts",
         "finish_reason",
         "hashes",
         "id",
@@ -78,6 +80,7 @@ class Req:
         "pending_step",
         "prompt_len",
         "raw_hash",
+        "since",
         "sink",
         "slot",
         "spec_index",
@@ -96,11 +99,50 @@ class Req:
         self.cached_tokens = -1
         self.num_preemptions = 0
         self.slot = -1
+        self.since = 0  # the first logged step of its current slot (EmissionLog)
+        self.chunk_parts: list[tuple[np.ndarray, np.ndarray]] = []  # chunks of earlier slots
         self.spec_index = 0
         self.pending_row = -1  # row of the step in flight whose sampled token is this one's last
         self.pending_step = -1  # that step's number (Advance.step)
         self.finish_reason: str | None = None
         self.sink: object = None  # the engine's event channel
+
+
+class EmissionLog:
+    """Every step's end time and the tokens each slot emitted at it, for collected timelines.
+
+    Why: an in-process client needs a request's chunk times, not one Python object per token.
+    The engine logs each step's end time (`Scheduler.log_times`), the scheduler writes each
+    step's emitted counts as one row over its slots (a window as one block of rows), and a
+    request's chunks are read off its slot's column when it leaves the slot (finish,
+    preemption, abort; `Scheduler.span`), as arrays. Rows no running request can still read
+    are dropped when the buffer fills, so memory follows the longest-running request.
+    """
+
+    __slots__ = ("base", "counts", "n", "times")
+
+    def __init__(self, slots: int, rows: int = 1024) -> None:
+        self.base = 0  # step number of row 0
+        self.n = 0  # steps logged so far
+        self.times = np.zeros(rows, dtype=np.float64)
+        self.counts = np.zeros((rows, slots), dtype=np.int32)
+
+    def make_room(self, steps: int, keep_from: int, slots: int) -> None:
+        """Room for `steps` more rows and `slots` columns, keeping rows from step `keep_from`."""
+        rows, cols = self.counts.shape
+        used = self.n - self.base
+        if used + steps <= rows and slots <= cols:
+            return
+        keep = used - (keep_from - self.base)
+        size = rows
+        while keep + steps > size // 2:
+            size *= 2
+        times = np.zeros(size, dtype=np.float64)
+        counts = np.zeros((size, max(slots, cols)), dtype=np.int32)
+        lo = keep_from - self.base
+        times[:keep] = self.times[lo:used]
+        counts[:keep, :cols] = self.counts[lo:used]
+        self.times, self.counts, self.base = times, counts, keep_from
 
 
 @dataclass
@@ -182,6 +224,7 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.requests: dict[str, Req] = {}
         self.run = np.zeros(0, dtype=_I64)  # running slots in admission order
+        self.log: EmissionLog | None = None  # set by an engine that collects timelines
         self._steps_advanced = 0
         self.slot_req: list[Req | None] = []
         self._free_slots: list[int] = []
@@ -268,6 +311,37 @@ class Scheduler:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.bs)
 
+    # -- collected timelines (EmissionLog) -------------------------------------------------------
+    def collect_timelines(self) -> None:
+        """Log every step's emissions from now on (see EmissionLog); the engine then passes each
+        step's end time to `log_times` before applying the step."""
+        if self.log is None:
+            self.log = EmissionLog(self._cap)
+            for req in self.requests.values():
+                req.since = 0
+
+    def log_times(self, times: np.ndarray) -> None:
+        """The end times of the next steps to be applied (one for a step, m for a window)."""
+        log = self.log
+        assert log is not None
+        m = len(times)
+        if log.n - log.base + m > len(log.times) or self._cap > log.counts.shape[1]:
+            slot_req = self.slot_req
+            keep = min((slot_req[x].since for x in self.run.tolist()), default=log.n)  # type: ignore[union-attr]
+            log.make_room(m, keep, self._cap)
+        row = log.n - log.base
+        log.times[row : row + m] = times
+        log.n += m
+
+    def span(self, req: Req) -> tuple[np.ndarray, np.ndarray]:
+        """(end times, tokens) of the steps in which `req` emitted since it took its slot."""
+        log = self.log
+        assert log is not None and req.slot >= 0
+        lo = req.since - log.base
+        seg = log.counts[lo : log.n - log.base, req.slot]
+        nz = np.flatnonzero(seg)
+        return log.times[lo + nz], seg[nz]
+
     # -- requests ----------------------------------------------------------------------------
     def add(self, request_id: str, prompt: np.ndarray, max_tokens: int) -> Req:
         """Queue a request (validated); its block hashes cover prompt and future output."""
@@ -335,6 +409,8 @@ class Scheduler:
         """Copy a running request's progress back to its Req and free its blocks (tail first)."""
         req = self.slot_req[slot]
         assert req is not None
+        if self.log is not None:
+            req.chunk_parts.append(self.span(req))
         req.num_output = int(self.output[slot])
         req.spec_index = int(self.spec_idx[slot])
         n = int(self.nblocks[slot])
@@ -362,6 +438,9 @@ class Scheduler:
         if total == 0:
             return
         ids = self.pool.allocate(total)
+        if compiled.ENABLED:
+            compiled.fill_rows(self.block_table, self.nblocks, slots, need, ids)
+            return
         rows, cols = _ragged(slots, self.nblocks[slots], need)
         self.block_table[rows, cols] = ids
         self.nblocks[slots] += need
@@ -373,6 +452,13 @@ class Scheduler:
         being sampled by the step in flight is registered by a later step."""
         if not self.cfg.synthetic_output:
             full = np.minimum(full, self.nhashed[slots])
+        if compiled.ENABLED:
+            ids, keys = compiled.newly_full(
+                self.block_table, self.hash_table, self.ncached, slots, full.astype(_I64)
+            )
+            if len(ids):
+                self.pool.register(ids, keys)
+            return
         start = self.ncached[slots]
         count = np.maximum(full - start, 0)
         if not count.any():
@@ -504,6 +590,8 @@ class Scheduler:
                 self.counters["prefix_cache_preempted_queries"] += ntok
                 self.counters["prefix_cache_preempted_hits"] += hit_tokens
             slot = self._take_slot(req)
+            if self.log is not None:
+                req.since = self.log.n
             nh = len(req.hashes)
             self.hash_table[slot, :nh] = req.hashes
             self.block_table[slot, : len(hits)] = hits
@@ -595,6 +683,9 @@ class Scheduler:
         out = self.output[s]
         emitted = np.minimum(emitted, self.maxtok[s] - out)
         nz = np.flatnonzero(emitted)
+        log = self.log
+        if log is not None:  # this step's end time was logged last (log_times)
+            log.counts[log.n - 1 - log.base, s[nz]] = emitted[nz]
         starts = self.ntokens[s[nz]].tolist()  # where each emitting row's new tokens go
         self.output[s] = out + emitted
         self.ntokens[s] += emitted
@@ -806,6 +897,10 @@ class Scheduler:
             c["spec_decode_num_drafts"] += m * len(s)
             c["spec_decode_num_draft_tokens"] += m * len(s) * k
             c["spec_decode_num_accepted_tokens"] += int(w.accepted[:m].sum())
+        log = self.log
+        if log is not None:  # the window's m end times were logged last (log_times)
+            row = log.n - m - log.base
+            log.counts[row : row + m, s] = 1 if w.q == 1 else w.emitted[:m]
         reqs = [self.slot_req[x] for x in s.tolist()]
         fin_mask = self.output[s] >= self.maxtok[s]
         finished = self._finish(s[fin_mask]) if fin_mask.any() else []

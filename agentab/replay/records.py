@@ -67,6 +67,9 @@ _FLAT_CODES: dict[Any, str] = {pl.Float64: "d", pl.Int32: "i", pl.Int64: "q"}
 _INT_LIMITS: dict[Any, int] = {pl.Int32: 2**31, pl.Int64: 2**63}
 """List columns with these inner types are buffered flat (array typecode per inner dtype)."""
 
+_ARRAY_DTYPES = {"d": np.dtype(np.float64), "i": np.dtype(np.int32), "q": np.dtype(np.int64)}
+"""numpy dtypes whose items an `array` of the typecode holds exactly (taken as raw bytes)."""
+
 RECORDS_DIR = "records"
 METRICS_DIR = "metrics"
 _PART_RE = re.compile(r"^part-(\d+)-(\d+)\.arrow$")
@@ -107,6 +110,9 @@ class _Batch:
             items = row[name]
             if items is None:
                 flat_items.append(None)
+                continue
+            if type(items) is np.ndarray and items.dtype == _ARRAY_DTYPES[values.typecode]:
+                flat_items.append(array(values.typecode, items.tobytes()))  # exact, no boxing
                 continue
             try:  # convert first: a bad item must not leave a half-appended row behind
                 flat_items.append(array(values.typecode, items))

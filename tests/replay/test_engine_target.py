@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import numpy as np
+
 from agentab.clock import run_virtual
 from agentab.engine import build_simulator
 from agentab.replay.targets.base import Outcome, RequestSpec
@@ -30,10 +32,14 @@ def test_a_finished_request_records_every_chunk_after_its_send_time() -> None:
 
     out = run_virtual(main())
     assert out.error_class is None and out.sent == 2.0
-    assert out.completion_tokens == 50 == sum(out.chunk_tokens or [])
-    assert len(out.chunk_times) == 50  # no drafts: one token per step
-    assert out.chunk_times[0] > 0 and out.chunk_times == sorted(out.chunk_times)
-    assert out.end == out.sent + out.chunk_times[-1]
+    # the chunks come as arrays in one piece (float64 times, int32 tokens)
+    assert out.chunk_tokens is not None and out.chunk_tokens.dtype == np.int32
+    times = out.chunk_times
+    assert isinstance(times, np.ndarray) and times.dtype == np.float64
+    assert out.completion_tokens == 50 == int(out.chunk_tokens.sum())
+    assert len(times) == 50  # no drafts: one token per step
+    assert times[0] > 0 and times.tolist() == sorted(times.tolist())
+    assert out.end == out.sent + times[-1]
 
 
 def test_a_cancelled_request_keeps_the_chunks_emitted_before_the_cancel() -> None:
@@ -57,5 +63,5 @@ def test_a_cancelled_request_keeps_the_chunks_emitted_before_the_cancel() -> Non
     assert out.sent is not None
     assert 10 < len(out.chunk_times) < 100_000
     assert out.sent + out.chunk_times[-1] <= cancelled_at
-    assert out.chunk_times == sorted(out.chunk_times)
+    assert list(out.chunk_times) == sorted(out.chunk_times)
     assert running == 0

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from agentab.workloads.model import Request, Session
 
 ERROR_CLASSES: tuple[str, ...] = (
@@ -50,8 +52,10 @@ class Outcome:
 
     sent: float | None = None  # loop time just before the request left the client
     end: float | None = None  # loop time when the response ended (or failed)
-    chunk_times: list[float] = field(default_factory=list)  # seconds after `sent`
-    chunk_tokens: list[int] | None = None  # tokens per chunk when the target knows them
+    # seconds after `sent`, and tokens per chunk when the target knows them (lists as they
+    # stream, or float64 / int32 arrays from a target that gets them in one piece)
+    chunk_times: list[float] | np.ndarray = field(default_factory=list)
+    chunk_tokens: list[int] | np.ndarray | None = None
     reasoning_chunks: int | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

@@ -66,7 +66,7 @@ class EngineTarget:
         except asyncio.CancelledError:
             self.engine.abort(spec.request_id)
             if timeline is not None:  # the record keeps the chunks emitted before the cancel
-                out.chunk_times.extend([t - sent for t in timeline.chunks()[0]])
+                out.chunk_times = timeline.chunk_arrays()[0] - sent
             raise
         except Exception as exc:  # the engine refused the request (e.g. prompt too long)
             text = str(exc)
@@ -76,7 +76,7 @@ class EngineTarget:
         if timeline is None:  # refused before it was queued
             out.chunk_tokens = []
         else:
-            times, counts = timeline.chunks()
-            out.chunk_times.extend([t - sent for t in times])
+            times, counts = timeline.chunk_arrays()
+            out.chunk_times = times - sent  # arrays: the record writer takes them as they are
             out.chunk_tokens = counts
         out.end = loop.time()

@@ -61,7 +61,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
-def _router_logits(hn: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
+def router_logits(hn: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
+    """fp32 router logits, as vLLM computes them: on the GPU a bf16 GEMM with an fp32 output
+    (no fp32 copy of the gate), on the CPU in fp32."""
     if hn.is_cuda:
         return torch.mm(hn, w_gate.t(), out_dtype=torch.float32)
     return hn.float() @ w_gate.float().t()
@@ -165,7 +167,7 @@ class StandardPath:
         with torch.no_grad():
             h1 = self.attention(x, state)
             hn = F.rms_norm(h1, (cfg.hidden,), w.ffn_norm, cfg.rms_eps)
-            ids, weights = grouped_topk(cfg, _router_logits(hn, w.w_gate), w.gate_bias)
+            ids, weights = grouped_topk(cfg, router_logits(hn, w.w_gate), w.gate_bias)
             out = h1 + self.moe(hn, ids, weights)
         return StepOut(
             out=out, h1=h1, ids=ids, weights=weights, router_in=hn, router_in_normed=True

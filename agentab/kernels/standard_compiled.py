@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from agentab.kernels.attention import PagedKV, mla_decode
 from agentab.kernels.config import LayerConfig
 from agentab.kernels.reference import rope_cos_sin
-from agentab.kernels.standard import StepOut, _router_logits, grouped_topk
+from agentab.kernels.standard import StepOut, grouped_topk, router_logits
 from agentab.kernels.weights import DecodeState, LayerWeights
 
 IMPL = "torch-compile+triton-moe"  # what manifests record for this path
@@ -144,7 +144,7 @@ def decode_layer(
     o = torch.bmm(o_lat.transpose(0, 1), w_uv.transpose(1, 2))  # (nh, b, v_head)
     h1 = x + F.linear(o.transpose(0, 1).reshape(b, nh * cfg.v_head), w_o)
     hn = _rms(h1, ffn_norm, eps)  # inductor fuses the residual add into this norm
-    ids, topk_w = grouped_topk(cfg, _router_logits(hn, w_gate), gate_bias)
+    ids, topk_w = grouped_topk(cfg, router_logits(hn, w_gate), gate_bias)
     ids = ids.to(torch.int32)
     routed = torch.ops.agentab.fused_moe(hn, w13_all, w2_all, ids, topk_w, cfg.n_experts)
     shared = torch.zeros_like(hn, dtype=torch.float32)

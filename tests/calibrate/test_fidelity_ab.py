@@ -16,7 +16,7 @@ from agentab.cli import main
 from agentab.engine.profile import load_profile
 from agentab.workloads.generator import generate, load_config
 from agentab.workloads.native import dump_native
-from tests.calibrate.serving import served
+from tests.serving import served
 
 TRUTH = Path(__file__).with_name("truth.toml")
 WORKLOAD_CONFIG = Path(__file__).parents[2] / "benchmarks" / "fidelity" / "agentx-tiny.toml"

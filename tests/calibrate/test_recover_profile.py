@@ -13,7 +13,7 @@ import pytest
 
 from agentab.cli import main
 from agentab.engine.profile import load_profile
-from tests.calibrate.serving import served
+from tests.serving import served
 
 TRUTH = Path(__file__).with_name("truth.toml")
 ASSUMED = ("spec_decode.drafter_step_us", "decode.cuda_graph_max_tokens", "decode.specialized")

@@ -4,9 +4,6 @@ the client's chunk times match the server's own write times."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 from urllib.request import urlopen
@@ -20,6 +17,7 @@ from agentab.replay import ReplayOptions, replay_to_dir, run_to_dir, scan_record
 from agentab.replay.records import scan_metrics
 from agentab.replay.targets.loopback import LoopbackTarget
 from agentab.workloads.model import Request, Session, Subagent, Workload
+from tests.serving import serve_process
 
 PROFILE = "h200-tp1-kimi-shard"
 OPTS = ReplayOptions(
@@ -116,28 +114,7 @@ def test_client_chunk_times_match_server_writes(tmp_path: Path) -> None:
 def test_http_and_inprocess_agree(tmp_path: Path) -> None:
     wl = Workload(tuple(_session(i) for i in range(3)))
     opts = OPTS
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "agentab",
-            "serve",
-            "--profile",
-            PROFILE,
-            "--port",
-            "0",
-            "--record-emissions",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "listening on http://127.0.0.1:" in line, line
-        url = "http://127.0.0.1:" + line.split("127.0.0.1:")[1].split()[0]
+    with serve_process("--profile", PROFILE, "--record-emissions") as (url, _proc):
         http_dir = replay_to_dir(
             wl, url=url, replay=opts, out_dir=tmp_path / "http", progress=False
         )
@@ -147,9 +124,6 @@ def test_http_and_inprocess_agree(tmp_path: Path) -> None:
         chat_dir = replay_to_dir(
             wl, url=url, replay=chat_opts, out_dir=tmp_path / "chat", progress=False
         )
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=10)
     sim_dir = simulate_to_dir(
         wl,
         engine_options={"profile": PROFILE},

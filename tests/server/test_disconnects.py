@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import aiohttp
 import orjson
@@ -18,29 +13,11 @@ import pytest
 from agentab.engine import build_simulator
 from agentab.engine.server import EngineServer, start_server
 from agentab.replay.metrics import parse_prometheus
+from tests.serving import serve_process
 
 from .test_server import PROFILE, run, served
 
 LONG = {"max_tokens": 4000, "stream": True}
-
-
-@contextmanager
-def serve_cli(*flags: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`agentab serve` in its own process, as users run it: (url, process)."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentab", "serve", "--profile", PROFILE, "--port", "0", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        yield line.split("listening on ")[1].split()[0], proc
-    finally:
-        proc.terminate()
-        proc.communicate(timeout=10)
 
 
 async def metrics(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
@@ -69,7 +46,7 @@ async def settled(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
 
 
 def test_each_dropped_stream_is_aborted_and_logged_in_one_line() -> None:
-    with serve_cli() as (url, proc):
+    with serve_process("--profile", PROFILE) as (url, proc):
 
         async def body() -> None:
             prompts = [[k + 1, *range(2, 3000)] for k in range(8)]
@@ -152,7 +129,7 @@ def lifetime(port: int, first_bytes: bytes, limit_s: float = 10.0) -> float:
     ids=["nothing", "half-a-header"],
 )
 def test_a_connection_without_a_complete_request_is_closed(first_bytes: bytes) -> None:
-    with serve_cli("--idle-timeout", "0.5") as (url, _proc):
+    with serve_process("--profile", PROFILE, "--idle-timeout", "0.5") as (url, _proc):
         port = int(url.rsplit(":", 1)[1])
         assert lifetime(port, first_bytes) < 5.0  # closed, not held until the 10 s watch ends
 

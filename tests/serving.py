@@ -1,4 +1,5 @@
-"""`agentab serve` in a subprocess for the calibration tests (its port from the listening line)."""
+"""`agentab serve` in its own process, as users run it, for tests that need a real server
+process: its URL comes from the listening line it prints, and it is stopped on exit."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def served(*args: str) -> Iterator[str]:
+def serve_process(*args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`agentab serve ARGS --port 0`: (its URL, the process); SIGTERM on exit, then a kill."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentab", "serve", *args, "--port", "0"],
         stdout=subprocess.PIPE,
@@ -22,7 +24,7 @@ def served(*args: str) -> Iterator[str]:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, line + proc.stderr.read()
-        yield "http://127.0.0.1:" + line.split("127.0.0.1:")[1].split()[0]
+        yield "http://127.0.0.1:" + line.split("127.0.0.1:")[1].split()[0], proc
     finally:
         proc.terminate()
         try:
@@ -30,3 +32,10 @@ def served(*args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
+
+
+@contextmanager
+def served(*args: str) -> Iterator[str]:
+    """`serve_process`, when only the URL is needed."""
+    with serve_process(*args) as (url, _proc):
+        yield url

@@ -1,9 +1,9 @@
 """Capture a decode step in a CUDA graph, time its replays, count its kernels.
 
-Timing follows /work/.library/device/METHOD.md: CUDA events around each replay, warm-up first,
-the median of many replays. The graph holds several layers with their own weights, caches and
-inputs one after another (as a model's step does), so the weights one replay reads (hundreds of
-MB to GB) far exceed the 60 MB L2 and every layer's weights come from HBM.
+Timing: CUDA events around each replay, warm-up first, the median of many replays. The graph
+holds several layers with their own weights, caches and inputs one after another (as a model's
+step does), so the weights one replay reads (hundreds of MB to GB) far exceed the 60 MB L2 and
+every layer's weights come from HBM.
 """
 
 from __future__ import annotations

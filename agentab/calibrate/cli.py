@@ -216,7 +216,8 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
     click.echo(f"wrote {profile} and {report}: {summary}")
 
 
-REPLAY_FLAGS = (
+# the fidelity flags that are replay options (ReplayOptions fields of the same names)
+REPLAY_OPTIONS = (
     "concurrency",
     "passes",
     "max_requests",
@@ -226,10 +227,9 @@ REPLAY_FLAGS = (
     "idle_cap_global_s",
     "idle_cap_tree_s",
     "seed",
-    "fmt",
-    "model",
-    "b_url",
 )
+# what a replay run now takes and a recorded A/B (--ab) already has
+LIVE_ONLY = ("workload", "url", *REPLAY_OPTIONS, "fmt", "model", "b_url")
 
 
 @click.command("fidelity")
@@ -319,16 +319,8 @@ def fidelity(ctx: click.Context, **kw: Any) -> None:
         return
     if kw["workload"] is None or kw["url"] is None:
         raise AgentabError("give WORKLOAD and --url (replay now), or --ab DIR (a recorded A/B)")
-    replay = ReplayOptions(
-        concurrency=kw["concurrency"],
-        duration_s=kw["duration_s"] or None,
-        max_requests=kw["max_requests"],
-        start_window=tuple(kw["start_window"]),
-        warmup_requests=kw["warmup_requests"],
-        idle_cap_global_s=kw["idle_cap_global_s"],
-        idle_cap_tree_s=kw["idle_cap_tree_s"],
-        seed=kw["seed"],
-        passes=kw["passes"],
+    replay = ReplayOptions.from_mapping(
+        {k: kw[k] for k in REPLAY_OPTIONS} | {"duration_s": kw["duration_s"] or None}
     )
     arms = [Arm("A", kw["url"], "auto")]
     if kw["b_url"]:
@@ -362,7 +354,7 @@ def _fidelity_of_recorded(
 
     given = [
         name
-        for name in ("workload", "url", *REPLAY_FLAGS)
+        for name in LIVE_ONLY
         if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
     ]
     if given:

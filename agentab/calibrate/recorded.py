@@ -23,26 +23,29 @@ from agentab.calibrate.fidelity import METRICS, ab_ratio, compare
 from agentab.errors import AgentabError
 
 
-def recorded_runs(ab_dir: Path) -> dict[str, list[Path]]:
-    """Arm name -> its completed run dirs, in repeat order, from an `agentab ab` dir."""
+def recorded_runs(ab_dir: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
+    """Arm name -> its completed run dirs with their manifests, in repeat order."""
     from agentab.analysis.experiment_dir import COPY, is_complete
     from agentab.analysis.load import MANIFEST, read_manifest
 
     if not (ab_dir / COPY).is_file():
         raise AgentabError(f"--ab {ab_dir}: not an `agentab ab` experiment dir (no {COPY})")
-    arms: dict[str, list[tuple[int, Path]]] = {}
-    for manifest in sorted(ab_dir.rglob(MANIFEST)):
-        run = manifest.parent
+    arms: dict[str, list[tuple[int, Path, dict[str, Any]]]] = {}
+    for path in sorted(ab_dir.rglob(MANIFEST)):
+        run = path.parent
         if not is_complete(run):
             continue
         m = read_manifest(run)
-        arms.setdefault(str(m.get("arm")), []).append((int(m.get("repeat") or 0), run))
+        arms.setdefault(str(m.get("arm")), []).append((int(m.get("repeat") or 0), run, m))
     if len(arms) != 2:
         raise AgentabError(
             f"--ab {ab_dir}: need completed runs of two arms, found {len(arms)} "
             f"({', '.join(sorted(arms)) or 'none'})"
         )
-    return {arm: [run for _, run in sorted(runs)] for arm, runs in arms.items()}
+    return {
+        arm: [(run, m) for _, run, m in sorted(runs, key=lambda r: r[:2])]
+        for arm, runs in arms.items()
+    }
 
 
 def predict_recorded(
@@ -57,7 +60,7 @@ def predict_recorded(
     from agentab.analysis.ab import load_workload
     from agentab.analysis.experiment import load_experiment
     from agentab.analysis.experiment_dir import COPY
-    from agentab.analysis.load import load_run, read_manifest
+    from agentab.analysis.load import load_run
     from agentab.analysis.summary import summarize_run
     from agentab.replay.api import simulate_to_dir
     from agentab.replay.options import ReplayOptions
@@ -79,8 +82,7 @@ def predict_recorded(
         measured: list[RunSummary] = []
         simulated: list[RunSummary] = []
         backend = None
-        for run in runs[arm]:
-            manifest = read_manifest(run)
+        for run, manifest in runs[arm]:
             backend = str(manifest.get("decode_backend"))
             replay = ReplayOptions.from_mapping(
                 manifest.get("replay") or {}, where=f"{run}/manifest.json: replay"
@@ -105,7 +107,7 @@ def predict_recorded(
         result["arms"][label] = {
             "arm": arm,
             "decode_backend": backend,
-            "runs": [str(r) for r in runs[arm]],
+            "runs": [str(run) for run, _ in runs[arm]],
             "requests": {"measured": m_values["requests_ok"], "simulated": s_values["requests_ok"]},
             "metrics": compare(m_values, s_values),
             "per_run": [
@@ -113,7 +115,7 @@ def predict_recorded(
                     "run": str(run),
                     "metrics": compare(m.values, s.values),
                 }
-                for run, m, s in zip(runs[arm], measured, simulated, strict=True)
+                for (run, _), m, s in zip(runs[arm], measured, simulated, strict=True)
             ],
         }
     result["ab"] = ab_ratio(result["arms"])

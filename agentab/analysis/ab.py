@@ -265,7 +265,7 @@ def run_experiment(
     resumed = prepare_dir(experiment, out_dir)
     started = time.monotonic()
     plan = [(repeat, arm) for repeat in range(experiment.repeats) for arm in experiment.arms]
-    todo = [(k, arm) for k, arm in plan if not is_complete(_run_dir(out_dir, arm, k))]
+    todo = [(k, arm) for k, arm in plan if not is_complete(arm_run_dir(out_dir, arm, k))]
     what = f"{_repeats(experiment.repeats)} x 2 arms"
     workload = load_workload(experiment) if todo else None
     if resumed:
@@ -287,7 +287,7 @@ def run_experiment(
                 f"same command on {out_dir} to continue"
             )
             return None
-        run_dir = _run_dir(out_dir, arm, repeat)
+        run_dir = arm_run_dir(out_dir, arm, repeat)
         clear_unfinished(run_dir)
         t0 = time.monotonic()
         path = run_arm(
@@ -303,8 +303,8 @@ def run_experiment(
         )
     a, b = experiment.arms
     comparison = compare_runs(
-        [load_run(_run_dir(out_dir, a, k)) for k in range(experiment.repeats)],
-        [load_run(_run_dir(out_dir, b, k)) for k in range(experiment.repeats)],
+        [load_run(arm_run_dir(out_dir, a, k)) for k in range(experiment.repeats)],
+        [load_run(arm_run_dir(out_dir, b, k)) for k in range(experiment.repeats)],
         resamples=experiment.resamples,
         seed=experiment.seed,
         confidence=experiment.confidence,
@@ -329,7 +329,7 @@ def run_experiment(
     return comparison, markdown
 
 
-def _run_dir(out_dir: Path, arm: Arm, repeat: int) -> Path:
+def arm_run_dir(out_dir: Path, arm: Arm, repeat: int) -> Path:
     """Where (arm, repeat) lives in the experiment dir (repeat counts from 0)."""
     return out_dir / arm.name / f"run-{repeat + 1}"
 

@@ -18,34 +18,29 @@ from typing import Any
 
 import numpy as np
 
+from agentab.analysis.experiment import Experiment
 from agentab.analysis.summary import RunSummary
 from agentab.calibrate.fidelity import METRICS, ab_ratio, compare
 from agentab.errors import AgentabError
 
 
-def recorded_runs(ab_dir: Path) -> dict[str, list[tuple[Path, dict[str, Any]]]]:
-    """Arm name -> its completed run dirs with their manifests, in repeat order."""
-    from agentab.analysis.experiment_dir import COPY, is_complete
-    from agentab.analysis.load import MANIFEST, read_manifest
+def recorded_runs(
+    ab_dir: Path, experiment: Experiment
+) -> list[tuple[str, list[tuple[Path, dict[str, Any]]]]]:
+    """Each arm (in the experiment's order) with its completed runs and their manifests, in
+    repeat order, where `agentab ab` puts them."""
+    from agentab.analysis.ab import arm_run_dir
+    from agentab.analysis.experiment_dir import is_complete
+    from agentab.analysis.load import read_manifest
 
-    if not (ab_dir / COPY).is_file():
-        raise AgentabError(f"--ab {ab_dir}: not an `agentab ab` experiment dir (no {COPY})")
-    arms: dict[str, list[tuple[int, Path, dict[str, Any]]]] = {}
-    for path in sorted(ab_dir.rglob(MANIFEST)):
-        run = path.parent
-        if not is_complete(run):
-            continue
-        m = read_manifest(run)
-        arms.setdefault(str(m.get("arm")), []).append((int(m.get("repeat") or 0), run, m))
-    if len(arms) != 2:
-        raise AgentabError(
-            f"--ab {ab_dir}: need completed runs of two arms, found {len(arms)} "
-            f"({', '.join(sorted(arms)) or 'none'})"
-        )
-    return {
-        arm: [(run, m) for _, run, m in sorted(runs, key=lambda r: r[:2])]
-        for arm, runs in arms.items()
-    }
+    arms = []
+    for arm in experiment.arms:
+        done = [arm_run_dir(ab_dir, arm, k) for k in range(experiment.repeats)]
+        done = [run for run in done if is_complete(run)]
+        if not done:
+            raise AgentabError(f"--ab {ab_dir}: no completed run of arm {arm.name!r}")
+        arms.append((arm.name, [(run, read_manifest(run)) for run in done]))
+    return arms
 
 
 def predict_recorded(
@@ -65,12 +60,12 @@ def predict_recorded(
     from agentab.replay.api import simulate_to_dir
     from agentab.replay.options import ReplayOptions
 
-    runs = recorded_runs(ab_dir)
+    if not (ab_dir / COPY).is_file():
+        raise AgentabError(f"--ab {ab_dir}: not an `agentab ab` experiment dir (no {COPY})")
     out_dir.mkdir(parents=True, exist_ok=True)
     experiment = load_experiment(ab_dir / COPY)
+    runs = recorded_runs(ab_dir, experiment)
     workload = load_workload(experiment)
-    # arm A is the one running auto, as in the experiment's arm order
-    order = [a.name for a in experiment.arms if a.name in runs] or sorted(runs)
     result: dict[str, Any] = {
         "ab_dir": str(ab_dir),
         "experiment": experiment.name,
@@ -78,11 +73,11 @@ def predict_recorded(
         "engine_options": engine_options,
         "arms": {},
     }
-    for label, arm in zip(("A", "B"), order, strict=True):
+    for label, (arm, arm_runs) in zip(("A", "B"), runs, strict=True):
         measured: list[RunSummary] = []
         simulated: list[RunSummary] = []
         backend = None
-        for run, manifest in runs[arm]:
+        for run, manifest in arm_runs:
             backend = str(manifest.get("decode_backend"))
             replay = ReplayOptions.from_mapping(
                 manifest.get("replay") or {}, where=f"{run}/manifest.json: replay"
@@ -107,7 +102,7 @@ def predict_recorded(
         result["arms"][label] = {
             "arm": arm,
             "decode_backend": backend,
-            "runs": [str(run) for run, _ in runs[arm]],
+            "runs": [str(run) for run, _ in arm_runs],
             "requests": {"measured": m_values["requests_ok"], "simulated": s_values["requests_ok"]},
             "metrics": compare(m_values, s_values),
             "per_run": [
@@ -115,7 +110,7 @@ def predict_recorded(
                     "run": str(run),
                     "metrics": compare(m.values, s.values),
                 }
-                for (run, _), m, s in zip(runs[arm], measured, simulated, strict=True)
+                for (run, _), m, s in zip(arm_runs, measured, simulated, strict=True)
             ],
         }
     result["ab"] = ab_ratio(result["arms"])

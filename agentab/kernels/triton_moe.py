@@ -44,6 +44,7 @@ from agentab.errors import AgentabError
 CONFIG_DIR = Path(__file__).with_name("moe_configs")
 SMEM_LIMIT_BYTES = 227 * 1024  # H100 / H200 shared memory per block (opt-in maximum)
 ALIGN_CHUNK = 64  # pairs the alignment kernel places per step (a 64 x 64 rank comparison)
+ALIGN_SMALL = 16  # up to this many pairs (batch 1-2 at top-8) it places them all in registers
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def max_padded_rows(pairs: int, n_experts: int, block_m: int) -> int:
 @triton.jit
 def _align_kernel(
     ids_ptr, sorted_ptr, expert_ptr, total_ptr, scratch_ptr, n_pairs, n_blocks, max_own_blocks,
-    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SMALL: tl.constexpr,
 ):  # fmt: skip
     """One program: per-expert counts, padded starts, each pair's row, padding, block experts.
 
@@ -153,35 +154,50 @@ def _align_kernel(
     experts are written from the experts' side. Every row and block is written once (pairs and
     padding are disjoint); the barriers order the scratch word's phases (zero, count, cursor),
     and its loads are volatile so no stale L1 line is read after an atomic.
+    SMALL (at most CHUNK pairs, batch 1-2): counts and ranks come from one chunk x experts
+    comparison in registers instead, which skips the scratch word's round trips (3.5 vs 5.0 us
+    at batch 1 on the H200; at batch 64 the comparison costs 70 us, the atomics 22).
     """
     offs_e = tl.arange(0, E_PAD)
     offs_c = tl.arange(0, CHUNK)
-    tl.store(scratch_ptr + offs_e, tl.zeros([E_PAD], dtype=tl.int32))
-    tl.debug_barrier()
-    for t0 in range(0, n_pairs, CHUNK):
-        live = t0 + offs_c < n_pairs
-        ids = tl.load(ids_ptr + t0 + offs_c, mask=live, other=0)
-        tl.atomic_add(scratch_ptr + ids, 1, mask=live)
-    tl.debug_barrier()
-    counts = tl.load(scratch_ptr + offs_e, volatile=True)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
+    if SMALL:
+        live = offs_c < n_pairs
+        ids = tl.load(ids_ptr + offs_c, mask=live, other=E_PAD)  # E_PAD: no expert's id
+        hit = (ids[:, None] == offs_e[None, :]).to(tl.int32)
+        counts = tl.sum(hit, axis=0)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        ends = tl.cumsum(padded, axis=0)
+        starts = ends - padded
+        before = tl.cumsum(hit, axis=0) - hit
+        row = tl.sum(hit * (starts[None, :] + before), axis=1)
+        tl.store(sorted_ptr + row, offs_c, mask=live)
+    else:
+        tl.store(scratch_ptr + offs_e, tl.zeros([E_PAD], dtype=tl.int32))
+        tl.debug_barrier()
+        for t0 in range(0, n_pairs, CHUNK):
+            live = t0 + offs_c < n_pairs
+            ids = tl.load(ids_ptr + t0 + offs_c, mask=live, other=0)
+            tl.atomic_add(scratch_ptr + ids, 1, mask=live)
+        tl.debug_barrier()
+        counts = tl.load(scratch_ptr + offs_e, volatile=True)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        ends = tl.cumsum(padded, axis=0)
+        starts = ends - padded
+        tl.debug_barrier()
+        tl.store(scratch_ptr + offs_e, starts)  # from here: each expert's next free row
+        tl.debug_barrier()
+        for t0 in range(0, n_pairs, CHUNK):
+            live = t0 + offs_c < n_pairs
+            ids = tl.load(ids_ptr + t0 + offs_c, mask=live, other=-1)
+            same = (ids[:, None] == ids[None, :]) & (offs_c[None, :] < offs_c[:, None])
+            before = tl.sum(same.to(tl.int32), axis=1)
+            cursor = tl.load(scratch_ptr + ids, mask=live, other=0, volatile=True)
+            tl.store(sorted_ptr + cursor + before, t0 + offs_c, mask=live)
+            tl.debug_barrier()  # every lane has read its cursor before any moves it
+            tl.atomic_add(scratch_ptr + ids, 1, mask=live)
+            tl.debug_barrier()
     total = tl.sum(padded, axis=0)
     tl.store(total_ptr, total)
-    tl.debug_barrier()
-    tl.store(scratch_ptr + offs_e, starts)  # from here: each expert's next free row
-    tl.debug_barrier()
-    for t0 in range(0, n_pairs, CHUNK):
-        live = t0 + offs_c < n_pairs
-        ids = tl.load(ids_ptr + t0 + offs_c, mask=live, other=-1)
-        same = (ids[:, None] == ids[None, :]) & (offs_c[None, :] < offs_c[:, None])
-        before = tl.sum(same.to(tl.int32), axis=1)
-        cursor = tl.load(scratch_ptr + ids, mask=live, other=0, volatile=True)
-        tl.store(sorted_ptr + cursor + before, t0 + offs_c, mask=live)
-        tl.debug_barrier()  # every lane has read its cursor before any moves it
-        tl.atomic_add(scratch_ptr + ids, 1, mask=live)
-        tl.debug_barrier()
     used = starts + counts  # end of each expert's real rows
     for j in range(0, BLOCK_M):
         tl.store(sorted_ptr + used + j, tl.zeros_like(used) + n_pairs, mask=used + j < ends)
@@ -344,11 +360,12 @@ def moe_align_block_size(topk_ids: torch.Tensor, n_experts: int, block_m: int) -
     # an expert holds at most one pair per token, so at most this many blocks
     tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else pairs
     max_own_blocks = triton.cdiv(tokens, block_m)
+    small = pairs <= ALIGN_SMALL
     _check_device(topk_ids)
     _align_kernel[(1,)](
         topk_ids.reshape(-1).to(torch.int32), sorted_ids, expert_ids, total, scratch, pairs,
-        n_blocks, max_own_blocks, E_PAD=e_pad, BLOCK_M=block_m, CHUNK=ALIGN_CHUNK,
-        num_warps=8,
+        n_blocks, max_own_blocks, E_PAD=e_pad, BLOCK_M=block_m,
+        CHUNK=ALIGN_SMALL if small else ALIGN_CHUNK, SMALL=small, num_warps=8,
     )  # fmt: skip
     return Alignment(sorted_ids, expert_ids, total, n_blocks * block_m, block_m)
 

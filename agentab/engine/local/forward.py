@@ -244,9 +244,8 @@ def decode_rows_attention(
 
     The queries are absorbed (q_lat = q_nope W_UK) and the latent output projected through W_UV
     by one batched GEMM each, as the standard decode layer does. On the GPU the latent attention
-    is the paged Triton MLA decode the CUDA graphs run (`mla_decode` over the block table), so a
-    mixed step's decode rows cost what a decode step's do; on the CPU it is
-    `latent_attention_torch`, in the step's dtype.
+    is the paged Triton MLA decode the CUDA graphs run (`mla_decode` over the block table, no
+    gather of the rows' caches); on the CPU it is `latent_attention_torch`, in the step's dtype.
     """
     dt = q_nope.dtype
     q_lat = torch.bmm(q_nope.transpose(0, 1), w.w_uk_t.to(dt).transpose(1, 2)).transpose(0, 1)

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from agentab.workloads import tokens_compiled
 from agentab.workloads.model import Request, Session
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -212,6 +213,10 @@ def _fill_from(
     n = len(out)
     start = lo * bs
     if start >= n:
+        return
+    if tokens_compiled.ENABLED:
+        last = np.uint64(hash_ids[n_blocks - 1]) if n_blocks else _NO_BLOCK
+        tokens_compiled.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size)
         return
     z = np.empty(n - start, dtype=np.uint64)
     nb = n_blocks - lo

@@ -39,9 +39,9 @@ from agentab.workloads.model import PARENT_AGENT_ID, Request, Session, Subagent,
 from agentab.workloads.source import (
     TRACE_SUFFIXES,
     first_non_space,
-    jsonl_lines,
     parse_json,
     read_bytes,
+    session_lines,
     trace_files,
 )
 
@@ -124,14 +124,14 @@ def _parse_file(data: bytes, ctx: Ctx) -> list[Session]:
         ctx.line = None
         return [_read_session(data, ctx)]
     sessions = []
-    for lineno, line in jsonl_lines(data):
+    for lineno, line in session_lines(data):
         ctx.line = lineno
         sessions.append(_read_session(line, ctx))
     ctx.line = None
     return sessions
 
 
-def _read_session(data: bytes, ctx: Ctx) -> Session:
+def _read_session(data: bytes | memoryview, ctx: Ctx) -> Session:
     """The fast reader's session, or (when it is unsure) the validating reader's verdict."""
     session = decode_session(data)
     if session is not None:

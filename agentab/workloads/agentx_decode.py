@@ -89,7 +89,7 @@ class _Session(msgspec.Struct, forbid_unknown_fields=True, gc=False):
 _DECODER = msgspec.json.Decoder(_Session)
 
 
-def decode_session(data: bytes) -> Session | None:
+def decode_session(data: bytes | memoryview) -> Session | None:
     """One AgentX session object -> Session, or None when the validating reader must decide.
 
     The result equals `agentx.parse_session(orjson.loads(data), ...)` for every input this

@@ -10,7 +10,9 @@
 # longer than one call runs as several: MAX_RUNS=N runs N more runs and stops; the same command
 # again resumes (`agentab ab` keeps completed runs). Each call archives the dir to $OUT (run dirs
 # nest too deep to come back as files); RESTORE=path.tgz unpacks such an archive first when the
-# machine is a fresh one. EXTRA_SED edits the experiment file (e.g. a longer window).
+# machine is a fresh one. EXTRA_SED edits the experiment file (e.g. a longer window); EXPERIMENT
+# names another one (default examples/local-k2-h200.toml; examples/local-k2-h200-c1.toml for
+# concurrency 1).
 #   `bash scripts/gpu/local_ab.sh calibrate` (carry [".gpu"]) instead fits a simulator profile to
 # the same engine (`agentab calibrate --engine-config`, both decode paths, the engine's own step
 # counters) and writes it with its fit report under $OUT.
@@ -35,7 +37,7 @@ mkdir -p out
 exp="out/local-k2-h200-c$c.toml"
 dir="out/ab-c$c"
 sed -e "s/^concurrency = .*/concurrency = $c/" -e "s/^name = .*/name = \"local-k2-h200-c$c\"/" \
-  ${EXTRA_SED:+-e "$EXTRA_SED"} examples/local-k2-h200.toml > "$exp"
+  ${EXTRA_SED:+-e "$EXTRA_SED"} "${EXPERIMENT:-examples/local-k2-h200.toml}" > "$exp"
 cp "$exp" "$OUT/"
 if [ ! -d "$dir" ] && [ -n "${RESTORE:-}" ]; then
   tar xzf "$RESTORE" -C out && echo "restored $dir from $RESTORE"

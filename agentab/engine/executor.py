@@ -17,8 +17,8 @@ Steps with prefill tokens run the standard path, and the mixed-step rule is addi
 part priced as above at the step's total token count (clipped at the table's end, unpadded), plus
 compute-bound prefill (tokens / (tokens_per_s_per_gpu * gpu_count)) plus causal attention FLOPs of
 the prefill chunks over their context, plus `mixed_decode_row_us` per decode row (what an engine
-that attends a mixed step's decode rows one by one pays beyond that). The drafter's cost is added to every step that has a
-decoding row when speculative decoding is on.
+that attends a mixed step's decode rows one by one pays beyond that). The drafter's cost is
+added to every step that has a decoding row when speculative decoding is on.
 """
 
 from __future__ import annotations

@@ -171,6 +171,7 @@ class Engine:
         self._failure: BaseException | None = None  # why the step loop died, if it did
         self._channels: set[_Channel | Timeline] = set()  # open streams (woken on a failure)
         self._streams = 0  # open `generate` streams (steps need per-row work only for these)
+        self._wakes = 0  # requests and aborts so far (a wake-up is not lost between two waits)
 
     # -- public API ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -317,6 +318,7 @@ class Engine:
 
     # -- the loop -----------------------------------------------------------------------------
     def _wake(self) -> None:
+        self._wakes += 1
         w = self._wakeup
         if w is not None and not w.done():
             w.set_result(None)
@@ -450,6 +452,8 @@ class Engine:
         then step k is handed out at its end, aborts are applied, and step k+2 is scheduled.
         Step k+1 starts when step k was priced to end (the device never waits for the host)."""
         sched = self.scheduler
+        assert sched.log is not None
+        sched.log.until = -np.inf  # nothing handed out yet
         ahead: _Applied | None = None
         while True:
             if self._aborts:
@@ -539,9 +543,16 @@ class Engine:
         ends = ahead.end + np.cumsum(self.executor.window_seconds(w))
         n = len(ends)
         scheduled_at = np.concatenate(([ahead.end], ends[:-1]))  # when step j+1 is scheduled
-        await self._wait(loop, float(scheduled_at[-1]))
+        wakes = self._wakes
+        await self._wait(loop, ahead.end)  # the step in flight is handed out at its end
+        handed = self._wakes == wakes  # nothing arrived before it ended
+        if handed:
+            await self._hand_out(loop, ahead)
+            if n > 1 and self._wakes == wakes:
+                await self._wait(loop, float(scheduled_at[-1]))
         m = min(int(np.searchsorted(scheduled_at, loop.time(), side="left")) + 1, n)
-        await self._hand_out(loop, ahead)
+        if not handed:
+            await self._hand_out(loop, ahead)
         resume = float(scheduled_at[m - 1])
         delay = resume - loop.time()
         if delay > 0:
@@ -616,13 +627,15 @@ class Engine:
             out.append((ch, events))
         return out
 
-    def _finish(self, req: Req) -> None:
+    def _finish(self, req: Req, undelivered: int = 0) -> None:
+        """End a request's stream; `undelivered`: tokens of steps applied ahead that it will
+        not get (it was aborted while they ran)."""
         ch = req.sink
         if ch is None:
             return
         usage = FinalUsage(
             prompt_tokens=req.prompt_len,
-            completion_tokens=req.num_output,
+            completion_tokens=req.num_output - undelivered,
             cached_tokens=max(req.cached_tokens, 0),
             finish_reason=req.finish_reason or "length",
         )
@@ -639,10 +652,24 @@ class Engine:
 
     def _apply_aborts(self) -> None:
         aborts, self._aborts = self._aborts, []
+        sched = self.scheduler
         for rid in aborts:
-            req = self.scheduler.abort(rid)
+            req = sched.requests.get(rid)
+            undelivered = self._undelivered(req) if req is not None else 0
+            req = sched.abort(rid)
             if req is not None:
-                self._finish(req)
+                self._finish(req, undelivered)
+
+    def _undelivered(self, req: Req) -> int:
+        """Tokens a request emitted in priced steps applied ahead of their end (async
+        scheduling): its collected chunks leave them out, and so does its usage if aborted."""
+        log = self.scheduler.log
+        if log is None or log.until is None:
+            return 0
+        parts = list(req.chunk_parts)
+        if req.slot >= 0:
+            parts.append(self.scheduler.span(req))
+        return sum(int(counts[times > log.until].sum()) for times, counts in parts)
 
     # -- step records (engine trace) ----------------------------------------------------------
     def _step_rows(self, plan: StepPlan) -> list[dict[str, Any]]:

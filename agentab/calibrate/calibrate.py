@@ -79,8 +79,13 @@ def calibrate(
         echo(
             f"agentab calibrate: {path} path on {f.engine} {f.version or ''} at {url} "
             f"({timing} timing): {len(load.decode)} decode phases, "
-            f"{len(load.prefill)} prefill requests"
+            f"{len(load.prefill)} prefill requests, {len(load.mixed)} mixed phases"
         )
+        if path == "standard" and not load.mixed:
+            echo(
+                "  vLLM's clock cannot time one step while others stream: no mixed phase "
+                "(--timing client times one)"
+            )
 
         def progress(i: int, n: int, what: str, path: str = path) -> None:
             echo(f"  [{path} {i}/{n}] {what}")
@@ -246,6 +251,9 @@ def _load_for(
         prefill_repeats=req.prefill_repeats if path == "standard" else 0,
         seed=req.seed,
         one_prefill_step=one_prefill_step,
+        # vLLM's histograms cannot single out the one step a mixed phase times: its /metrics
+        # answers late while it streams, so the prompt cannot be sent between two reads
+        with_mixed=not one_prefill_step,
     )
     if f.kv_blocks and f.block_size:
         need = max(p.batch * math.ceil((p.context + p.steps) / f.block_size) for p in load.decode)

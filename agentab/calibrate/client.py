@@ -111,7 +111,7 @@ class MixedMeasurement:
     new: int  # prompt tokens computed in the step
     context_tokens: float  # the decode rows' attended context in that step (sum over rows)
     client_s: float  # median over the decode rows of their gap that ends with the step
-    engine_s: float | None = None  # the step's time on the engine's clock, when exported
+    engine_s: float | None = None  # the step's time on agentab's step counters, when exported
     decode_step_s: float | None = None  # the decode steps' time subtracted from the counters
 
 
@@ -457,8 +457,7 @@ async def _mixed_phase(
     gap between the chunk before that step and the chunk of that step (their median); on
     agentab's clock, the standard path's step seconds between a poll before the prompt was
     sent and one after its first token, less the decode steps among them at the decode step
-    time of a window of the same rows just before; on vLLM's, the prompt's own prefill time
-    (scheduled to first token, engine-core timestamps)."""
+    time of a window of the same rows just before. (vLLM's clock cannot: see load.py.)"""
     where = f"mixed phase ({phase.new} prompt tokens beside {phase.rows} decode rows)"
     prompts = unique_prompts(rng, phase.rows, phase.context, vocab)
     reqs = [LoadRequest(rid("mixed-decode"), p.tolist(), phase.steps) for p in prompts]
@@ -490,15 +489,12 @@ async def _mixed_phase(
             gaps.append(float(t[i] - t[i - 1]))
         # a row attends its computed tokens and the one it runs in that step
         context += len(req.prompt) + float(k[i - 1] if i >= 1 else 0.0)
-    if not gaps:
+    if not gaps and engine_clock is None:
         raise PhaseUnusable(f"{where}: no decode row streamed that step's token on its own")
-    m = MixedMeasurement(
-        rows=phase.rows, new=phase.new, context_tokens=context, client_s=float(np.median(gaps))
-    )
+    client = float(np.median(gaps)) if gaps else float("nan")
+    m = MixedMeasurement(rows=phase.rows, new=phase.new, context_tokens=context, client_s=client)
     if engine_clock == "agentab":
         _engine_mixed(m, s0, s1, s2, where)
-    elif engine_clock == "vllm":
-        _vllm_mixed(m, s1, s2, where)
     return m
 
 
@@ -521,12 +517,3 @@ def _engine_mixed(m: MixedMeasurement, s0: Sample, s1: Sample, s2: Sample, where
     if others != 1:
         raise PhaseUnusable(f"{where}: {int(others)} steps with a prompt, not 1, around it")
     m.engine_s = delta(s1, s2, seconds) - delta(s1, s2, decode) * m.decode_step_s
-
-
-def _vllm_mixed(m: MixedMeasurement, s1: Sample, s2: Sample, where: str) -> None:
-    """The mixed step's seconds as vLLM's prefill-time histogram has the prompt's prefill."""
-    (_, a), (_, b) = s1, s2
-    count = b.get(f"{VLLM_PREFILL}_count", 0.0) - a.get(f"{VLLM_PREFILL}_count", 0.0)
-    if count != 1:
-        raise PhaseUnusable(f"{where}: vLLM recorded {int(count)} prefills around the prompt")
-    m.engine_s = b.get(f"{VLLM_PREFILL}_sum", 0.0) - a.get(f"{VLLM_PREFILL}_sum", 0.0)

@@ -80,9 +80,12 @@ def build_load(
     prefill_repeats: int = 3,
     seed: int = 0,
     one_prefill_step: bool = False,
+    with_mixed: bool = True,
 ) -> CalibrationLoad:
     """A load sized to the engine: contexts and prefill lengths fit `max_model_len`, and each
-    prefill request fits one step's token budget (so it is one step, as the fit assumes)."""
+    prefill request fits one step's token budget (so it is one step, as the fit assumes).
+    `with_mixed`: add the mixed phases (the clock that times the load can single out a step
+    while other requests stream)."""
     if not batches or any(b < 1 for b in batches) or list(batches) != sorted(set(batches)):
         raise AgentabError(f"--batches {batches}: need increasing batch sizes >= 1")
     if steps < 16:
@@ -122,7 +125,11 @@ def build_load(
     # largest decode batch, decoding at the short context
     rows = sorted({max(1, batches[-1] // 4), max(1, batches[-1] // 2), batches[-1]})
     new = min(news[1], budget - batches[-1])
-    mixed = tuple(MixedPhase(b, lo, new, steps, r) for r in range(prefill_repeats) for b in rows)
+    mixed = ()
+    if with_mixed:
+        mixed = tuple(
+            MixedPhase(b, lo, new, steps, r) for r in range(prefill_repeats) for b in rows
+        )
     return CalibrationLoad(decode, prefill, seed, mixed)
 
 

@@ -246,7 +246,8 @@ def test_allow_assumed_must_name_a_field_that_can_be_assumed() -> None:
 
 
 def test_the_load_fits_the_engine() -> None:
-    load = build_load(max_model_len=2048, block_size=128, max_num_batched_tokens=2048, steps=64)
+    sized = dict(max_model_len=2048, block_size=128, max_num_batched_tokens=2048, steps=64)
+    load = build_load(**sized)
     assert {(p.batch, p.context) for p in load.decode} == {
         (b, c) for b in (1, 2, 4, 8, 16) for c in (128, 1487)
     }
@@ -266,6 +267,7 @@ def test_the_load_fits_the_engine() -> None:
         one_prefill_step=True,
     )
     assert all(p.batch * p.context <= 2047 for p in one.decode)
+    assert build_load(**sized, with_mixed=False).mixed == ()  # vLLM's clock times no mixed step
     with pytest.raises(AgentabError, match="--contexts 10,5000"):
         build_load(
             max_model_len=2048, block_size=16, max_num_batched_tokens=None, contexts=(10, 5000)

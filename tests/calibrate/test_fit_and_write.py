@@ -272,3 +272,18 @@ def test_the_load_fits_the_engine() -> None:
         build_load(
             max_model_len=2048, block_size=16, max_num_batched_tokens=None, contexts=(10, 5000)
         )
+
+
+def test_a_refit_of_a_local_engine_report_takes_async_scheduling_from_its_device() -> None:
+    """Reports written before the engines stated async scheduling: the local engine schedules
+    one step ahead exactly on a GPU; nothing is inferred for other engines."""
+    from agentab.calibrate.facts import local_engine_schedules_ahead
+
+    for engine, device, want in (
+        ("agentab-local", "cuda", True),
+        ("agentab-local", "cpu", False),
+        ("vllm", "cuda", None),
+    ):
+        f = facts(engine=engine, device=device, async_scheduling=None, sources={})
+        local_engine_schedules_ahead(f)
+        assert f.async_scheduling is want

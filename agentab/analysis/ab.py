@@ -34,6 +34,7 @@ import orjson
 from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.experiment import Arm, Experiment
 from agentab.analysis.experiment_dir import (
+    check_same_engine_code,
     clear_unfinished,
     experiment_salt,
     is_complete,
@@ -266,6 +267,9 @@ def run_experiment(
     started = time.monotonic()
     plan = [(repeat, arm) for repeat in range(experiment.repeats) for arm in experiment.arms]
     todo = [(k, arm) for k, arm in plan if not is_complete(arm_run_dir(out_dir, arm, k))]
+    if todo:
+        done_dirs = (arm_run_dir(out_dir, arm, k) for k, arm in plan)
+        check_same_engine_code(experiment, [d for d in done_dirs if is_complete(d)])
     what = f"{_repeats(experiment.repeats)} x 2 arms"
     workload = load_workload(experiment) if todo else None
     if resumed:

@@ -59,6 +59,33 @@ def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
     return False
 
 
+def check_same_engine_code(experiment: Experiment, kept: list[Path]) -> None:
+    """Refuse to add runs to completed ones that ran other engine code.
+
+    The simulator and the local engine are this package's code, and every run's manifest
+    records its digest (`engine_source`). Resuming after that code changed would mix two
+    engines in one A/B, which the comparison guard refuses only after the missing runs have
+    spent their time; this check refuses before the first of them. Engines outside the package
+    (vLLM, any HTTP server) are compared by the guard from their own manifests.
+    """
+    if experiment.engine_kind not in ("simulator", "local") or not kept:
+        return
+    from agentab.engine.source import engine_source_digest
+
+    current = engine_source_digest()
+    for run in kept:
+        try:
+            recorded = orjson.loads((run / MANIFEST).read_bytes()).get("engine_source")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            continue  # not a completed run: it is run again anyway
+        if recorded != current:
+            raise AgentabError(
+                f"{run}: ran engine code {recorded or '(not recorded)'}, this install's is "
+                f"{current}; resuming would mix two engines in one A/B: run the code that ran "
+                "the completed runs, or start a new dir with -o NEW_DIR"
+            )
+
+
 def clear_unfinished(path: Path) -> None:
     """Remove a run dir left unfinished before it is run again."""
     if path.exists():

@@ -34,6 +34,7 @@ from agentab.analysis.ab import Log, check_before_running, load_workload, run_ar
 from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.experiment import Experiment, Sweep
 from agentab.analysis.experiment_dir import (
+    check_same_engine_code,
     clear_unfinished,
     experiment_salt,
     is_complete,
@@ -80,6 +81,9 @@ def run_sweep(
         for item in plan
         if not is_complete(run_dir(out_dir, sweep, item[0], item[2].name, item[1]))
     ]
+    if todo:
+        dirs = (run_dir(out_dir, sweep, point, arm.name, k) for point, k, arm in plan)
+        check_same_engine_code(experiment, [d for d in dirs if is_complete(d)])
     workload = load_workload(experiment) if todo else None
     what = f"{len(sweep.points)} {sweep.variable} points x {experiment.repeats} repeats x 2 arms"
     if resumed:

@@ -10,6 +10,7 @@ from agentab.engine.executor import SimExecutor
 from agentab.engine.paths import check_engine_args
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
+from agentab.engine.source import engine_source_digest
 from agentab.engine.spec_decode import SpecConfig
 from agentab.errors import AgentabError
 
@@ -79,6 +80,7 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
             "prefix_caching": True,
         },
         "seed": spec.seed,
+        "engine_source": engine_source_digest(),
     }
     return Engine(
         Scheduler(cfg),

@@ -43,7 +43,8 @@ from agentab.errors import AgentabError
 
 CONFIG_DIR = Path(__file__).with_name("moe_configs")
 SMEM_LIMIT_BYTES = 227 * 1024  # H100 / H200 shared memory per block (opt-in maximum)
-TAIL_CHUNK = 16  # pairs (or blocks) the alignment kernel handles per step of its loops
+ALIGN_CHUNK = 64  # pairs the alignment kernel places per step (a 64 x 64 rank comparison)
+ALIGN_SMALL = 16  # up to this many pairs (batch 1-2 at top-8) it places them all in registers
 
 
 @dataclass(frozen=True)
@@ -140,49 +141,75 @@ def max_padded_rows(pairs: int, n_experts: int, block_m: int) -> int:
 
 @triton.jit
 def _align_kernel(
-    ids_ptr, sorted_ptr, expert_ptr, total_ptr, n_pairs, n_blocks,
-    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr,
+    ids_ptr, sorted_ptr, expert_ptr, total_ptr, scratch_ptr, n_pairs, n_blocks, max_own_blocks,
+    E_PAD: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, SMALL: tl.constexpr,
 ):  # fmt: skip
     """One program: per-expert counts, padded starts, each pair's row, padding, block experts.
 
-    A pair's row is its expert's padded start plus the pairs of the same expert before it (so
-    rows keep pair order within an expert); a row is padding when it lies past its expert's
-    count. Every row is written exactly once (pairs and padding are disjoint), so no barrier is
-    needed between the loops.
+    Counting and placing go through a per-expert scratch word in global memory (atomic adds),
+    so the work grows with the pairs, not with pairs x experts. A pair's row is its expert's
+    padded start plus the pairs of the same expert before it (rows keep pair order within an
+    expert, so the output does not depend on scheduling): within a chunk that rank comes from a
+    chunk x chunk comparison, across chunks from the scratch cursor. Padding rows and the block
+    experts are written from the experts' side. Every row and block is written once (pairs and
+    padding are disjoint); the barriers order the scratch word's phases (zero, count, cursor),
+    and its loads are volatile so no stale L1 line is read after an atomic.
+    SMALL (at most CHUNK pairs, batch 1-2): counts and ranks come from one chunk x experts
+    comparison in registers instead, which skips the scratch word's round trips; that
+    comparison grows with pairs x experts, so larger batches take the atomic cursors.
     """
     offs_e = tl.arange(0, E_PAD)
-    counts = tl.zeros([E_PAD], dtype=tl.int32)
-    for t0 in range(0, n_pairs, CHUNK):
-        offs_t = t0 + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + offs_t, mask=offs_t < n_pairs, other=E_PAD)
-        counts += tl.sum((ids[:, None] == offs_e[None, :]).to(tl.int32), axis=0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
-    ends = tl.cumsum(padded, axis=0)
-    starts = ends - padded
+    offs_c = tl.arange(0, CHUNK)
+    if SMALL:
+        live = offs_c < n_pairs
+        ids = tl.load(ids_ptr + offs_c, mask=live, other=E_PAD)  # E_PAD: no expert's id
+        hit = (ids[:, None] == offs_e[None, :]).to(tl.int32)
+        counts = tl.sum(hit, axis=0)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        ends = tl.cumsum(padded, axis=0)
+        starts = ends - padded
+        before = tl.cumsum(hit, axis=0) - hit
+        row = tl.sum(hit * (starts[None, :] + before), axis=1)
+        tl.store(sorted_ptr + row, offs_c, mask=live)
+    else:
+        tl.store(scratch_ptr + offs_e, tl.zeros([E_PAD], dtype=tl.int32))
+        tl.debug_barrier()
+        for t0 in range(0, n_pairs, CHUNK):
+            live = t0 + offs_c < n_pairs
+            ids = tl.load(ids_ptr + t0 + offs_c, mask=live, other=0)
+            tl.atomic_add(scratch_ptr + ids, 1, mask=live)
+        tl.debug_barrier()
+        counts = tl.load(scratch_ptr + offs_e, volatile=True)
+        padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        ends = tl.cumsum(padded, axis=0)
+        starts = ends - padded
+        tl.debug_barrier()
+        tl.store(scratch_ptr + offs_e, starts)  # from here: each expert's next free row
+        tl.debug_barrier()
+        for t0 in range(0, n_pairs, CHUNK):
+            live = t0 + offs_c < n_pairs
+            ids = tl.load(ids_ptr + t0 + offs_c, mask=live, other=-1)
+            same = (ids[:, None] == ids[None, :]) & (offs_c[None, :] < offs_c[:, None])
+            before = tl.sum(same.to(tl.int32), axis=1)
+            cursor = tl.load(scratch_ptr + ids, mask=live, other=0, volatile=True)
+            tl.store(sorted_ptr + cursor + before, t0 + offs_c, mask=live)
+            tl.debug_barrier()  # every lane has read its cursor before any moves it
+            tl.atomic_add(scratch_ptr + ids, 1, mask=live)
+            tl.debug_barrier()
     total = tl.sum(padded, axis=0)
     tl.store(total_ptr, total)
-    seen = tl.zeros([E_PAD], dtype=tl.int32)
-    for t0 in range(0, n_pairs, CHUNK):
-        offs_t = t0 + tl.arange(0, CHUNK)
-        ids = tl.load(ids_ptr + offs_t, mask=offs_t < n_pairs, other=E_PAD)
-        hit = (ids[:, None] == offs_e[None, :]).to(tl.int32)
-        before = tl.cumsum(hit, axis=0) - hit
-        row = tl.sum(hit * (starts[None, :] + seen[None, :] + before), axis=1)
-        tl.store(sorted_ptr + row, offs_t, mask=offs_t < n_pairs)
-        seen += tl.sum(hit, axis=0)
-    offs_r = tl.arange(0, BLOCK_M)
-    for b0 in range(0, n_blocks, CHUNK):
-        offs_b = b0 + tl.arange(0, CHUNK)
-        first = offs_b * BLOCK_M
-        # the block's expert: how many experts' padded groups end at or before its first row
-        expert = tl.sum((ends[None, :] <= first[:, None]).to(tl.int32), axis=1)
-        live = first < total
-        tl.store(expert_ptr + offs_b, tl.where(live, expert, -1), mask=offs_b < n_blocks)
-        own = (expert[:, None] == offs_e[None, :]).to(tl.int32)
-        used = tl.sum(own * (starts[None, :] + counts[None, :]), axis=1)  # end of real rows
-        rows = first[:, None] + offs_r[None, :]
-        pad = (rows >= used[:, None]) & live[:, None] & (offs_b < n_blocks)[:, None]
-        tl.store(sorted_ptr + rows, tl.zeros_like(rows) + n_pairs, mask=pad)
+    used = starts + counts  # end of each expert's real rows
+    for j in range(0, BLOCK_M):
+        tl.store(sorted_ptr + used + j, tl.zeros_like(used) + n_pairs, mask=used + j < ends)
+    first_block = starts // BLOCK_M
+    own_blocks = padded // BLOCK_M
+    for j in range(0, max_own_blocks):
+        tl.store(expert_ptr + first_block + j, offs_e, mask=j < own_blocks)
+    live_blocks = total // BLOCK_M
+    for b0 in range(0, n_blocks, E_PAD):
+        offs_b = b0 + offs_e
+        tl.store(expert_ptr + offs_b, tl.zeros_like(offs_b) - 1,
+                 mask=(offs_b >= live_blocks) & (offs_b < n_blocks))  # fmt: skip
 
 
 @triton.jit
@@ -328,11 +355,17 @@ def moe_align_block_size(topk_ids: torch.Tensor, n_experts: int, block_m: int) -
     sorted_ids = torch.empty(n_blocks * block_m, dtype=torch.int32, device=dev)
     expert_ids = torch.empty(n_blocks, dtype=torch.int32, device=dev)
     total = torch.empty(1, dtype=torch.int32, device=dev)
+    e_pad = triton.next_power_of_2(n_experts)
+    scratch = torch.empty(e_pad, dtype=torch.int32, device=dev)
+    # an expert holds at most one pair per token, so at most this many blocks
+    tokens = topk_ids.shape[0] if topk_ids.dim() == 2 else pairs
+    max_own_blocks = triton.cdiv(tokens, block_m)
+    small = pairs <= ALIGN_SMALL
     _check_device(topk_ids)
     _align_kernel[(1,)](
-        topk_ids.reshape(-1).to(torch.int32), sorted_ids, expert_ids, total, pairs, n_blocks,
-        E_PAD=triton.next_power_of_2(n_experts + 1), BLOCK_M=block_m, CHUNK=TAIL_CHUNK,
-        num_warps=8,  # [16, 512] int32 tiles: 8 warps keep them in registers
+        topk_ids.reshape(-1).to(torch.int32), sorted_ids, expert_ids, total, scratch, pairs,
+        n_blocks, max_own_blocks, E_PAD=e_pad, BLOCK_M=block_m,
+        CHUNK=ALIGN_SMALL if small else ALIGN_CHUNK, SMALL=small, num_warps=8,
     )  # fmt: skip
     return Alignment(sorted_ids, expert_ids, total, n_blocks * block_m, block_m)
 

@@ -14,6 +14,11 @@ Stages (STAGES, comma-separated; default all):
   prefill k2-tp8-shard at full depth on the standard path with the A/B's engine options: prefill
           kernels of one 8,192-token chunk (torch profiler), throughput of one 32k prompt and of
           4 prompts of 16k (chunks of 8,192 tokens), then the decode step at that batch
+  mixed   k2-tp8-shard at full depth, the standard forward (eager) on hand-built steps over a
+          filled cache: (a) a prefill of 720 new tokens after 8,000 cached, (b) 15 decode rows
+          of contexts 4,000-16,000, (c) both in one mixed step; device time of each (CUDA
+          events, median of 7), (c)-(a) per decode row, and the decode rows' outputs in (c)
+          against (b)
 Writes $OUT/local_engine.json and prints a short table last.
 """
 
@@ -366,6 +371,115 @@ def stage_prefill() -> None:
         )
         save()
     RESULTS["prefill"] = res
+    save()
+    free(eng)
+
+
+MIXED_DECODE_CONTEXTS = np.linspace(4000, 16000, 15).round().astype(int).tolist()
+MIXED_PREFILL = (8000, 720)  # (cached, new): a new turn after a cached conversation
+
+
+def hand_step(rows: list[tuple[int, int]], bases: list[int], tokens: list[np.ndarray], eng):
+    """The StepInputs the scheduler would give for `rows` ((cached tokens, new tokens) each),
+    row i's blocks consecutive from block bases[i] and its new tokens tokens[i]."""
+    from agentab.engine.outputs import StepInputs
+
+    bs = eng.executor.cache.block_size
+    top = eng.executor.cache.num_blocks - 1
+    ctx = np.array([c + n for c, n in rows], dtype=np.int64)
+    width = int((-(-ctx // bs)).max())
+    tables = np.minimum(np.array([b + np.arange(width) for b in bases]), top).astype(np.int64)
+    new = np.array([n for _, n in rows], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(new)]).astype(np.int64)
+    row_of = np.repeat(np.arange(len(rows)), new)
+    cached = np.array([c for c, _ in rows], dtype=np.int64)
+    positions = np.arange(int(starts[-1]), dtype=np.int64) - starts[row_of] + cached[row_of]
+    return StepInputs(
+        token_ids=np.concatenate(tokens).astype(np.int64),
+        positions=positions,
+        starts=starts,
+        context_lens=ctx,
+        block_tables=tables,
+        slot_mapping=tables[row_of, positions // bs] * bs + positions % bs,
+        is_decode=new == 1,
+        block_size=bs,
+    )
+
+
+def timed_forward(eng, inputs, iters: int = 7, warmup: int = 2):
+    """Device time (ms, median) of the step through the eager standard forward, measured as
+    the executor measures a step (events around inputs, forward and sampling); the last run's
+    hidden states and ids."""
+    from agentab.engine.local.cuda import greedy_cuda
+    from agentab.engine.local.forward import DeviceBatch, standard_forward
+
+    ex = eng.executor
+    times = []
+    for k in range(warmup + iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.inference_mode():
+            start.record()
+            b = DeviceBatch.of(inputs, ex.device)
+            x = standard_forward(ex.cfg, ex.w, ex.cache, b, ex.dtype, ex.grouped)
+            ids = greedy_cuda(ex.cfg, ex.w, x)
+            end.record()
+        end.synchronize()
+        if k >= warmup:
+            times.append(start.elapsed_time(end))
+    return statistics.median(times), x, ids
+
+
+def stage_mixed() -> None:
+    from agentab.engine.local import build_local_engine
+
+    rng = np.random.default_rng(8)
+    t = time.time()
+    eng = build_local_engine(
+        "k2-tp8-shard",
+        "auto",
+        device="cuda",
+        kv_blocks=16384,
+        max_num_seqs=8,
+        max_model_len=32768,
+    )
+    log(f"mixed: built in {time.time() - t:.1f}s")
+    rows = [(n - 1, 1) for n in MIXED_DECODE_CONTEXTS] + [MIXED_PREFILL]
+    bs = eng.executor.cache.block_size
+    need = [-(-(c + n) // bs) for c, n in rows]
+    bases = np.concatenate([[0], np.cumsum(need)[:-1]]).tolist()
+    used = int(sum(need)) * bs
+    with torch.inference_mode():  # every cached token's latent entry, in every layer
+        eng.executor.cache.data[:, :used].normal_()
+    tokens = [rng.integers(1, 32000, size=n) for _c, n in rows]
+    dec = list(range(len(MIXED_DECODE_CONTEXTS)))
+    last = len(rows) - 1
+
+    def step(idx: list[int]):
+        return hand_step([rows[i] for i in idx], [bases[i] for i in idx],
+                         [tokens[i] for i in idx], eng)  # fmt: skip
+
+    a_ms, _, _ = timed_forward(eng, step([last]))
+    b_ms, x_b, ids_b = timed_forward(eng, step(dec))
+    c_ms, x_c, ids_c = timed_forward(eng, step([*dec, last]))
+    n = len(dec)
+    diff = (x_c[:n].float() - x_b.float()).norm() / x_b.float().norm()
+    agree = float((ids_c[:n] == ids_b).float().mean())
+    RESULTS["mixed"] = {
+        "prefill": {"cached": MIXED_PREFILL[0], "new": MIXED_PREFILL[1]},
+        "decode_contexts": MIXED_DECODE_CONTEXTS,
+        "prefill_alone_ms": a_ms,
+        "decode_alone_ms": b_ms,
+        "mixed_ms": c_ms,
+        "mixed_minus_prefill_per_decode_row_ms": (c_ms - a_ms) / n,
+        "decode_rows_mixed_vs_alone_rel_err": float(diff),
+        "decode_rows_mixed_vs_alone_ids_equal": agree,
+    }
+    log(
+        f"mixed: (a) prefill of {MIXED_PREFILL[1]} after {MIXED_PREFILL[0]} cached {a_ms:.1f} ms; "
+        f"(b) {n} decode rows (contexts {min(MIXED_DECODE_CONTEXTS)}-{max(MIXED_DECODE_CONTEXTS)}) {b_ms:.1f} ms; "
+        f"(c) both in one step {c_ms:.1f} ms; (c)-(a) per decode row {(c_ms - a_ms) / n:.2f} ms; "
+        f"decode rows in (c) vs (b): rel err {float(diff):.2e}, ids equal {agree:.3f}"
+    )
     save()
     free(eng)
 

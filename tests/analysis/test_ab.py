@@ -191,6 +191,32 @@ def test_an_unfinished_run_is_run_again_on_resume(experiment, tmp_path: Path) ->
     assert result.stdout == whole.stdout
 
 
+def test_a_resume_onto_runs_of_other_engine_code_is_refused_before_running(
+    experiment, tmp_path: Path
+) -> None:
+    import shutil
+
+    full, _ = experiment
+    out = tmp_path / "out"
+    shutil.copytree(full, out)
+    kept = out / "auto" / "run-1" / "manifest.json"
+    assert len(json.loads(kept.read_text())["engine_source"]) == 16
+    # a run made by another version of the engine code, and one left unfinished to resume
+    kept.write_text(json.dumps({**json.loads(kept.read_text()), "engine_source": "0" * 16}))
+    unfinished = out / "fast" / "run-2" / "manifest.json"
+    unfinished.write_text(
+        json.dumps({**json.loads(unfinished.read_text()), "status": "interrupted"})
+    )
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    result = agentab("ab", path, "-o", out)
+    assert result.returncode != 0
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"agentab: error: {out / 'auto' / 'run-1'}: ran engine code ")
+    assert "0000000000000000, this install's is " in line and "-o NEW_DIR" in line
+    assert json.loads(unfinished.read_text())["status"] == "interrupted"  # nothing removed
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from agentab.engine.local import build_local_engine  # noqa: E402
+from agentab.engine.source import engine_source_digest  # noqa: E402
 from agentab.errors import AgentabError  # noqa: E402
 
 
@@ -146,6 +147,7 @@ def test_manifest_facts_name_the_decoder_implementation():
         2,
     )
     assert facts["gpu_count"] == 1 and facts["tp"] == 1
+    assert facts["engine_source"] == engine_source_digest()  # the guard refuses mixed code
     a, b = engine("auto").describe(), facts
     assert {k for k in a if a[k] != b[k]} == {"decode_backend"}
 

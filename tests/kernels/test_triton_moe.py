@@ -92,8 +92,9 @@ def test_every_h200_config_runs_correctly_at_small_shapes() -> None:
 
 
 @pytest.mark.parametrize(("m", "top_k", "experts", "block_m"), [
-    (1, 8, 384, 16), (3, 8, 32, 16), (64, 8, 384, 16), (40, 4, 16, 32), (64, 8, 16, 64),
-])  # fmt: skip
+    (1, 8, 384, 16), (2, 8, 384, 16), (3, 8, 32, 16), (64, 8, 384, 16), (40, 4, 16, 32),
+    (64, 8, 16, 64),
+])  # fmt: skip  # 8 and 16 pairs take the in-register placement, the others the atomic one
 def test_alignment_groups_pairs_by_expert_in_padded_blocks(
     m: int, top_k: int, experts: int, block_m: int
 ) -> None:

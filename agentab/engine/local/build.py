@@ -16,6 +16,7 @@ from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.paths import check_engine_args
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
+from agentab.engine.source import engine_source_digest
 from agentab.errors import AgentabError
 
 OPTIONS = (
@@ -158,6 +159,7 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         },
         **sizes,
         "seed": seed,
+        "engine_source": engine_source_digest(),
     }
     return Engine(Scheduler(sched_cfg), executor, describe=describe, fast_forward=False)
 

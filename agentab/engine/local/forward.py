@@ -3,9 +3,12 @@ implementation of the specialized decode for pure-decode steps.
 
 The standard forward takes the step as vLLM's model runner does: every scheduled token of every
 row in one flat batch (prefill chunks, decode tokens, mixed), each layer writing the new tokens'
-latent entries into the paged cache first, then each row attending over its own cached context
-(causal within a prefill chunk) in MLA's absorbed form. The MoE routes every token with the
-same grouped top-k as the kernels' standard path.
+latent entries into the paged cache first, then attending. As in vLLM's MLA, the step's decode
+rows (one token each) attend together in one batched call per layer in the absorbed form, reading
+the paged cache through their block tables (on the GPU the paged Triton MLA decode the CUDA
+graphs run), and each prefill chunk attends over its own cached context, causal within the
+chunk, in the expanded form. The MoE routes every token with the same grouped top-k as the
+kernels' standard path.
 
 `specialized_decode_cpu` is what the `latency_specialized` backend runs on a machine without a
 GPU: the fused decoder's math as `agentab.kernels.reference` defines it (the fp32 oracle every
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -30,6 +34,7 @@ from agentab.engine.local.model import ModelWeights
 from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.outputs import StepInputs
 from agentab.kernels import reference
+from agentab.kernels.attention import PagedKV, mla_decode, split_plan
 from agentab.kernels.config import LayerConfig
 from agentab.kernels.standard import StandardPath, grouped_topk
 from agentab.kernels.weights import DecodeState, LayerWeights
@@ -42,9 +47,62 @@ ANY_SDPA = [*FUSED_SDPA, SDPBackend.MATH]
 SINGLE = TPGroup()  # one rank: every collective is a no-op
 
 
+def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
+
+
+@dataclass
+class DecodeRows:
+    """A step's one-token rows as the batched decode attention reads them, built once per step
+    and read by every layer (the per-layer work is then one call, with no host loop)."""
+
+    tokens: torch.Tensor  # (rows,) int64: each row's token in the flat batch
+    positions: torch.Tensor  # (rows,) int32: the token's position (its context is position + 1)
+    block_table: torch.Tensor  # (rows, max blocks) int64
+    new_slots: torch.Tensor  # (rows,) int64: where the token's latent entry was written
+    positions_and_slots: torch.Tensor  # (2, rows) int32: `PagedKV`'s form of the two above
+    block_size: int
+    max_len: int  # the longest context among the rows
+    split_len: torch.Tensor  # (1,) int64: the Triton decode's tokens per split for this step
+
+    @staticmethod
+    def of(inputs: StepInputs, rows: np.ndarray, device: torch.device) -> DecodeRows:
+        """The rows `rows` of the step (each one token) on `device`."""
+
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return _to_device(a, device)
+
+        tokens = inputs.starts[rows]
+        max_len = int(inputs.context_lens[rows].max())
+        new_slots = inputs.slot_mapping[tokens]
+        pos_slots = dev(np.stack([inputs.positions[tokens], new_slots]).astype(np.int32))
+        return DecodeRows(
+            tokens=dev(tokens),
+            positions=pos_slots[0],
+            block_table=dev(inputs.block_tables[rows]),
+            new_slots=dev(new_slots),
+            positions_and_slots=pos_slots,
+            block_size=inputs.block_size,
+            max_len=max_len,
+            split_len=dev(np.array([split_plan(len(rows), max_len)[1]], dtype=np.int64)),
+        )
+
+    def paged(self, kv: torch.Tensor) -> PagedKV:
+        """The rows over one layer's cache slots, as the CUDA graphs hand them to `mla_decode`."""
+        return PagedKV(
+            cache=kv,
+            block_table=self.block_table,
+            new_slots=self.new_slots,
+            positions_and_slots=self.positions_and_slots,
+            block_size=self.block_size,
+            max_len=self.max_len,
+            split_len=self.split_len,
+        )
+
+
 @dataclass
 class DeviceBatch:
-    """StepInputs as device tensors, plus the host-side row bounds the loops need."""
+    """StepInputs as device tensors, plus the host-side row bounds the prefill loop needs."""
 
     token_ids: torch.Tensor
     positions: torch.Tensor
@@ -54,6 +112,8 @@ class DeviceBatch:
     context_lens: list[int]
     last_token: torch.Tensor  # (rows,) index of each row's last token in the flat batch
     block_size: int
+    decode: DecodeRows | None  # the one-token rows, attended in one batched call
+    prefill_rows: list[int]  # the rows of several tokens (prefill chunks), attended one by one
 
     @staticmethod
     def of(
@@ -62,8 +122,8 @@ class DeviceBatch:
         """The step on `device`; tokens the previous step was still sampling when this one was
         scheduled (`inputs.prev_rows`) are taken from `last_sampled`, where it left them."""
 
-        def dev(a) -> torch.Tensor:
-            return torch.from_numpy(a).to(device, non_blocking=True)
+        def dev(a: np.ndarray) -> torch.Tensor:
+            return _to_device(a, device)
 
         token_ids = dev(inputs.token_ids)
         prev = inputs.prev_rows
@@ -73,6 +133,8 @@ class DeviceBatch:
             rows = dev(prev)
             taken = last_sampled.index_select(0, rows.clamp(min=0))
             token_ids = torch.where(rows >= 0, taken, token_ids)
+        one_token = np.diff(inputs.starts) == 1
+        decode = np.flatnonzero(one_token)
         return DeviceBatch(
             token_ids=token_ids,
             positions=dev(inputs.positions),
@@ -82,6 +144,8 @@ class DeviceBatch:
             context_lens=inputs.context_lens.tolist(),
             last_token=dev(inputs.starts[1:] - 1),
             block_size=inputs.block_size,
+            decode=DecodeRows.of(inputs, decode, device) if len(decode) else None,
+            prefill_rows=np.flatnonzero(~one_token).tolist(),
         )
 
 
@@ -122,13 +186,7 @@ def standard_attention(
     kv: torch.Tensor,
     tp: TPGroup = SINGLE,
 ) -> torch.Tensor:
-    """Input norm, MLA over the paged cache, output projection, residual.
-
-    As vLLM runs MLA: a decode token (one per row) attends in the absorbed form over the latent
-    cache; a prefill chunk expands the cached latents into per-head keys and values and runs
-    fused attention (`prefill_attention`), which is compute-efficient where the absorbed form
-    would multiply every query by the 576-wide latents.
-    """
+    """Input norm, MLA over the paged cache (`rows_attention`), output projection, residual."""
     t, nh, kvl, eps = x.shape[0], cfg.n_heads, cfg.kv_lora, cfg.rms_eps
     dt = x.dtype
     hn = F.rms_norm(x, (cfg.hidden,), w.attn_norm.to(dt), eps)
@@ -141,22 +199,93 @@ def standard_attention(
     q_pe = _rope(q[..., cfg.qk_nope :], cos, sin)
     k_pe = _rope(k_pe, cos, sin)
     kv[b.slot_mapping] = torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype)
-    q_nope = q[..., : cfg.qk_nope]
-    o = torch.empty(t, nh, cfg.v_head, device=x.device, dtype=dt)
-    for i in range(len(b.context_lens)):
+    o = rows_attention(cfg, w, q[..., : cfg.qk_nope], q_pe, kv, b)
+    return x + tp.all_reduce(F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt)))
+
+
+def rows_attention(
+    cfg: LayerConfig,
+    w: LayerWeights,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv: torch.Tensor,
+    b: DeviceBatch,
+) -> torch.Tensor:
+    """Every row's attention over its cached context (which holds this step's entries):
+    (tokens, n_heads, v_head).
+
+    As vLLM runs MLA: the decode rows (one token each) attend together in the absorbed form
+    (`decode_rows_attention`), so a mixed step pays one decode call per layer however many rows
+    decode beside its prefill; a prefill chunk expands its cached latents into per-head keys and
+    values and runs fused attention (`prefill_attention`), which is compute-efficient where the
+    absorbed form would multiply every query by the 576-wide latents.
+    """
+    dt = q_nope.dtype
+    o = torch.empty(*q_nope.shape[:2], cfg.v_head, device=q_nope.device, dtype=dt)
+    if b.decode is not None:
+        tok = b.decode.tokens
+        o[tok] = decode_rows_attention(cfg, w, q_nope[tok], q_pe[tok], kv, b.decode)
+    for i in b.prefill_rows:
         first, last, n_ctx = b.starts[i], b.starts[i + 1], b.context_lens[i]
         ctx = kv[PagedLatentCache.slots(b.block_tables[i], n_ctx, b.block_size)].to(dt)
-        if last - first == 1:
-            o[first] = decode_attention(cfg, w, q_nope[first], q_pe[first], ctx)
-        else:
-            o[first:last] = prefill_attention(cfg, w, q_nope[first:last], q_pe[first:last], ctx)
-    return x + tp.all_reduce(F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt)))
+        o[first:last] = prefill_attention(cfg, w, q_nope[first:last], q_pe[first:last], ctx)
+    return o
+
+
+def decode_rows_attention(
+    cfg: LayerConfig,
+    w: LayerWeights,
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    kv: torch.Tensor,
+    rows: DecodeRows,
+) -> torch.Tensor:
+    """All decode rows' attention in the absorbed form, in one call: (rows, n_heads, v_head).
+
+    The queries are absorbed (q_lat = q_nope W_UK) and the latent output projected through W_UV
+    by one batched GEMM each, as the standard decode layer does. On the GPU the latent attention
+    is the paged Triton MLA decode the CUDA graphs run (`mla_decode` over the block table, no
+    gather of the rows' caches); on the CPU it is `latent_attention_torch`, in the step's dtype.
+    """
+    dt = q_nope.dtype
+    q_lat = torch.bmm(q_nope.transpose(0, 1), w.w_uk_t.to(dt).transpose(1, 2)).transpose(0, 1)
+    if kv.is_cuda:
+        o_lat = mla_decode(cfg, q_lat, q_pe, kv, rows.positions, rows.paged(kv))
+    else:
+        o_lat = latent_attention_torch(cfg, q_lat, q_pe, kv, rows)
+    return torch.bmm(o_lat.transpose(0, 1), w.w_uv.to(dt).transpose(1, 2)).transpose(0, 1)
+
+
+def latent_attention_torch(
+    cfg: LayerConfig, q_lat: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, rows: DecodeRows
+) -> torch.Tensor:
+    """The decode rows' latent attention in torch: (rows, n_heads, kv_lora) in q_lat's dtype.
+
+    Each row's context is gathered from the paged cache, padded to the longest row (padding
+    repeats the row's last slot, so every index is one the row owns) and masked out of the
+    softmax. Unlike `kernels.attention.mla_decode_torch`, whose output is bf16 like the GPU
+    kernel's, it keeps the step's dtype: the CPU engine runs fp32 throughout, and its greedy
+    tokens are compared with the fp32 reference decoder's.
+    """
+    kvl, bs, dt = cfg.kv_lora, rows.block_size, q_lat.dtype
+    idx = torch.arange(rows.max_len, device=kv.device)
+    last = rows.positions.long()[:, None]
+    pos = torch.minimum(idx[None, :], last)  # (rows, max_len)
+    ctx = kv[rows.block_table.gather(1, pos // bs) * bs + pos % bs].to(dt)
+    s = torch.einsum("rhc,rlc->rhl", q_lat, ctx[..., :kvl])
+    s = (s + torch.einsum("rhp,rlp->rhl", q_pe, ctx[..., kvl:])) * cfg.softmax_scale
+    s = s.masked_fill((idx[None, :] > last)[:, None, :], float("-inf"))
+    p = torch.softmax(s.to(torch.promote_types(dt, torch.float32)), dim=-1).to(dt)
+    return torch.einsum("rhl,rlc->rhc", p, ctx[..., :kvl])
 
 
 def decode_attention(
     cfg: LayerConfig, w: LayerWeights, q_nope: torch.Tensor, q_pe: torch.Tensor, ctx: torch.Tensor
 ) -> torch.Tensor:
-    """One token's attention in the absorbed form: (n_heads, v_head)."""
+    """One token's attention in the absorbed form over its whole context: (n_heads, v_head).
+
+    The definition the batched decode (`decode_rows_attention`) and the expanded prefill form
+    (`prefill_attention`) are checked against, one row at a time."""
     kvl, dt = cfg.kv_lora, q_nope.dtype
     q_lat = torch.einsum("hd,hcd->hc", q_nope, w.w_uk_t.to(dt))
     s = (q_lat @ ctx[:, :kvl].t() + q_pe @ ctx[:, kvl:].t()) * cfg.softmax_scale

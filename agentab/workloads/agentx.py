@@ -16,7 +16,9 @@ from typing import Any
 import orjson
 
 from agentab.errors import AgentabError
+from agentab.workloads.agentx_decode import decode_session
 from agentab.workloads.checks import (
+    RELATIVE_TOLERANCE_S,
     Ctx,
     Path_,
     WorkloadWarning,
@@ -37,9 +39,9 @@ from agentab.workloads.model import PARENT_AGENT_ID, Request, Session, Subagent,
 from agentab.workloads.source import (
     TRACE_SUFFIXES,
     first_non_space,
-    jsonl_lines,
     parse_json,
     read_bytes,
+    session_lines,
     trace_files,
 )
 
@@ -87,9 +89,6 @@ SUBAGENT_FIELDS = frozenset(
         "system_tokens",
     }
 )
-# Inner times earlier than the spawn by more than this are relative to the spawn (old captures);
-# absolute inner times never precede the spawn except by clock granularity.
-RELATIVE_TOLERANCE_S = 1.0
 
 
 def load_agentx(path: Path) -> Workload:
@@ -123,14 +122,22 @@ def _parse_file(data: bytes, ctx: Ctx) -> list[Session]:
             is_jsonl = False
     if not is_jsonl:
         ctx.line = None
-        return [parse_session(parse_json(data, ctx.file), ctx)]
+        return [_read_session(data, ctx)]
     sessions = []
-    for lineno, line in jsonl_lines(data):
+    for lineno, line in session_lines(data):
         ctx.line = lineno
-        ctx.session = None
-        sessions.append(parse_session(parse_json(line, ctx.file, lineno), ctx))
+        sessions.append(_read_session(line, ctx))
     ctx.line = None
     return sessions
+
+
+def _read_session(data: bytes | memoryview, ctx: Ctx) -> Session:
+    """The fast reader's session, or (when it is unsure) the validating reader's verdict."""
+    session = decode_session(data)
+    if session is not None:
+        return session
+    ctx.session = None
+    return parse_session(parse_json(data, ctx.file, ctx.line), ctx)
 
 
 def _check_unique_ids(sessions: list[Session], source: str) -> None:

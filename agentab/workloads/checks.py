@@ -25,6 +25,9 @@ MAX_TOKENS = 10_000_000
 million tokens; a value beyond this is a corrupt field, and replaying it would cost hours."""
 MAX_SUBAGENT_DEPTH = 32
 """Deepest nesting of subagents inside subagents (real traces nest one or two levels)."""
+RELATIVE_TOLERANCE_S = 1.0
+"""AgentX subagents: inner times earlier than the spawn by more than this are relative to the
+spawn (old captures); absolute inner times never precede the spawn except by clock granularity."""
 
 
 class WorkloadWarning(AgentabWarning):
@@ -164,11 +167,7 @@ _STR_TUPLES: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 def str_tuple(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> tuple[str, ...]:
-    """An optional list of strings (absent or null: empty).
-
-    The same few lists (`["text"]`, `["thinking", "tool_use"]`) repeat on every request, so
-    validated tuples are interned: one check and one object per distinct list.
-    """
+    """An optional list of strings (absent or null: empty), interned (`intern_str_tuple`)."""
     v = d.get(key)
     if v is None:
         return ()
@@ -183,7 +182,17 @@ def str_tuple(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> tupl
     for x in v:
         if type(x) is not str:
             ctx.fail(f"field {key!r} must hold strings, found {_typename(x)}", path)
-    t = tuple(v)
+    return intern_str_tuple(tuple(v))
+
+
+def intern_str_tuple(t: tuple[str, ...]) -> tuple[str, ...]:
+    """One shared object per distinct tuple of strings (validated by the caller).
+
+    The same few lists (`["text"]`, `["thinking", "tool_use"]`) repeat on every request, so
+    100k requests hold a handful of tuples instead of 200k."""
+    known = _STR_TUPLES.get(t)
+    if known is not None:
+        return known
     if len(_STR_TUPLES) < 4096:
         _STR_TUPLES[t] = t
     return t

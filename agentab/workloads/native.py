@@ -41,7 +41,7 @@ from agentab.workloads.model import (
     Workload,
     canonical_session,
 )
-from agentab.workloads.source import NATIVE_HEADER_KEY, jsonl_lines, parse_json, read_bytes
+from agentab.workloads.source import NATIVE_HEADER_KEY, parse_json, read_bytes, session_lines
 
 VERSION = 1
 SESSION_FIELDS = frozenset(
@@ -110,7 +110,7 @@ def dump_native(workload: Workload, out: Path) -> None:
 def load_native(path: Path) -> Workload:
     ctx = Ctx(str(path))
     data = read_bytes(path)
-    lines = jsonl_lines(data)
+    lines = session_lines(data)
     first = next(lines, None)
     if first is None:
         raise AgentabError(f"{path}: file is empty")

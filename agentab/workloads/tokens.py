@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from agentab.workloads import tokens_compiled
 from agentab.workloads.model import Request, Session
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -61,8 +62,15 @@ def block_token_ids(
     """The (len(hash_ids), block_size) token ids of these blocks in namespace `key`."""
     ids = np.asarray(hash_ids, dtype=np.uint64)
     seeds = _mix(_mix(ids + _BLOCK_C) ^ key)
+    return _reduce(_mix(seeds[:, None] + _block_positions(block_size)), vocab_size)
+
+
+@lru_cache(maxsize=64)
+def _block_positions(block_size: int) -> np.ndarray:
+    """(1, block_size): (j + 1) * golden for the tokens j of a block (read-only, shared)."""
     pos = (np.arange(1, block_size + 1, dtype=np.uint64) * _GOLDEN)[None, :]
-    return _reduce(_mix(seeds[:, None] + pos), vocab_size)
+    pos.setflags(write=False)
+    return pos
 
 
 def salt_digits(salt: int, vocab_size: int) -> np.ndarray:
@@ -79,6 +87,21 @@ def salt_digits(salt: int, vocab_size: int) -> np.ndarray:
     return np.asarray(digits, dtype=np.int32)
 
 
+@lru_cache(maxsize=1024)
+def _salt_head(salt: int, vocab_size: int) -> np.ndarray:
+    """`salt_digits`, computed once per (salt, vocabulary): a replay uses one or a few salts."""
+    digits = salt_digits(salt, vocab_size)
+    digits.setflags(write=False)
+    return digits
+
+
+def _apply_salt(out: np.ndarray, salt: int | None, vocab_size: int) -> None:
+    if salt is not None and len(out):
+        digits = _salt_head(salt, vocab_size)
+        k = min(len(digits), len(out))
+        out[:k] = digits[:k]
+
+
 def prompt_token_ids(
     session: Session, request: Request, *, salt: int | None = None, vocab_size: int = 32000
 ) -> np.ndarray:
@@ -91,29 +114,28 @@ def prompt_token_ids(
         raise ValueError("vocab_size must be at least 3")
     n = request.in_tokens
     bs = session.block_size
-    key = session_key(session)
     n_blocks = min(len(request.hash_ids), n // bs)
     out = np.empty(n, dtype=np.int32)
-    if n_blocks:
-        ids = np.fromiter(request.hash_ids[:n_blocks], dtype=np.uint64, count=n_blocks)
-        out[: n_blocks * bs] = block_token_ids(key, ids, bs, vocab_size).reshape(-1)
-    _fill_tail(out, n_blocks * bs, request.hash_ids, n_blocks, key, vocab_size)
-    if salt is not None and n:
-        digits = salt_digits(salt, vocab_size)
-        k = min(len(digits), n)
-        out[:k] = digits[:k]
+    ids = np.fromiter(request.hash_ids[:n_blocks], dtype=np.uint64, count=n_blocks)
+    _fill_from(out, 0, ids, request.hash_ids, n_blocks, bs, session_key(session), vocab_size)
+    _apply_salt(out, salt, vocab_size)
     return out
 
 
 class PromptTokens:
-    """`prompt_token_ids` for a stream of requests, reusing the previous prompt's blocks.
+    """`prompt_token_ids` for a stream of requests, reusing each agent's previous prompt.
 
-    Why: each turn of a session resends its whole context, which extends the previous turn's,
+    Why: each turn of an agent resends its whole context, which extends its previous turn's,
     so building every prompt from scratch costs O(context) hashing per request, a large share
-    of a long in-process simulation. One entry per (scope, block size, salt, vocabulary) keeps
-    the last prompt built there and its hash ids; the next prompt copies the blocks of the
-    common leading hash ids and computes only the rest. The result is exactly
-    `prompt_token_ids(...)`; entries are evicted least recently used first.
+    of a long in-process simulation. One entry per (scope, block size, salt, vocabulary, agent)
+    keeps the last prompt built there and its hash ids; the next prompt copies the blocks of
+    the common leading hash ids and computes only the rest, in one vectorised pass over the new
+    blocks and the tail. Keying by agent matters: a session's parent and subagents interleave,
+    and one entry per session would keep being replaced by the other agent's prompt (3x more
+    tokens computed on the generated corpus). An agent's first prompt starts from the last
+    prompt that began with the same hash id, if any (subagents of one type share their system
+    prompt). The result is exactly `prompt_token_ids(...)`, whatever entry it started from (the
+    common prefix is always checked); entries are evicted least recently used first.
     """
 
     def __init__(self, vocab_size: int = 32000, max_entries: int = 256) -> None:
@@ -126,38 +148,39 @@ class PromptTokens:
         self._memo: OrderedDict[tuple[object, ...], tuple[tuple[int, ...], np.ndarray]] = (
             OrderedDict()
         )
+        self._by_first: dict[tuple[object, ...], tuple[object, ...]] = {}
 
     def token_ids(self, session: Session, request: Request, salt: int | None = None) -> np.ndarray:
         n = request.in_tokens
         bs = session.block_size
         key = session_key(session)
-        n_blocks = min(len(request.hash_ids), n // bs)
-        ids = request.hash_ids[:n_blocks]
+        hash_ids = request.hash_ids
+        n_blocks = min(len(hash_ids), n // bs)
+        ids = hash_ids[:n_blocks]
         tag = (int(key), bs, salt, self.vocab_size)
-        entry = self._memo.get(tag)
-        same = 0  # leading blocks shared with the remembered prompt
-        if entry is not None:
-            same = _common_prefix(entry[0], ids)
-        if same == 0:
-            out = prompt_token_ids(session, request, salt=salt, vocab_size=self.vocab_size)
-        else:
+        chain = (*tag, request.agent_id)
+        memo = self._memo
+        entry = memo.get(chain)
+        first = (*tag, ids[0]) if n_blocks else None
+        if entry is None and first is not None:
+            other = self._by_first.get(first)
+            entry = memo.get(other) if other is not None else None
+        same = _common_prefix(entry[0], ids) if entry is not None else 0
+        out = np.empty(n, dtype=np.int32)
+        if same:
             assert entry is not None
-            out = np.empty(n, dtype=np.int32)
             out[: same * bs] = entry[1][: same * bs]
-            if n_blocks > same:
-                rest = np.fromiter(ids[same:], dtype=np.uint64, count=n_blocks - same)
-                out[same * bs : n_blocks * bs] = block_token_ids(
-                    key, rest, bs, self.vocab_size
-                ).reshape(-1)
-            _fill_tail(out, n_blocks * bs, request.hash_ids, n_blocks, key, self.vocab_size)
-            if salt is not None and n:
-                digits = salt_digits(salt, self.vocab_size)
-                k = min(len(digits), n)
-                out[:k] = digits[:k]
-        self._memo[tag] = (ids, out)
-        self._memo.move_to_end(tag)
-        if len(self._memo) > self.max_entries:
-            self._memo.popitem(last=False)
+        rest = np.fromiter(ids[same:], dtype=np.uint64, count=n_blocks - same)
+        _fill_from(out, same, rest, hash_ids, n_blocks, bs, key, self.vocab_size)
+        _apply_salt(out, salt, self.vocab_size)
+        memo[chain] = (ids, out)
+        memo.move_to_end(chain)
+        if len(memo) > self.max_entries:
+            memo.popitem(last=False)
+        if first is not None:
+            if len(self._by_first) > 4 * self.max_entries:
+                self._by_first.clear()
+            self._by_first[first] = chain
         return out
 
 
@@ -171,21 +194,61 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return int(np.argmax(x != y))
 
 
-def _fill_tail(
+def _fill_from(
     out: np.ndarray,
-    start: int,
+    lo: int,
+    ids: np.ndarray,
     hash_ids: tuple[int, ...],
     n_blocks: int,
+    bs: int,
     key: np.uint64,
     vocab_size: int,
 ) -> None:
-    """The ids after a prompt's last full block: from (scope, last hash id, position)."""
+    """`out` from block `lo` on: blocks lo..n_blocks-1 (`ids`: their hash ids) and the tail.
+
+    Block token j of block h is mix(seed(h) + (j + 1) * golden) and tail token p is
+    mix(seed(last id) + (p + 1) * golden): both are one mix of (seed + position term), so the
+    new blocks and the tail are filled by one pass over one array (a prompt extends its
+    predecessor by a few blocks: the number of numpy calls, not the tokens, is the cost)."""
     n = len(out)
-    if start < n:
+    start = lo * bs
+    if start >= n:
+        return
+    if tokens_compiled.ENABLED:
         last = np.uint64(hash_ids[n_blocks - 1]) if n_blocks else _NO_BLOCK
-        seed = _mix(np.array([last ^ _TAIL_C], dtype=np.uint64))[0] ^ key
-        pos = np.arange(start + 1, n + 1, dtype=np.uint64) * _GOLDEN
-        out[start:] = _reduce(_mix(pos + seed), vocab_size)
+        tokens_compiled.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size)
+        return
+    z = np.empty(n - start, dtype=np.uint64)
+    nb = n_blocks - lo
+    if nb:
+        seeds = _mix(_mix(ids + _BLOCK_C) ^ key)
+        np.add(seeds[:, None], _block_positions(bs), out=z[: nb * bs].reshape(nb, bs))
+    tail = n_blocks * bs
+    if tail < n:
+        last = hash_ids[n_blocks - 1] if n_blocks else _NO_BLOCK_INT
+        seed = _mix_int(last ^ _TAIL_C_INT) ^ int(key)
+        t = z[tail - start :]
+        np.multiply(np.arange(tail + 1, n + 1, dtype=np.uint64), _GOLDEN, out=t)
+        t += np.uint64(seed)
+    _mix(z)
+    np.remainder(z, np.uint64(vocab_size - 1), out=z)
+    out[start:] = z
+    out[start:] += 1
+
+
+_MASK = (1 << 64) - 1
+_NO_BLOCK_INT = int(_NO_BLOCK)
+_TAIL_C_INT = int(_TAIL_C)
+
+
+def _mix_int(z: int) -> int:
+    """`_mix` of one value as a Python int (one seed per prompt: cheaper than numpy calls)."""
+    z &= _MASK
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _MASK
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
 
 
 def _word_table() -> np.ndarray:

@@ -130,3 +130,56 @@ def test_prompt_tokens_reuse_gives_prompt_token_ids_exactly() -> None:
         got = builder.token_ids(session, request, salt)
         want = prompt_token_ids(session, request, salt=salt, vocab_size=32000)
         assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+def test_prompt_tokens_agents_and_shared_first_blocks() -> None:
+    """Each agent continues from its own previous prompt; an agent's first prompt may start
+    from another agent's that began with the same hash id. Both equal building from scratch,
+    whichever entry was reused and however the prompts diverge."""
+    from agentab.workloads.tokens import PromptTokens
+
+    s = Session(id="agents", block_size=4, items=())
+
+    def req(agent: str, ids: tuple[int, ...], extra: int) -> Request:
+        return Request(
+            t=0, in_tokens=4 * len(ids) + extra, out_tokens=1, hash_ids=ids, agent_id=agent
+        )
+
+    seq = [
+        req("main", (1, 2, 3), 2),
+        req("a1", (7, 8), 0),
+        req("main", (1, 2, 3, 4), 1),
+        req("a2", (7, 8, 9), 3),  # a new agent: starts from a1's prompt (same first id)
+        req("a1", (7, 8, 10), 0),
+        req("main", (1, 2, 5), 0),  # diverges after two blocks
+        req("a2", (7, 8, 9, 11), 2),
+        req("a3", (7,), 3),
+        req("main", (), 3),
+    ]
+    builder = PromptTokens(vocab_size=1000, max_entries=2)
+    for salt in (None, 9):
+        for r in seq:
+            got = builder.token_ids(s, r, salt)
+            assert np.array_equal(got, prompt_token_ids(s, r, salt=salt, vocab_size=1000))
+
+
+@pytest.mark.parametrize("vocab", [3, 50, 32000, 128256])
+def test_compiled_fill_equals_the_numpy_code(monkeypatch, vocab: int) -> None:
+    """The optional numba kernel and the numpy code give the same ids, bit for bit (without
+    numba the kernel runs as plain Python: the comparison holds either way)."""
+    from agentab.workloads import tokens_compiled
+
+    rng = np.random.default_rng(vocab)
+    for bs in (1, 4, 64):
+        for _ in range(20):
+            n = int(rng.integers(0, 12 * bs))
+            ids = tuple(int(x) for x in rng.integers(0, 2**63, size=int(rng.integers(0, 14))))
+            ids = (*ids, 2**64 - 2) if rng.integers(2) else ids  # ids up to 64 bits
+            session = Session(id=f"s{bs}", block_size=bs, items=())
+            r = Request(t=0, in_tokens=n, out_tokens=1, hash_ids=ids)
+            got = []
+            for on in (False, True):
+                monkeypatch.setattr(tokens_compiled, "ENABLED", on)
+                got.append(prompt_token_ids(session, r, salt=7, vocab_size=vocab))
+            assert got[0].dtype == got[1].dtype == np.int32
+            assert np.array_equal(got[0], got[1])

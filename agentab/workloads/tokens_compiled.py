@@ -1,0 +1,66 @@
+"""Optional compiled (numba) kernel of prompt token content: one call per prompt.
+
+Why: a replayed prompt extends its agent's previous one by a few blocks, so building it costs a
+few dozen numpy calls on small arrays (block seeds, the mix, the reduction, the tail), ~25 us a
+request, not the arithmetic. One compiled loop does it in a couple of microseconds. numba comes
+with the optional `sim` extra, as for the simulator's kernels (agentab.engine.compiled), and
+AGENTAB_NUMBA=0 turns it off; `tokens._fill_from` is the numpy code it stands in for, and the
+two give the same ids bit for bit (tests/workloads/test_tokens.py compares them).
+
+`ENABLED` says which is used: numba importable and AGENTAB_NUMBA not "0".
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:
+    if os.environ.get("AGENTAB_NUMBA", "1") == "0":
+        raise ImportError("disabled by AGENTAB_NUMBA=0")
+    import numba
+except ImportError:
+    numba = None
+
+ENABLED = numba is not None
+
+
+def _jit(fn):  # type: ignore[no-untyped-def]
+    if numba is None:
+        return fn
+    return numba.njit(cache=True, nogil=True)(fn)
+
+
+@_jit
+def _mix(z: np.uint64) -> np.uint64:
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@_jit
+def fill_from(
+    out: np.ndarray,
+    lo: int,
+    ids: np.ndarray,
+    n_blocks: int,
+    bs: int,
+    key: np.uint64,
+    last: np.uint64,
+    vocab_size: int,
+) -> None:
+    """`tokens._fill_from`: blocks lo..n_blocks-1 (hash ids `ids`) and the tail after them;
+    `last` is the last full block's hash id (or tokens._NO_BLOCK when there is none)."""
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    m = np.uint64(vocab_size - 1)
+    for b in range(n_blocks - lo):
+        seed = _mix(_mix(ids[b] + np.uint64(0x632BE59BD9B4E019)) ^ key)
+        base = (lo + b) * bs
+        for j in range(bs):
+            out[base + j] = np.int32(_mix(seed + np.uint64(j + 1) * golden) % m) + 1
+    seed = _mix(last ^ np.uint64(0x8CB92BA72F3D8DD7)) ^ key
+    for p in range(n_blocks * bs, len(out)):
+        out[p] = np.int32(_mix(seed + np.uint64(p + 1) * golden) % m) + 1

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentab.calibrate.client import Measurements, run_load
-from agentab.calibrate.facts import EngineFacts, engine_facts
+from agentab.calibrate.facts import EngineFacts, engine_facts, local_engine_schedules_ahead
 from agentab.calibrate.fit import fit_all
 from agentab.calibrate.load import CalibrationLoad, build_load
 from agentab.calibrate.write import (
@@ -79,8 +79,13 @@ def calibrate(
         echo(
             f"agentab calibrate: {path} path on {f.engine} {f.version or ''} at {url} "
             f"({timing} timing): {len(load.decode)} decode phases, "
-            f"{len(load.prefill)} prefill requests"
+            f"{len(load.prefill)} prefill requests, {len(load.mixed)} mixed phases"
         )
+        if path == "standard" and not load.mixed:
+            echo(
+                "  vLLM's clock cannot time one step while others stream: no mixed phase "
+                "(--timing client times one)"
+            )
 
         def progress(i: int, n: int, what: str, path: str = path) -> None:
             echo(f"  [{path} {i}/{n}] {what}")
@@ -169,7 +174,7 @@ def fit_and_write(
 def refit(req: CalibrateRequest, report_path: Path) -> tuple[Path, Path, str]:
     """Fit a fit report's recorded measurements again (after the fit or the model changed),
     without timing anything: the facts, load and clock are the report's."""
-    from agentab.calibrate.client import DecodeMeasurement, PrefillMeasurement
+    from agentab.calibrate.client import DecodeMeasurement, MixedMeasurement, PrefillMeasurement
 
     try:
         report = json.loads(report_path.read_text())
@@ -177,10 +182,13 @@ def refit(req: CalibrateRequest, report_path: Path) -> tuple[Path, Path, str]:
             path: Measurements(
                 decode=[DecodeMeasurement(**row) for row in m["decode"]],
                 prefill=[PrefillMeasurement(**row) for row in m["prefill"]],
+                mixed=[MixedMeasurement(**row) for row in m.get("mixed", [])],
             )
             for path, m in report["measurements"].items()
         }
         facts = {path: EngineFacts(**f) for path, f in report["engine"].items()}
+        for f in facts.values():
+            local_engine_schedules_ahead(f)
         timing, loads, provenance = report["timing"], report["load"], report["provenance"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AgentabError(f"--refit {report_path}: not a calibration fit report ({exc})") from None
@@ -243,6 +251,9 @@ def _load_for(
         prefill_repeats=req.prefill_repeats if path == "standard" else 0,
         seed=req.seed,
         one_prefill_step=one_prefill_step,
+        # vLLM's histograms cannot single out the one step a mixed phase times: its /metrics
+        # answers late while it streams, so the prompt cannot be sent between two reads
+        with_mixed=not one_prefill_step,
     )
     if f.kv_blocks and f.block_size:
         need = max(p.batch * math.ceil((p.context + p.steps) / f.block_size) for p in load.decode)
@@ -277,4 +288,10 @@ def _summary(fit: Any) -> str:
     if fit.prefill is not None:
         worst = max(abs(r["error"]) for r in fit.prefill.residuals)
         parts.append(f"prefill: max |residual| {worst:.1%}")
+    if fit.mixed is not None:
+        worst = max(abs(r["error"]) for r in fit.mixed.residuals)
+        parts.append(
+            f"mixed: {fit.mixed.us_per_decode_row.value / 1e3:.3g} ms per decode row, "
+            f"max |residual| {worst:.1%}"
+        )
     return "; ".join(parts)

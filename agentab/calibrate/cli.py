@@ -137,10 +137,12 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
 
     Decode phases (every batch size at a short and a long context) time the decode table and
     the per-context-token KV cost; single prefill requests of several lengths, with and without
-    a cached prefix, time the per-token and per-token-pair prefill costs. The engine's own
-    facts give the KV block size and capacity, GPU count and CUDA-graph padding. Fields the
-    load cannot identify are named, and the profile is refused unless --allow-assumed
-    accepts each of them.
+    a cached prefix, time the per-token and per-token-pair prefill costs; mixed phases (one
+    prompt beside a quarter, half and all of the largest batch decoding) time the cost per
+    decode row of a step that also computes a prompt (not with vLLM's clock). The engine's own
+    facts give the KV block size and capacity, GPU count, CUDA-graph padding and whether it
+    schedules one step ahead. Fields the load cannot identify are named, and the profile is
+    refused unless --allow-assumed accepts each of them.
     """
     from agentab.calibrate.calibrate import CalibrateRequest
     from agentab.calibrate.calibrate import calibrate as run

@@ -30,7 +30,13 @@ from agentab.calibrate.facts import (
     VLLM_PREFILL,
     VLLM_STEP_TOKENS,
 )
-from agentab.calibrate.load import CalibrationLoad, DecodePhase, PrefillPhase, unique_prompts
+from agentab.calibrate.load import (
+    CalibrationLoad,
+    DecodePhase,
+    MixedPhase,
+    PrefillPhase,
+    unique_prompts,
+)
 from agentab.engine.profile import PATHS
 from agentab.errors import AgentabError
 from agentab.replay.targets.base import Outcome
@@ -100,9 +106,20 @@ class PrefillMeasurement:
 
 
 @dataclass
+class MixedMeasurement:
+    rows: int  # decode rows beside the prompt
+    new: int  # prompt tokens computed in the step
+    context_tokens: float  # the decode rows' attended context in that step (sum over rows)
+    client_s: float  # median over the decode rows of their gap that ends with the step
+    engine_s: float | None = None  # the step's time on agentab's step counters, when exported
+    decode_step_s: float | None = None  # the decode steps' time subtracted from the counters
+
+
+@dataclass
 class Measurements:
     decode: list[DecodeMeasurement] = field(default_factory=list)
     prefill: list[PrefillMeasurement] = field(default_factory=list)
+    mixed: list[MixedMeasurement] = field(default_factory=list)
 
 
 Sample = tuple[float, dict[str, float]]  # (loop time, metric name -> value summed over labels)
@@ -141,7 +158,7 @@ async def run_load(
             longest = max(p.new + p.cached for p in load.prefill)
             prompt = unique_prompts(rng, 1, longest, vocab_size)[0].tolist()
             await _send(target, LoadRequest(rid("warmup"), prompt, 1))
-        total = len(load.decode) + len(load.prefill)
+        total = len(load.decode) + len(load.prefill) + len(load.mixed)
         for i, phase in enumerate(load.decode):
             m = await _decode_attempts(
                 target, phase, rng, vocab_size, rid, engine_clock, scrape_interval_s, warn
@@ -154,6 +171,11 @@ async def run_load(
             out.prefill.append(m)
             if progress:
                 progress(len(load.decode) + j + 1, total, f"prefill {pre.new} after {pre.cached}")
+        done = len(load.decode) + len(load.prefill)
+        for j, mix in enumerate(load.mixed):
+            out.mixed.append(await _mixed_attempts(target, mix, rng, vocab_size, rid, engine_clock))
+            if progress:
+                progress(done + j + 1, total, f"mixed {mix.new} beside {mix.rows} decode rows")
     finally:
         await target.close()
     return out
@@ -195,8 +217,9 @@ async def _decode_attempts(
     return best
 
 
-async def _send(target: HttpTarget, req: LoadRequest) -> Outcome:
-    out = Outcome()
+async def _send(target: HttpTarget, req: LoadRequest, out: Outcome | None = None) -> Outcome:
+    """Send and wait for the whole response; `out` may be watched while it streams."""
+    out = Outcome() if out is None else out
     await target.send(req, out)  # type: ignore[arg-type]
     if out.error_class is not None:
         raise AgentabError(
@@ -388,3 +411,109 @@ async def _prefill_phase(
         m.engine_s = b.get(seconds, 0.0) - a.get(seconds, 0.0)
         m.engine_steps = int(b.get(steps, 0.0) - a.get(steps, 0.0))
     return m
+
+
+MIXED_LEAD = 4  # chunks every decode row has streamed before the decode-step window is timed
+
+
+async def _mixed_attempts(
+    target: HttpTarget,
+    phase: MixedPhase,
+    rng: np.random.Generator,
+    vocab: int,
+    rid: Any,
+    engine_clock: str | None,
+) -> MixedMeasurement:
+    """Run a mixed phase up to PHASE_ATTEMPTS times on new prompts until it reads cleanly."""
+    failed: PhaseUnusable | None = None
+    for _ in range(PHASE_ATTEMPTS):
+        try:
+            return await _mixed_phase(target, phase, rng, vocab, rid, engine_clock)
+        except PhaseUnusable as exc:
+            failed = exc
+    assert failed is not None
+    raise failed
+
+
+async def _until_chunks(outs: list[Outcome], chunks: int, tasks: list[asyncio.Task]) -> None:
+    """Wait until every stream has received `chunks` chunks (or one has ended)."""
+    while not all(len(o.chunk_times) >= chunks for o in outs):
+        if any(t.done() for t in tasks):
+            return
+        await asyncio.sleep(0.0005)
+
+
+async def _mixed_phase(
+    target: HttpTarget,
+    phase: MixedPhase,
+    rng: np.random.Generator,
+    vocab: int,
+    rid: Any,
+    engine_clock: str | None,
+) -> MixedMeasurement:
+    """`rows` decode requests; once they decode steadily, one prompt that fits one step.
+
+    The step that computes the prompt is timed three ways: on the client, each decode row's
+    gap between the chunk before that step and the chunk of that step (their median); on
+    agentab's clock, the standard path's step seconds between a poll before the prompt was
+    sent and one after its first token, less the decode steps among them at the decode step
+    time of a window of the same rows just before. (vLLM's clock cannot: see load.py.)"""
+    where = f"mixed phase ({phase.new} prompt tokens beside {phase.rows} decode rows)"
+    prompts = unique_prompts(rng, phase.rows, phase.context, vocab)
+    reqs = [LoadRequest(rid("mixed-decode"), p.tolist(), phase.steps) for p in prompts]
+    outs = [Outcome() for _ in reqs]
+    tasks = [asyncio.ensure_future(_send(target, r, o)) for r, o in zip(reqs, outs, strict=True)]
+    try:
+        await _until_chunks(outs, MIXED_LEAD, tasks)
+        s0 = await _scrape(target)
+        await _until_chunks(outs, MIXED_LEAD + MIN_WINDOW_STEPS, tasks)
+        s1 = await _scrape(target)
+        if any(t.done() for t in tasks):
+            raise PhaseUnusable(f"{where}: a decode request ended before the prompt was sent")
+        prompt = unique_prompts(rng, 1, phase.new, vocab)[0].tolist()
+        injected = await _send(target, LoadRequest(rid("mixed-prefill"), prompt, 1))
+        s2 = await _scrape(target)
+    finally:
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        task.result()  # a failed decode request fails the calibration, as elsewhere
+    assert injected.sent is not None
+    first = injected.sent + float(injected.chunk_times[0])
+    gaps, context = [], 0.0
+    for req, out in zip(reqs, outs, strict=True):
+        t, k = _token_series(out, where)
+        if t[-1] <= first:
+            raise PhaseUnusable(f"{where}: a decode request ended before the prompt's step")
+        i = int(np.argmin(np.abs(t - first)))
+        if i >= 1 and k[i] - k[i - 1] == 1:  # one token: the chunk is that step's alone
+            gaps.append(float(t[i] - t[i - 1]))
+        # a row attends its computed tokens and the one it runs in that step
+        context += len(req.prompt) + float(k[i - 1] if i >= 1 else 0.0)
+    if not gaps and engine_clock is None:
+        raise PhaseUnusable(f"{where}: no decode row streamed that step's token on its own")
+    client = float(np.median(gaps)) if gaps else float("nan")
+    m = MixedMeasurement(rows=phase.rows, new=phase.new, context_tokens=context, client_s=client)
+    if engine_clock == "agentab":
+        _engine_mixed(m, s0, s1, s2, where)
+    return m
+
+
+def _engine_mixed(m: MixedMeasurement, s0: Sample, s1: Sample, s2: Sample, where: str) -> None:
+    """The mixed step's seconds from agentab's standard-path counters (see _mixed_phase)."""
+    seconds, steps = STEP_SECONDS.format(path="standard"), STEPS.format(path="standard")
+    decode = DECODE_STEPS.format(path="standard")
+
+    def delta(a: Sample, b: Sample, name: str) -> float:
+        return b[1].get(name, 0.0) - a[1].get(name, 0.0)
+
+    window = delta(s0, s1, decode)
+    if window < MIN_WINDOW_STEPS // 2 or delta(s0, s1, steps) != window:
+        raise PhaseUnusable(
+            f"{where}: the standard path ran {int(delta(s0, s1, steps))} steps "
+            f"({int(window)} decode-only) in the decode window before the prompt"
+        )
+    m.decode_step_s = delta(s0, s1, seconds) / window
+    others = delta(s1, s2, steps) - delta(s1, s2, decode)
+    if others != 1:
+        raise PhaseUnusable(f"{where}: {int(others)} steps with a prompt, not 1, around it")
+    m.engine_s = delta(s1, s2, seconds) - delta(s1, s2, decode) * m.decode_step_s

@@ -44,6 +44,8 @@ class EngineFacts:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     cuda_graph_max_tokens: int | None = None
+    # schedules step k+1 while step k runs (vLLM's async scheduling; the local engine on a GPU)
+    async_scheduling: bool | None = None
     # the engine's own step clock on /metrics: "agentab" (agentab:step_seconds_*_total),
     # "vllm" (engine-core timestamped histograms), or None (client timing only)
     engine_clock: str | None = None
@@ -103,6 +105,8 @@ def _agentab_facts(url: str, d: dict[str, Any]) -> EngineFacts:
     f.set("max_num_seqs", sched.get("max_num_seqs"), src)
     f.set("max_num_batched_tokens", sched.get("max_num_batched_tokens"), src)
     f.set("max_model_len", d.get("max_model_len"), src)
+    ahead = d.get("async_scheduling")
+    f.set("async_scheduling", ahead if isinstance(ahead, bool) else None, src)
     if f.engine == "agentab-local":
         # the local engine captures CUDA graphs for every padded batch up to max_num_seqs on a
         # GPU and runs eagerly (no padding) on the CPU (docs/engine.md, "The local engine")
@@ -134,6 +138,8 @@ def _vllm_facts(url: str) -> EngineFacts:
         sc = config.get("scheduler_config") or {}
         f.set("max_num_seqs", sc.get("max_num_seqs"), src)
         f.set("max_num_batched_tokens", sc.get("max_num_batched_tokens"), src)
+        ahead = sc.get("async_scheduling")
+        f.set("async_scheduling", ahead if isinstance(ahead, bool) else None, src)
         pc = config.get("parallel_config") or {}
         sizes = [pc.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")]
         if all(isinstance(s, int) for s in sizes):
@@ -168,3 +174,11 @@ def _agentab_version() -> str:
     from agentab import __version__
 
     return __version__
+
+
+def local_engine_schedules_ahead(f: EngineFacts) -> None:
+    """Fill `async_scheduling` of an agentab-local engine recorded before its describe stated
+    it: the local engine schedules one step ahead exactly when it runs on a GPU (its executor
+    launches work without waiting for it there), which its recorded device says."""
+    if f.async_scheduling is None and f.engine == "agentab-local" and f.device:
+        f.set("async_scheduling", f.device.startswith("cuda"), "device (agentab-local on a GPU)")

@@ -20,6 +20,14 @@ What a timed load identifies, and what it cannot:
   mixed-step rule, pricing a step by its token count alone, cannot say). Client-side, it
   also holds the request's own latency outside the engine (HTTP, the frontend, streaming the
   first token back), which the simulator then charges to the prefill step.
+- mixed: a step that computes a prompt of `new` tokens beside `rows` decode rows costs what
+  the terms above price for it (the table at T = new + rows, the rows' KV read, the prompt's
+  rates) plus `rows * mixed_decode_row_us`: an engine that attends a mixed step's decode rows
+  one by one pays per row what a decode step pays per batch. The measured step less the priced
+  terms, over several `rows`, is fitted as `offset + rows * per_row`; only the slope goes into
+  the profile, the offset (what the priced terms miss for this prompt, and client-side the
+  request latency that the table's last point holds and a step between two chunks does not) is
+  reported beside the residuals, which are those of the profile's price (without the offset).
 Rates are constrained to be >= 0 (a coefficient fitted negative is noise around zero: it is
 set to zero and the rest refitted). numpy's `lstsq` is enough for these few unknowns.
 """
@@ -30,7 +38,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.calibrate.client import DecodeMeasurement, Measurements, PrefillMeasurement
+from agentab.calibrate.client import (
+    DecodeMeasurement,
+    Measurements,
+    MixedMeasurement,
+    PrefillMeasurement,
+)
 from agentab.engine.paths import padded_tokens
 from agentab.errors import AgentabError
 
@@ -64,10 +77,18 @@ class PrefillFit:
 
 
 @dataclass
+class MixedFit:
+    us_per_decode_row: Coefficient  # per decode row of a step with prefill tokens
+    offset_us: Coefficient  # per step, not written to the profile (see the module docstring)
+    residuals: list[dict[str, float]]
+
+
+@dataclass
 class Fit:
     timing: str  # client | engine
     decode: dict[str, DecodeFit] = field(default_factory=dict)
     prefill: PrefillFit | None = None
+    mixed: MixedFit | None = None  # None: the load ran no mixed step
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray, nonneg: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -223,6 +244,60 @@ def _median_points(rows: list[PrefillMeasurement], timing: str) -> dict[tuple[in
     return {k: float(np.median(v)) for k, v in sorted(by.items())}
 
 
+def fit_mixed(
+    rows: list[MixedMeasurement], standard: DecodeFit, prefill: PrefillFit, *, timing: str
+) -> MixedFit | None:
+    """The cost per decode row of a mixed step (module docstring); None without mixed steps."""
+    if not rows:
+        return None
+    by: dict[tuple[int, int], list[MixedMeasurement]] = {}
+    for r in rows:
+        by.setdefault((r.rows, r.new), []).append(r)
+    if len({n for n, _ in by}) < 2:
+        raise AgentabError("mixed: the load must vary the decode rows beside the prompt")
+    table_t = np.array([*standard.batch_tokens, prefill.tail_tokens], dtype=np.float64)
+    table_us = np.array([*standard.step_us, prefill.tail_us.value])
+    kv = standard.kv_us_per_token.value if standard.kv_us_per_token is not None else 0.0
+    points, priced, x = [], [], []
+    for (n, new), group in sorted(by.items()):
+        times = [_mixed_time(r, timing) for r in group]
+        measured_us = float(np.median(times)) * 1e6
+        context = float(np.mean([r.context_tokens for r in group]))
+        us = float(np.interp(n + new, table_t, table_us)) + kv * context
+        us += prefill.us_per_token.value * new + prefill.us_per_pair.value * new * (new + 1) / 2
+        points.append((n, new, context, measured_us))
+        priced.append(us)
+        x.append([float(n), 1.0])
+    xa = np.array(x)
+    ya = np.array([p[3] for p in points]) - np.array(priced)
+    coef, stderr = _lstsq(xa, ya, nonneg=[0])
+    per_row = _coef(coef, stderr, 0)
+    residuals = []
+    for (n, new, context, m), us in zip(points, priced, strict=True):
+        f = us + per_row.value * n
+        residuals.append(
+            {
+                "rows": n,
+                "new": new,
+                "context_tokens": round(context, 1),
+                "measured_us": round(m, 2),
+                "fitted_us": round(f, 2),
+                "error": round(f / m - 1, 5),
+            }
+        )
+    return MixedFit(
+        us_per_decode_row=per_row, offset_us=_coef(coef, stderr, 1), residuals=residuals
+    )
+
+
+def _mixed_time(r: MixedMeasurement, timing: str) -> float:
+    if timing == "engine":
+        if r.engine_s is None:
+            raise AgentabError("mixed: the engine exported no step timing for --timing engine")
+        return r.engine_s
+    return r.client_s
+
+
 def fit_all(
     measured: dict[str, Measurements],
     *,
@@ -239,5 +314,8 @@ def fit_all(
         fit.decode["standard"],
         timing=timing,
         max_num_batched_tokens=max_num_batched_tokens,
+    )
+    fit.mixed = fit_mixed(
+        measured["standard"].mixed, fit.decode["standard"], fit.prefill, timing=timing
     )
     return fit

@@ -10,7 +10,11 @@ model"), so a least-squares fit can separate them:
 - a prefill phase sends one request at a time (the engine otherwise idle) with `new` unique
   prompt tokens after `cached` tokens that an earlier request left in the prefix cache, and
   times its first token. Varying both separates the per-token cost from the per-token-pair
-  (attention) cost.
+  (attention) cost;
+- a mixed phase starts `rows` decode requests (as a decode phase) and, once they decode
+  steadily, sends one request of `new` prompt tokens that fits one step: that step carries the
+  prompt beside `rows` decode rows. Its time less what the prefill and decode terms already
+  price, over several `rows`, gives the cost per decode row of a mixed step.
 Prompts are random token ids from a seeded generator, so no two phases share a block by chance.
 """
 
@@ -40,16 +44,27 @@ class PrefillPhase:
 
 
 @dataclass(frozen=True)
+class MixedPhase:
+    rows: int  # decode requests running beside the prompt
+    context: int  # prompt tokens of each decode request
+    new: int  # prompt tokens of the request whose prefill is one step beside them
+    steps: int  # max_tokens per decode request
+    repeat: int  # which repetition of this point (distinct prompts)
+
+
+@dataclass(frozen=True)
 class CalibrationLoad:
     decode: tuple[DecodePhase, ...]
     prefill: tuple[PrefillPhase, ...]
     seed: int
+    mixed: tuple[MixedPhase, ...] = ()
 
     def describe(self) -> dict[str, object]:
         return {
             "decode": [(p.batch, p.context, p.steps) for p in self.decode],
             "prefill": [(p.new, p.cached) for p in self.prefill if p.repeat == 0],
             "prefill_repeats": 1 + max((p.repeat for p in self.prefill), default=0),
+            "mixed": [(p.rows, p.context, p.new) for p in self.mixed if p.repeat == 0],
             "seed": self.seed,
         }
 
@@ -65,9 +80,12 @@ def build_load(
     prefill_repeats: int = 3,
     seed: int = 0,
     one_prefill_step: bool = False,
+    with_mixed: bool = True,
 ) -> CalibrationLoad:
     """A load sized to the engine: contexts and prefill lengths fit `max_model_len`, and each
-    prefill request fits one step's token budget (so it is one step, as the fit assumes)."""
+    prefill request fits one step's token budget (so it is one step, as the fit assumes).
+    `with_mixed`: add the mixed phases (the clock that times the load can single out a step
+    while other requests stream)."""
     if not batches or any(b < 1 for b in batches) or list(batches) != sorted(set(batches)):
         raise AgentabError(f"--batches {batches}: need increasing batch sizes >= 1")
     if steps < 16:
@@ -103,7 +121,16 @@ def build_load(
     points = [(n, 0) for n in news]
     points += [(n, cached) for n in news[:2] if n + cached <= max_model_len - 2]
     prefill = tuple(PrefillPhase(n, c, r) for r in range(prefill_repeats) for n, c in points)
-    return CalibrationLoad(decode, prefill, seed)
+    # mixed steps: a prompt of the second prefill length beside a quarter, half and all of the
+    # largest decode batch, decoding at the short context
+    rows = sorted({max(1, batches[-1] // 4), max(1, batches[-1] // 2), batches[-1]})
+    new = min(news[1], budget - batches[-1])
+    mixed = ()
+    if with_mixed:
+        mixed = tuple(
+            MixedPhase(b, lo, new, steps, r) for r in range(prefill_repeats) for b in rows
+        )
+    return CalibrationLoad(decode, prefill, seed, mixed)
 
 
 def unique_prompts(rng: np.random.Generator, count: int, length: int, vocab: int) -> np.ndarray:

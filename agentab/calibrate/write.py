@@ -39,6 +39,8 @@ ASSUMABLE = {
     "decode.cuda_graph_max_tokens": "1 (no CUDA-graph padding)",
     "gpu_count": "1 GPU (also tp = 1)",
     "prefill.context_token_us": "0 (the load ran no prefill after a cached prefix)",
+    "prefill.mixed_decode_row_us": "0 (the load ran no mixed step)",
+    "engine.async_scheduling": "false (the engine did not say whether it schedules ahead)",
 }
 
 
@@ -83,6 +85,10 @@ def unidentified_fields(fit: Fit, facts: EngineFacts, kv_blocks: int | None) -> 
         missing.append("gpu_count")
     if fit.prefill is not None and fit.prefill.us_per_context_token is None:
         missing.append("prefill.context_token_us")
+    if fit.mixed is None:
+        missing.append("prefill.mixed_decode_row_us")
+    if facts.async_scheduling is None:
+        missing.append("engine.async_scheduling")
     return missing
 
 
@@ -241,6 +247,22 @@ def render_profile(
             f"context_token_us = {_num(c.value)}  # [C] {_pm(c, 1e3, ' ns')} per computed "
             "context token of a prefill row, per step"
         )
+    mixed = fit.mixed
+    if mixed is None:
+        lines.append("mixed_decode_row_us = 0.0  # [A] the load ran no mixed step")
+    else:
+        lines.append(
+            f"mixed_decode_row_us = {_num(mixed.us_per_decode_row.value)}  # [C] "
+            f"{_pm(mixed.us_per_decode_row, 1.0, ' us')} per decode row of a step with prefill"
+        )
+    ahead = facts.async_scheduling
+    source = facts.sources.get("async_scheduling", "")
+    lines += [
+        "",
+        "[engine]",
+        f"async_scheduling = {'true' if ahead else 'false'}  # "
+        + (f"[E] {source}".rstrip() if ahead is not None else "[A] not stated by the engine"),
+    ]
     text = "\n".join(lines) + "\n"
     parse_profile(text.encode(), f"calibrated profile {name}")  # what we write must load
     return text
@@ -275,6 +297,7 @@ def fit_report(
         "timing": fit.timing,
         "decode": {path: asdict(d) for path, d in fit.decode.items()},
         "prefill": asdict(fit.prefill) if fit.prefill else None,
+        "mixed": asdict(fit.mixed) if fit.mixed else None,
         "assumed": assumed,
     }
 

@@ -15,6 +15,12 @@ window of steps at once (Scheduler.plan_window) and sleeps to the window's end, 
 request or an abort arrives. Then it commits only the steps that had started before the arrival
 (the step in flight completes, as on a GPU) and resumes step by step, so the result is the same
 as stepping one at a time.
+
+Async scheduling (a profile's `[engine] async_scheduling`, as the engine it models runs on a GPU):
+the priced loop then keeps one step ahead like `_loop_measured`: step k+1 is scheduled and
+applied while step k runs, so a request that arrives during step k joins step k+2 at the
+earliest; each step's tokens, finishes and trace record are handed out when it was priced to
+end, and steps run back to back. Fast-forward windows follow the same rule (`_run_window_ahead`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -106,6 +113,11 @@ class Timeline:
         else:
             times = np.concatenate([p[0] for p in parts])
             counts = np.concatenate([p[1] for p in parts])
+        until = sched.log.until if sched is not None and sched.log is not None else None
+        if until is not None:  # async scheduling: the step applied ahead has not ended yet
+            keep = times <= until
+            if not keep.all():
+                times, counts = times[keep], counts[keep]
         if counts.dtype != np.int32:
             counts = counts.astype(np.int32)
         return times, counts
@@ -114,6 +126,18 @@ class Timeline:
         """(loop times, tokens) of every chunk emitted so far, in order, as lists."""
         times, counts = self.chunk_arrays()
         return times.tolist(), counts.tolist()
+
+
+@dataclass(slots=True)
+class _Applied:
+    """A priced step applied to the scheduler before it ends (async scheduling): what is handed
+    out when the clock reaches `end`."""
+
+    start: float
+    end: float
+    finished: list[Req]
+    events: list[tuple[_Channel, int, np.ndarray]]  # (stream, tokens, their ids)
+    record: tuple[Any, ...] | None  # the trace record's fields after its duration
 
 
 class Engine:
@@ -127,11 +151,16 @@ class Engine:
         describe: dict[str, Any] | None = None,
         fast_forward: bool = True,
         max_window_steps: int = 256,
+        async_scheduling: bool = False,
     ) -> None:
+        """`async_scheduling`: a priced executor's loop schedules one step ahead (see the
+        module docstring); a measured one does whenever its device runs launched work by
+        itself (`launches_async`), whatever this says."""
         self.scheduler = scheduler
         self.executor = executor
         self._describe = dict(describe or {})
         self.fast_forward = fast_forward
+        self.async_scheduling = async_scheduling
         self.max_window_steps = max_window_steps
         self.step_observer: StepObserver | None = None
         self._task: asyncio.Task[None] | None = None
@@ -142,6 +171,7 @@ class Engine:
         self._failure: BaseException | None = None  # why the step loop died, if it did
         self._channels: set[_Channel | Timeline] = set()  # open streams (woken on a failure)
         self._streams = 0  # open `generate` streams (steps need per-row work only for these)
+        self._wakes = 0  # requests and aborts so far (a wake-up is not lost between two waits)
 
     # -- public API ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -279,10 +309,16 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         """What a run manifest records about this engine."""
-        return {**self._describe, **self.executor.describe()}
+        ahead = (
+            bool(getattr(self.executor, "launches_async", False))
+            if self.executor.measured
+            else self.async_scheduling
+        )
+        return {**self._describe, **self.executor.describe(), "async_scheduling": ahead}
 
     # -- the loop -----------------------------------------------------------------------------
     def _wake(self) -> None:
+        self._wakes += 1
         w = self._wakeup
         if w is not None and not w.done():
             w.set_result(None)
@@ -309,6 +345,9 @@ class Engine:
         virtual = is_virtual(loop)
         sched = self.scheduler
         sched.collect_timelines()
+        if self.async_scheduling:
+            await self._loop_ahead(loop, virtual)
+            return
         # Real clock: while busy, a step starts when the previous one was priced to end, so the
         # host's time between steps (streaming, timer lateness) does not stretch every step;
         # a host later than one step starts afresh instead of compressing the steps after it.
@@ -406,6 +445,141 @@ class Engine:
                 continue
             await self._wait(loop, None)
 
+    async def _loop_ahead(self, loop: asyncio.AbstractEventLoop, virtual: bool) -> None:
+        """The priced loop with async scheduling, in `_loop_measured`'s order: while step k
+        (`ahead`) runs, step k+1 is scheduled and applied (`Scheduler.update` with the priced
+        outcome, which is known at once: the simulator's output ids are fixed at admission);
+        then step k is handed out at its end, aborts are applied, and step k+2 is scheduled.
+        Step k+1 starts when step k was priced to end (the device never waits for the host)."""
+        sched = self.scheduler
+        assert sched.log is not None
+        sched.log.until = -np.inf  # nothing handed out yet
+        ahead: _Applied | None = None
+        while True:
+            if self._aborts:
+                self._apply_aborts()
+            if sched.has_work():
+                now = loop.time()
+                start = now if ahead is None else max(ahead.end, now)
+                # a window goes behind a step in flight whose end changes nothing but decode
+                # progress (a finish would bring the next turn)
+                if virtual and self.fast_forward and ahead is not None and not ahead.finished:
+                    window = sched.plan_window(self.max_window_steps)
+                    if window is not None:
+                        ahead = await self._run_window_ahead(loop, window, ahead)
+                        continue
+                plan = sched.schedule()
+                if plan.total_tokens:
+                    step = self._apply_ahead(plan, start)
+                    if ahead is not None:
+                        await self._hand_out(loop, ahead)
+                    ahead = step
+                    continue
+                if ahead is None:
+                    await asyncio.sleep(0)  # everything was preempted: the next step re-admits
+                    continue
+            if ahead is not None:
+                await self._hand_out(loop, ahead)
+                ahead = None
+                continue
+            await self._wait(loop, None)
+
+    def _apply_ahead(self, plan: StepPlan, start: float) -> _Applied:
+        """Price a step starting at `start` and apply it now; its tokens wait for its end."""
+        sched = self.scheduler
+        output = self.executor.execute(plan)
+        end = start + output.duration_s
+        record = None
+        if self.step_observer is not None:
+            record = (
+                plan.path,
+                plan.num_prefill_tokens,
+                plan.num_decode_tokens,
+                plan.num_running,
+                plan.num_waiting,
+                plan.preempted,
+                self._step_rows(plan),
+            )
+        sched.log_times(np.array([end]))
+        reqs, counts, finished = sched.update(plan, output)
+        events = []
+        if self._streams:
+            for req, n in zip(reqs, counts, strict=True):
+                ch = req.sink
+                if type(ch) is _Channel:
+                    events.append((ch, n, sched.output_ids(req, n)))
+        return _Applied(start, end, finished, events, record)
+
+    async def _hand_out(self, loop: asyncio.AbstractEventLoop, step: _Applied) -> None:
+        """At the step's end (now, if that has passed): its events, trace record, finishes.
+        Events carry the time the step was priced to end, as its collected chunks do."""
+        delay = step.end - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        t = step.end
+        log = self.scheduler.log
+        assert log is not None
+        log.until = t
+        if step.record is not None:
+            self._emit_record(step.start, t - step.start, *step.record)
+        for ch, n, ids in step.events:
+            if not ch.done:  # aborted while the step ran
+                ch.items.append(TokenEvent(t, n, ids))
+                ch.wake()
+        for req in step.finished:
+            self._finish(req)
+
+    async def _run_window_ahead(
+        self, loop: asyncio.AbstractEventLoop, w: WindowPlan, ahead: _Applied
+    ) -> _Applied:
+        """A window of decode steps behind the step in flight (`ahead`), with async scheduling.
+
+        Window step j+1 is scheduled when step j-1 ends (`ahead` ends as step -1), so a request
+        or abort that arrives after that and no later than step j's end is first seen by the
+        step after window step j: the window keeps steps 0..j, step j is the new step in flight,
+        and the loop resumes at the end of step j-1. With no arrival all n steps are kept and
+        the loop resumes when step n-2 ends. Stepping gives the same steps at the same times.
+        """
+        ends = ahead.end + np.cumsum(self.executor.window_seconds(w))
+        n = len(ends)
+        scheduled_at = np.concatenate(([ahead.end], ends[:-1]))  # when step j+1 is scheduled
+        wakes = self._wakes
+        await self._wait(loop, ahead.end)  # the step in flight is handed out at its end
+        handed = self._wakes == wakes  # nothing arrived before it ended
+        if handed:
+            await self._hand_out(loop, ahead)
+            if n > 1 and self._wakes == wakes:
+                await self._wait(loop, float(scheduled_at[-1]))
+        m = min(int(np.searchsorted(scheduled_at, loop.time(), side="left")) + 1, n)
+        if not handed:
+            await self._hand_out(loop, ahead)
+        resume = float(scheduled_at[m - 1])
+        delay = resume - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sched = self.scheduler
+        rows = self._window_rows(w) if self.step_observer is not None else []
+        sched.log_times(ends[:m])
+        reqs, finished = sched.commit_window(w, m)
+        times = ends[:m].tolist()
+        starts = [ahead.end, *times[:-1]]
+        if self.step_observer is not None:
+            self._observe_window(w, rows, starts[: m - 1], times[: m - 1])
+        sched.log.until = times[m - 2] if m > 1 else ahead.end  # type: ignore[union-attr]
+        last: list[tuple[_Channel, int, np.ndarray]] = []
+        if self._streams:
+            for ch, events in self._window_events(w, m, times, reqs):
+                if events and events[-1].t == times[-1]:  # the step in flight: handed out later
+                    final = events.pop()
+                    last.append((ch, final.num_tokens, final.token_ids))
+                if events:
+                    ch.items.extend(events)
+                    ch.wake()
+        record = None
+        if self.step_observer is not None:
+            record = (w.path, 0, w.q * len(rows), w.num_running, w.num_waiting, [], rows)
+        return _Applied(starts[-1], times[-1], finished, last, record)
+
     async def _run_window(self, loop: asyncio.AbstractEventLoop, w: WindowPlan, t0: float) -> None:
         ends = t0 + np.cumsum(self.executor.window_seconds(w))
         await self._wait(loop, float(ends[-1]))
@@ -419,20 +593,26 @@ class Engine:
         step_ends = ends[:m]
         step_ends[-1] = t_last
         if self.step_observer is not None:
-            self._observe_window(w, m, t0, step_ends.tolist())
+            times = step_ends.tolist()
+            self._observe_window(w, self._window_rows(w), [t0, *times[:-1]], times)
         sched = self.scheduler
         sched.log_times(step_ends)
         reqs, finished = sched.commit_window(w, m)
         if self._streams:
-            self._stream_window(w, m, step_ends.tolist(), reqs)
+            for ch, events in self._window_events(w, m, step_ends.tolist(), reqs):
+                ch.items.extend(events)
+                ch.wake()
         for req in finished:
             self._finish(req)
 
-    def _stream_window(self, w: WindowPlan, m: int, times: list[float], reqs: list[Req]) -> None:
-        """A window's token events for the requests streamed through `generate`."""
+    def _window_events(
+        self, w: WindowPlan, m: int, times: list[float], reqs: list[Req]
+    ) -> list[tuple[_Channel, list[TokenEvent]]]:
+        """A committed window's token events for the requests streamed through `generate`."""
         output_ids = self.scheduler.output_ids
         # without drafts every row emits one token per step of a window
         cols = [[1] * m] * len(reqs) if w.q == 1 else w.emitted[:m].T.tolist()
+        out = []
         for req, col in zip(reqs, cols, strict=True):
             ch = req.sink
             if type(ch) is not _Channel:
@@ -444,16 +624,18 @@ class Engine:
                 if n:
                     events.append(TokenEvent(t, n, ids[at : at + n]))
                     at += n
-            ch.items.extend(events)
-            ch.wake()
+            out.append((ch, events))
+        return out
 
-    def _finish(self, req: Req) -> None:
+    def _finish(self, req: Req, undelivered: int = 0) -> None:
+        """End a request's stream; `undelivered`: tokens of steps applied ahead that it will
+        not get (it was aborted while they ran)."""
         ch = req.sink
         if ch is None:
             return
         usage = FinalUsage(
             prompt_tokens=req.prompt_len,
-            completion_tokens=req.num_output,
+            completion_tokens=req.num_output - undelivered,
             cached_tokens=max(req.cached_tokens, 0),
             finish_reason=req.finish_reason or "length",
         )
@@ -470,10 +652,24 @@ class Engine:
 
     def _apply_aborts(self) -> None:
         aborts, self._aborts = self._aborts, []
+        sched = self.scheduler
         for rid in aborts:
-            req = self.scheduler.abort(rid)
+            req = sched.requests.get(rid)
+            undelivered = self._undelivered(req) if req is not None else 0
+            req = sched.abort(rid)
             if req is not None:
-                self._finish(req)
+                self._finish(req, undelivered)
+
+    def _undelivered(self, req: Req) -> int:
+        """Tokens a request emitted in priced steps applied ahead of their end (async
+        scheduling): its collected chunks leave them out, and so does its usage if aborted."""
+        log = self.scheduler.log
+        if log is None or log.until is None:
+            return 0
+        parts = list(req.chunk_parts)
+        if req.slot >= 0:
+            parts.append(self.scheduler.span(req))
+        return sum(int(counts[times > log.until].sum()) for times, counts in parts)
 
     # -- step records (engine trace) ----------------------------------------------------------
     def _step_rows(self, plan: StepPlan) -> list[dict[str, Any]]:
@@ -497,24 +693,27 @@ class Engine:
             rows,
         )
 
-    def _observe_window(self, w: WindowPlan, m: int, t0: float, times: list[float]) -> None:
+    def _window_rows(self, w: WindowPlan) -> list[dict[str, Any]]:
+        """The trace's rows of every step of a window, read before it is committed."""
         slot_req = self.scheduler.slot_req
         reqs = [slot_req[s] for s in w.slots.tolist()]
-        rows = [{"id": r.id, "tokens": w.q, "cached_tokens": max(r.cached_tokens, 0)} for r in reqs]  # type: ignore[union-attr]
-        start = t0
-        for j in range(m):
+        return [{"id": r.id, "tokens": w.q, "cached_tokens": max(r.cached_tokens, 0)} for r in reqs]  # type: ignore[union-attr]
+
+    def _observe_window(
+        self, w: WindowPlan, rows: list[dict[str, Any]], starts: list[float], ends: list[float]
+    ) -> None:
+        for start, end in zip(starts, ends, strict=True):
             self._emit_record(
                 start,
-                times[j] - start,
+                end - start,
                 w.path,
                 0,
-                w.q * len(reqs),
+                w.q * len(rows),
                 w.num_running,
                 w.num_waiting,
                 [],
                 rows,
             )
-            start = times[j]
 
     def _emit_record(
         self,

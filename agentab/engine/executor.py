@@ -16,8 +16,9 @@ Decode-only steps (every row decoding or verifying) run on the step's path:
 Steps with prefill tokens run the standard path, and the mixed-step rule is additive: the decode
 part priced as above at the step's total token count (clipped at the table's end, unpadded), plus
 compute-bound prefill (tokens / (tokens_per_s_per_gpu * gpu_count)) plus causal attention FLOPs of
-the prefill chunks over their context. The drafter's cost is added to every step that has a
-decoding row when speculative decoding is on.
+the prefill chunks over their context, plus `mixed_decode_row_us` per decode row (what an engine
+that attends a mixed step's decode rows one by one pays beyond that). The drafter's cost is
+added to every step that has a decoding row when speculative decoding is on.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class SimExecutor:
             / (profile.attention_flops_per_s_per_gpu * profile.gpu_count)
         )
         self.prefill_ctx_us = profile.prefill_context_token_us
+        self.mixed_row_us = profile.mixed_decode_row_us
         self._base_cache: dict[tuple[str, int], float] = {}
 
     def decode_base_us(self, path: str, tokens: int) -> float:
@@ -114,6 +116,8 @@ class SimExecutor:
         us += self.attn_us_per_pair * pairs
         if self.prefill_ctx_us:  # only profiles that price it
             us += self.prefill_ctx_us * float(c0.sum())
+        if self.mixed_row_us:  # only profiles that price it
+            us += self.mixed_row_us * int(np.count_nonzero(dec))
         return us * 1e-6
 
     def window_seconds(self, w: WindowPlan) -> np.ndarray:

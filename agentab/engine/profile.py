@@ -73,6 +73,14 @@ class HardwareProfile:
     # per step, whatever the chunk's length: MLA prefill expands each cached latent into
     # per-head keys and values before attending.
     prefill_context_token_us: float = 0.0
+    # Per decode row of a step that also carries prefill tokens: an engine that attends a mixed
+    # step's decode rows one by one (a gather of each row's cache and a few kernels per row and
+    # layer) pays this beside what the step's token count and KV read already price.
+    mixed_decode_row_us: float = 0.0
+    # The engine schedules one step ahead (vLLM's and the local engine's async scheduling on a
+    # GPU): step k+1 is planned while step k runs, so a request that arrives during step k
+    # joins step k+2 at the earliest.
+    async_scheduling: bool = False
 
     def table(self, path: str) -> DecodeTable:
         return self.specialized if path == "specialized" else self.standard
@@ -139,6 +147,7 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
     spec = dec.table("specialized")
     pre = r.table("prefill")
     sd = r.table("spec_decode")
+    eng = r.table("engine", optional=True)
     limits = spec.int_list("max_requests_by_q")
     if len(limits) != 8:
         raise AgentabError(
@@ -169,8 +178,10 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
         attention_flops_per_token_pair=pre.float("attention_flops_per_token_pair", 0.0),
         attention_flops_per_s_per_gpu=pre.float("attention_flops_per_s_per_gpu", 1.0),
         prefill_context_token_us=pre.float("context_token_us", 0.0, default=0.0),
+        mixed_decode_row_us=pre.float("mixed_decode_row_us", 0.0, default=0.0),
+        async_scheduling=eng.bool("async_scheduling", default=False),
     )
-    for sub in (r, kv, dec, std, spec, pre, sd):
+    for sub in (r, kv, dec, std, spec, pre, sd, eng):
         sub.done()
     return profile
 
@@ -210,7 +221,12 @@ class _Reader:
             raise AgentabError(f"{self.where(key)}: missing")
         return self.doc[key]
 
-    def table(self, key: str) -> _Reader:
+    def table(self, key: str, *, optional: bool = False) -> _Reader:
+        """A sub-table; `optional` ones (added after format 1 was first written) may be absent
+        and then read as empty, so every key in them takes its default."""
+        if optional and key not in self.doc:
+            self.used.add(key)
+            return _Reader({}, self.source, f"{self.prefix}{key}.")
         value = self._get(key)
         if not isinstance(value, dict):
             raise AgentabError(f"{self.where(key)}: must be a table")
@@ -242,6 +258,16 @@ class _Reader:
         if not math.isfinite(value) or (lo is not None and value < lo):
             raise AgentabError(f"{self.where(key)}: {value} must be finite and >= {lo}")
         return float(value)
+
+    def bool(self, key: str, *, default: bool) -> bool:
+        """A boolean; absent means `default` (every boolean key is optional)."""
+        if key not in self.doc:
+            self.used.add(key)
+            return default
+        value = self._get(key)
+        if not isinstance(value, bool):
+            raise AgentabError(f"{self.where(key)}: must be true or false")
+        return value
 
     def float_list(self, key: str) -> list[float]:
         value = self._get(key)

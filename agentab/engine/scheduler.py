@@ -119,11 +119,14 @@ class EmissionLog:
     are dropped when the buffer fills, so memory follows the longest-running request.
     """
 
-    __slots__ = ("base", "counts", "n", "times")
+    __slots__ = ("base", "counts", "n", "times", "until")
 
     def __init__(self, slots: int, rows: int = 1024) -> None:
         self.base = 0  # step number of row 0
         self.n = 0  # steps logged so far
+        # With async scheduling a step is logged when it is applied, before it ends: the end
+        # time of the last step handed out (None: every logged step has ended)
+        self.until: float | None = None
         self.times = np.zeros(rows, dtype=np.float64)
         self.counts = np.zeros((rows, slots), dtype=np.int32)
 

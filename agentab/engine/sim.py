@@ -43,6 +43,11 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
         acceptance_probs=tuple(float(p) for p in probs) if probs is not None else None,
         seed=int(options.get("seed") or 0),
     )
+    if prof.async_scheduling and k:
+        raise AgentabError(
+            f"num_draft_tokens: {prof.source} models an engine with async scheduling "
+            "([engine] async_scheduling), which needs num_draft_tokens = 0"
+        )
     if decode_backend == "latency_specialized" and k > 7:
         raise AgentabError(
             f"num_draft_tokens: latency_specialized supports at most 7 draft tokens, got {k}"
@@ -82,4 +87,5 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
         SimExecutor(prof, k, spec),
         describe=describe,
         fast_forward=bool(options.get("fast_forward", True)),
+        async_scheduling=prof.async_scheduling,
     )

@@ -91,6 +91,27 @@ def test_a_slower_specialized_profile_underpredicts_the_gain(ab_dir: Path, tmp_p
     assert result["ab"]["error"] < 0
 
 
+def test_the_profiles_async_scheduling_is_what_the_runs_are_simulated_with(
+    ab_dir: Path, tmp_path: Path, capsys
+):
+    """A profile with `[engine] async_scheduling = true` simulates every recorded run
+    scheduling one step ahead (each simulated run's manifest says so, the recorded ones not).
+    What the mode changes is checked by the engine tests (this A/B's prompts wait behind
+    prefill chunks of seconds, and its figures come out the same either way)."""
+    ahead = tmp_path / "truth-async.toml"
+    text = TRUTH.read_text().replace('name = "truth"', 'name = "truth-async"')
+    ahead.write_text(text + "\n[engine]\nasync_scheduling = true  # test value\n")
+    result = fidelity_of(ab_dir, ahead, tmp_path / "async", capsys)
+    assert result["engine_options"]["profile"] == str(ahead)
+    simulated = sorted((tmp_path / "async" / "simulated").glob("*/run-*"))
+    recorded = sorted(ab_dir.glob("*/run-*"))
+    assert len(simulated) == len(recorded) == 4
+    assert all(json.loads((r / "manifest.json").read_text())["async_scheduling"] for r in simulated)
+    assert not any(
+        json.loads((r / "manifest.json").read_text())["async_scheduling"] for r in recorded
+    )
+
+
 def test_recorded_mode_refuses_replay_flags_and_non_ab_dirs(ab_dir: Path, tmp_path: Path, capsys):
     def error(args: list[str]) -> str:
         with pytest.raises(SystemExit) as exc:

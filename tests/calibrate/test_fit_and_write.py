@@ -4,21 +4,39 @@ what it writes loads as a profile, and a field the load could not identify is re
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from agentab.calibrate.client import DecodeMeasurement, Measurements, PrefillMeasurement
+from agentab.calibrate.client import (
+    DecodeMeasurement,
+    Measurements,
+    MixedMeasurement,
+    PrefillMeasurement,
+)
 from agentab.calibrate.facts import EngineFacts
 from agentab.calibrate.fit import fit_all
 from agentab.calibrate.load import build_load
 from agentab.calibrate.write import Provenance, render_profile
+from agentab.engine.executor import SimExecutor
 from agentab.engine.profile import parse_profile
+from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.errors import AgentabError
 
 BASE_US = {1: 1000.0, 2: 1100.0, 4: 1300.0, 8: 1700.0, 16: 2500.0}
 KV_US = 0.05
 P_US, Q_US, TAIL_US = 2.0, 0.004, 4000.0
 CTX_US = 0.3  # per computed context token of a prefill row
+MIX_US = 150.0  # per decode row of a step with prefill tokens
+MIX_NEW = 256  # the mixed phases' prompt
 BUDGET = 2048
+
+
+def mixed_step_us(rows: int, context_tokens: float, new: int = MIX_NEW) -> float:
+    """A step computing a prompt of `new` tokens beside `rows` decode rows, exactly as the
+    step-time model prices it (the table flat at its last point beyond T = 128)."""
+    return (
+        TAIL_US + KV_US * context_tokens + P_US * new + Q_US * new * (new + 1) / 2 + MIX_US * rows
+    )
 
 
 def synthetic() -> Measurements:
@@ -33,6 +51,10 @@ def synthetic() -> Measurements:
         pairs = new * cached + new * (new + 1) / 2
         us = TAIL_US + P_US * new + Q_US * pairs + CTX_US * cached
         m.prefill.append(PrefillMeasurement(new, cached, us * 1e-6, us * 1e-6, 1))
+    for rows in (4, 8, 16):
+        context = rows * 130.0
+        step = mixed_step_us(rows, context) * 1e-6
+        m.mixed.append(MixedMeasurement(rows, MIX_NEW, context, step, step, 2e-3))
     return m
 
 
@@ -50,7 +72,9 @@ def facts(**over: object) -> EngineFacts:
         max_num_seqs=64,
         max_num_batched_tokens=BUDGET,
         cuda_graph_max_tokens=1,
+        async_scheduling=False,
     )
+    f.sources["async_scheduling"] = "/server_info"
     for k, v in over.items():
         setattr(f, k, v)
     return f
@@ -71,7 +95,28 @@ def test_fit_recovers_every_term_of_exact_measurements(timing: str) -> None:
     assert p.us_per_context_token is not None
     assert p.us_per_context_token.value == pytest.approx(CTX_US)
     assert (p.tail_tokens, p.tail_us.value) == (128, pytest.approx(TAIL_US))
-    assert max(abs(r["error"]) for r in d.residuals + p.residuals) < 1e-9
+    mixed = fit.mixed
+    assert mixed is not None
+    assert mixed.us_per_decode_row.value == pytest.approx(MIX_US)
+    assert mixed.offset_us.value == pytest.approx(0.0, abs=1e-6)
+    assert [r["rows"] for r in mixed.residuals] == [4, 8, 16]
+    assert max(abs(r["error"]) for r in d.residuals + p.residuals + mixed.residuals) < 1e-9
+
+
+def test_the_mixed_fit_reads_the_per_row_slope_beside_an_offset() -> None:
+    """What the priced terms miss for the phases' prompt (client-side: the request latency
+    the table's last point holds) is the same at every row count: the slope is unchanged and
+    only the offset, which the profile does not carry, takes it."""
+    m = synthetic()
+    for r in m.mixed:
+        r.client_s -= 1.5e-3
+    fit = fit_all({"standard": m}, timing="client", graph_max=1, max_num_batched_tokens=BUDGET)
+    assert fit.mixed is not None
+    assert fit.mixed.us_per_decode_row.value == pytest.approx(MIX_US)
+    assert fit.mixed.offset_us.value == pytest.approx(-1500.0)
+    # the residuals are the profile's price against the measurement: 1.5 ms too high
+    for r in fit.mixed.residuals:
+        assert r["fitted_us"] - r["measured_us"] == pytest.approx(1500.0, abs=0.02)
 
 
 def test_a_negative_slope_is_noise_set_to_zero() -> None:
@@ -116,6 +161,20 @@ def test_the_written_profile_prices_what_was_fitted() -> None:
     assert pair_us == pytest.approx(Q_US, rel=1e-5)
     assert p.prefill_context_token_us == pytest.approx(CTX_US, rel=1e-5)
     assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 1000, 1)
+    assert p.mixed_decode_row_us == pytest.approx(MIX_US, rel=1e-5)
+    assert p.async_scheduling is False
+    assert "async_scheduling = false  # [E] /server_info" in text
+    # the simulator prices a mixed step of the calibrated shape as it was measured
+    s = Scheduler(SchedulerConfig(num_blocks=1000, max_num_batched_tokens=BUDGET))
+    for i in range(8):
+        s.add(f"d{i}", np.arange(1 + 1000 * i, 121 + 1000 * i), 50)
+    s.update(s.schedule())  # the prompts
+    s.update(s.schedule())  # one decode step
+    s.add("new", np.arange(90000, 90000 + MIX_NEW), 1)
+    plan = s.schedule()
+    assert (plan.num_decode_tokens, plan.num_prefill_tokens) == (8, MIX_NEW)
+    want = mixed_step_us(8, plan.decode_context_tokens) * 1e-6
+    assert SimExecutor(p, 0).step_seconds(plan) == pytest.approx(want, rel=1e-5)
     for line in text.splitlines():  # every key says where its value comes from
         if "=" in line and not line.startswith("#"):
             assert "  # " in line, line
@@ -135,6 +194,36 @@ def test_a_load_without_a_cached_prefix_cannot_identify_the_context_term() -> No
     text = render_profile(**kw, allowed=(*allowed, "prefill.context_token_us"))
     assert "context_token_us = 0.0  # [A]" in text
     assert parse_profile(text.encode(), "t").prefill_context_token_us == 0.0
+
+
+def test_a_load_without_a_mixed_step_cannot_identify_the_per_row_term() -> None:
+    m = synthetic()
+    m.mixed = []
+    fit = fit_all({"standard": m}, timing="engine", graph_max=1, max_num_batched_tokens=BUDGET)
+    assert fit.mixed is None
+    prov = Provenance("vllm", "1", "cpu", "m", "http://x", "2026-01-01", "c", "engine")
+    kw = dict(name="t", fit=fit, facts=facts(), provenance=prov, kv_blocks=1000)
+    kw.update(kv_blocks_tag="[E]", gpu_count=1, gpu_tag="[E]", tp=1)
+    allowed = ("decode.specialized", "spec_decode.drafter_step_us")
+    with pytest.raises(AgentabError, match=r"prefill\.mixed_decode_row_us \(would be 0"):
+        render_profile(**kw, allowed=allowed)
+    text = render_profile(**kw, allowed=(*allowed, "prefill.mixed_decode_row_us"))
+    assert "mixed_decode_row_us = 0.0  # [A]" in text
+    assert parse_profile(text.encode(), "t").mixed_decode_row_us == 0.0
+
+
+def test_async_scheduling_is_the_engines_word_or_an_assumption() -> None:
+    allowed = ("decode.specialized", "spec_decode.drafter_step_us")
+    text = render(
+        facts(async_scheduling=True, sources={"async_scheduling": "/agentab/describe"}), allowed
+    )
+    assert "async_scheduling = true  # [E] /agentab/describe" in text
+    assert parse_profile(text.encode(), "t").async_scheduling is True
+    with pytest.raises(AgentabError, match=r"engine\.async_scheduling \(would be false"):
+        render(facts(async_scheduling=None), allowed)
+    text = render(facts(async_scheduling=None), (*allowed, "engine.async_scheduling"))
+    assert "async_scheduling = false  # [A]" in text
+    assert parse_profile(text.encode(), "t").async_scheduling is False
 
 
 def test_unidentified_fields_are_refused_by_name() -> None:
@@ -157,11 +246,19 @@ def test_allow_assumed_must_name_a_field_that_can_be_assumed() -> None:
 
 
 def test_the_load_fits_the_engine() -> None:
-    load = build_load(max_model_len=2048, block_size=128, max_num_batched_tokens=2048, steps=64)
+    sized = dict(max_model_len=2048, block_size=128, max_num_batched_tokens=2048, steps=64)
+    load = build_load(**sized)
     assert {(p.batch, p.context) for p in load.decode} == {
         (b, c) for b in (1, 2, 4, 8, 16) for c in (128, 1487)
     }
     assert all(p.new + p.cached <= 2046 and p.new <= 2048 for p in load.prefill)
+    # a prompt of the second prefill length beside a quarter, half and all of the largest batch
+    assert [(p.rows, p.context, p.new) for p in load.mixed if p.repeat == 0] == [
+        (4, 128, 511),
+        (8, 128, 511),
+        (16, 128, 511),
+    ]
+    assert len(load.mixed) == 9 and all(p.new + p.rows <= 2048 for p in load.mixed)
     one = build_load(
         max_model_len=2048,
         block_size=128,
@@ -170,7 +267,23 @@ def test_the_load_fits_the_engine() -> None:
         one_prefill_step=True,
     )
     assert all(p.batch * p.context <= 2047 for p in one.decode)
+    assert build_load(**sized, with_mixed=False).mixed == ()  # vLLM's clock times no mixed step
     with pytest.raises(AgentabError, match="--contexts 10,5000"):
         build_load(
             max_model_len=2048, block_size=16, max_num_batched_tokens=None, contexts=(10, 5000)
         )
+
+
+def test_a_refit_of_a_local_engine_report_takes_async_scheduling_from_its_device() -> None:
+    """Reports written before the engines stated async scheduling: the local engine schedules
+    one step ahead exactly on a GPU; nothing is inferred for other engines."""
+    from agentab.calibrate.facts import local_engine_schedules_ahead
+
+    for engine, device, want in (
+        ("agentab-local", "cuda", True),
+        ("agentab-local", "cpu", False),
+        ("vllm", "cuda", None),
+    ):
+        f = facts(engine=engine, device=device, async_scheduling=None, sources={})
+        local_engine_schedules_ahead(f)
+        assert f.async_scheduling is want

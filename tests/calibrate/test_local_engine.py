@@ -75,6 +75,13 @@ def test_calibrate_from_the_local_engines_step_counters(tmp_path: Path, capsys) 
     p = load_profile(out)
     assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 2048, 1)
     assert p.gpu_name == "cpu" and p.model == "agentab-local-tiny"
+    # on the CPU the local engine schedules one step at a time, and says so
+    assert p.async_scheduling is False
+    assert "async_scheduling = false  # [E] /agentab/describe" in out.read_text()
+    assert p.mixed_decode_row_us >= 0.0 and len(report["mixed"]["residuals"]) == 3
+    mixed = report["measurements"]["standard"]["mixed"]
+    assert all(r["engine_s"] is not None for r in mixed)
+    print("mixed steps", [(r["rows"], round(r["engine_s"] * 1e3, 2)) for r in mixed], "ms")
     assert p.standard.batch_tokens.tolist()[:2] == [1.0, 4.0]
     assert p.specialized.batch_tokens.tolist() == [1.0, 4.0]
     assert (p.standard.layer_time_us > 0).all() and (p.specialized.layer_time_us > 0).all()

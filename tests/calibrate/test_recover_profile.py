@@ -1,6 +1,7 @@
 """Calibration finds a truth it was not told: `agentab serve` runs the simulator with a known
 profile behind HTTP, `agentab calibrate` times it like any server (client-side clock, real
-time), and the fitted whole-step decode table matches the known one within 5%."""
+time), and the fitted whole-step decode table matches the known one within 5%, the cost per
+decode row of a mixed step within 20%, and the engine's async scheduling is copied."""
 
 from __future__ import annotations
 
@@ -17,12 +18,20 @@ from tests.serving import served
 
 TRUTH = Path(__file__).with_name("truth.toml")
 ASSUMED = ("spec_decode.drafter_step_us", "decode.cuda_graph_max_tokens", "decode.specialized")
+MIXED_ROW_US = 2000.0  # the served truth's cost per decode row of a mixed step
 
 
 @pytest.fixture(scope="module")
 def calibrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("calibrated") / "recovered.toml"
-    with served("--profile", str(TRUTH), "--max-model-len", "4096") as url:
+    root = tmp_path_factory.mktemp("calibrated")
+    out = root / "recovered.toml"
+    truth = root / "truth-mixed-async.toml"  # the truth, with the two terms a GPU engine has
+    truth.write_text(
+        TRUTH.read_text()
+        + f"mixed_decode_row_us = {MIXED_ROW_US}  # test value\n"
+        + "\n[engine]\nasync_scheduling = true  # test value\n"
+    )
+    with served("--profile", str(truth), "--max-model-len", "4096") as url:
         args = ["calibrate", "--url", url, "-o", str(out), "--steps", "64", "--quiet"]
         for field in ASSUMED:
             args += ["--allow-assumed", field]
@@ -71,3 +80,22 @@ def test_engine_facts_are_copied_and_assumptions_are_named(calibrated: Path) -> 
     assert report["provenance"]["engine"] == "agentab-sim"
     assert report["provenance"]["command"].startswith("agentab calibrate -o ")
     assert len(report["decode"]["standard"]["residuals"]) == 10
+    assert report["engine"]["standard"]["async_scheduling"] is True
+    assert "async_scheduling = true  # [E] /agentab/describe" in text
+
+
+def test_recovers_the_mixed_step_cost_per_decode_row_within_20_percent(calibrated: Path) -> None:
+    """Prompts of 255 tokens beside 4, 8 and 16 decode rows (three each), each step timed by
+    the decode rows' gap around it: the slope over the rows is the per-row term."""
+    fitted = load_profile(calibrated)
+    report = json.loads(calibrated.with_suffix(".fit.json").read_text())
+    mixed = report["mixed"]
+    assert [r["rows"] for r in mixed["residuals"]] == [4, 8, 16]
+    assert len(report["measurements"]["standard"]["mixed"]) == 9
+    error = fitted.mixed_decode_row_us / MIXED_ROW_US - 1
+    print(
+        f"mixed step per decode row: {fitted.mixed_decode_row_us:.0f} us "
+        f"(+- {mixed['us_per_decode_row']['stderr']:.0f}), error {error:+.1%}; "
+        f"offset {mixed['offset_us']['value']:.0f} us"
+    )
+    assert abs(error) < 0.2

@@ -121,3 +121,47 @@ def test_a_prefill_chunk_pays_for_its_computed_context_when_the_profile_prices_i
     assert second.num_prefill_tokens == 488 and int(second.computed_before.sum()) == 512
     extra = SimExecutor(priced, 0).step_seconds(second) - SimExecutor(prof, 0).step_seconds(second)
     assert extra == pytest.approx(2.0 * 512 * 1e-6, rel=1e-9)
+
+
+def test_a_mixed_step_pays_per_decode_row_when_the_profile_prices_it():
+    """[prefill] mixed_decode_row_us: per decode row of a step that also computes a prompt;
+    a decode-only step and a prefill-only step pay nothing; profiles without the key price 0."""
+    import dataclasses
+
+    prof = load_profile("gb300-tp16-kimi-k3")
+    assert prof.mixed_decode_row_us == 0.0
+    priced = dataclasses.replace(prof, mixed_decode_row_us=1800.0)
+    plain, per_row = SimExecutor(prof, 0), SimExecutor(priced, 0)
+    s = decoding_scheduler(1, 5, specialized=False)
+    decode_only = s.schedule()
+    assert per_row.step_seconds(decode_only) == plain.step_seconds(decode_only)
+    s.add("late", np.arange(90000, 90300), 10)
+    mixed = s.schedule()
+    assert mixed.num_decode_tokens == 5 and mixed.num_prefill_tokens == 300
+    extra = per_row.step_seconds(mixed) - plain.step_seconds(mixed)
+    assert extra == pytest.approx(5 * 1800.0 * 1e-6, rel=1e-9)
+    fresh = Scheduler(SchedulerConfig(num_blocks=1000))
+    fresh.add("p", np.arange(1, 301), 5)
+    prefill_only = fresh.schedule()
+    assert per_row.step_seconds(prefill_only) == plain.step_seconds(prefill_only)
+
+
+def test_profile_keys_of_the_mixed_row_cost_and_async_scheduling(tmp_path):
+    """Both are optional (a profile without them prices and schedules as before); a wrong
+    type is a one-line error naming the file and key."""
+    from importlib import resources
+
+    from agentab.errors import AgentabError
+
+    text = (resources.files("agentab.engine") / "profiles" / "gb300-tp16-kimi-k3.toml").read_text()
+    assert load_profile("gb300-tp16-kimi-k3").async_scheduling is False
+    path = tmp_path / "p.toml"
+    path.write_text(text + "mixed_decode_row_us = 12.5\n\n[engine]\nasync_scheduling = true\n")
+    p = load_profile(path)
+    assert (p.mixed_decode_row_us, p.async_scheduling) == (12.5, True)
+    path.write_text(text + '\n[engine]\nasync_scheduling = "yes"\n')
+    with pytest.raises(AgentabError, match=r"p\.toml: engine\.async_scheduling: must be true"):
+        load_profile(path)
+    path.write_text(text + "\n[engine]\nasync = true\n")
+    with pytest.raises(AgentabError, match=r"engine\.async: unknown key"):
+        load_profile(path)

@@ -15,27 +15,15 @@ runs.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-try:
-    if os.environ.get("AGENTAB_NUMBA", "1") == "0":
-        raise ImportError("disabled by AGENTAB_NUMBA=0")
-    import numba
-except ImportError:
-    numba = None
+from agentab import numba_jit
+from agentab.numba_jit import jit
 
-ENABLED = numba is not None
+ENABLED = numba_jit.ENABLED  # this module's switch: a test may turn off its kernels alone
 
 
-def _jit(fn):  # type: ignore[no-untyped-def]
-    if numba is None:
-        return fn
-    return numba.njit(cache=True, nogil=True)(fn)
-
-
-@_jit
+@jit
 def lookup_into(
     keys: np.ndarray,
     out: np.ndarray,
@@ -67,7 +55,7 @@ def lookup_into(
     return len(keys)
 
 
-@_jit
+@jit
 def insert(
     ids: np.ndarray,
     keys: np.ndarray,
@@ -113,7 +101,7 @@ def insert(
     return used
 
 
-@_jit
+@jit
 def fill_rows(
     block_table: np.ndarray,
     nblocks: np.ndarray,
@@ -132,7 +120,7 @@ def fill_rows(
         nblocks[s] = c + need[i]
 
 
-@_jit
+@jit
 def newly_full(
     block_table: np.ndarray,
     hash_table: np.ndarray,
@@ -161,7 +149,7 @@ def newly_full(
     return ids, keys
 
 
-@_jit
+@jit
 def take_live(
     ids: np.ndarray,
     gens: np.ndarray,

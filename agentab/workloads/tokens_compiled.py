@@ -12,27 +12,15 @@ two give the same ids bit for bit (tests/workloads/test_tokens.py compares them)
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-try:
-    if os.environ.get("AGENTAB_NUMBA", "1") == "0":
-        raise ImportError("disabled by AGENTAB_NUMBA=0")
-    import numba
-except ImportError:
-    numba = None
+from agentab import numba_jit
+from agentab.numba_jit import jit
 
-ENABLED = numba is not None
+ENABLED = numba_jit.ENABLED  # this module's switch: a test may turn off its kernels alone
 
 
-def _jit(fn):  # type: ignore[no-untyped-def]
-    if numba is None:
-        return fn
-    return numba.njit(cache=True, nogil=True)(fn)
-
-
-@_jit
+@jit
 def _mix(z: np.uint64) -> np.uint64:
     z ^= z >> np.uint64(30)
     z *= np.uint64(0xBF58476D1CE4E5B9)
@@ -41,7 +29,7 @@ def _mix(z: np.uint64) -> np.uint64:
     return z ^ (z >> np.uint64(31))
 
 
-@_jit
+@jit
 def fill_from(
     out: np.ndarray,
     lo: int,

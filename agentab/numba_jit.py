@@ -1,0 +1,29 @@
+"""The optional numba compiler, shared by the modules that carry compiled kernels.
+
+numba comes with the `sim` extra; without it, or with AGENTAB_NUMBA=0, `jit` returns the
+function unchanged, so every kernel runs as the plain Python its numpy counterpart is tested
+against. `ENABLED` says which is in use; each kernel module re-exports it, so a test can switch
+one module's kernels off without touching the others.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+try:
+    if os.environ.get("AGENTAB_NUMBA", "1") == "0":
+        raise ImportError("disabled by AGENTAB_NUMBA=0")
+    import numba
+except ImportError:
+    numba = None
+
+ENABLED = numba is not None
+
+
+def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` compiled to machine code (cached on disk, GIL released), or `fn` itself."""
+    if numba is None:
+        return fn
+    return numba.njit(cache=True, nogil=True)(fn)

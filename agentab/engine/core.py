@@ -491,15 +491,7 @@ class Engine:
         end = start + output.duration_s
         record = None
         if self.step_observer is not None:
-            record = (
-                plan.path,
-                plan.num_prefill_tokens,
-                plan.num_decode_tokens,
-                plan.num_running,
-                plan.num_waiting,
-                plan.preempted,
-                self._step_rows(plan),
-            )
+            record = self._record_fields(plan, self._step_rows(plan))
         sched.log_times(np.array([end]))
         reqs, counts, finished = sched.update(plan, output)
         events = []
@@ -681,9 +673,12 @@ class Engine:
         ]
 
     def _observe_step(self, plan: StepPlan, t0: float, t: float, rows: list[Any]) -> None:
-        self._emit_record(
-            t0,
-            t - t0,
+        self._emit_record(t0, t - t0, *self._record_fields(plan, rows))
+
+    @staticmethod
+    def _record_fields(plan: StepPlan, rows: list[Any]) -> tuple[Any, ...]:
+        """A step's trace record after its start and duration (`_emit_record`'s order)."""
+        return (
             plan.path,
             plan.num_prefill_tokens,
             plan.num_decode_tokens,

@@ -27,17 +27,22 @@ def mla_decode_torch(
     q_pe: torch.Tensor,
     cache: torch.Tensor,
     positions: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """Attention in torch, graph-capturable: masks positions past each sequence's token."""
+    """Attention in torch, graph-capturable: masks positions past each sequence's token.
+
+    Computed in fp32, or in the queries' dtype where that is wider; the output is bf16 like the
+    GPU kernel's unless `out_dtype` says otherwise (the CPU engine keeps its fp32 / fp64)."""
     kvl = cfg.kv_lora
-    kv = cache.float()
-    s = torch.einsum("bhc,bsc->bhs", q_lat.float(), kv[..., :kvl])
-    s = s + torch.einsum("bhr,bsr->bhs", q_pe.float(), kv[..., kvl:])
+    ct = torch.promote_types(q_lat.dtype, torch.float32)
+    kv = cache.to(ct)
+    s = torch.einsum("bhc,bsc->bhs", q_lat.to(ct), kv[..., :kvl])
+    s = s + torch.einsum("bhr,bsr->bhs", q_pe.to(ct), kv[..., kvl:])
     s = s * cfg.softmax_scale
     idx = torch.arange(cache.shape[1], device=cache.device)
     s = s.masked_fill((idx[None, :] > positions[:, None].long())[:, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1)
-    return torch.einsum("bhs,bsc->bhc", p, kv[..., :kvl]).to(torch.bfloat16)
+    return torch.einsum("bhs,bsc->bhc", p, kv[..., :kvl]).to(out_dtype)
 
 
 _triton_kernels: tuple | None = None
@@ -254,17 +259,22 @@ def mla_decode(
     cache: torch.Tensor,
     positions: torch.Tensor,
     paged: PagedKV | None = None,
+    out_dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """o_lat (batch, n_heads, kv_lora) bf16 for the absorbed queries; the cache holds the new token.
+    """o_lat (batch, n_heads, kv_lora) for the absorbed queries; the cache holds the new token.
 
     q_lat: (batch, n_heads, kv_lora) bf16, q_pe: (batch, n_heads, qk_rope) bf16 (already rotated),
     cache: (batch, max_len, kv_width) bf16, or with `paged` its (slots, kv_width) layer slots;
-    positions: (batch,) int32.
+    positions: (batch,) int32. On the CPU the inputs may be fp32 / fp64 and `out_dtype` keeps
+    that precision (`mla_decode_torch`); the GPU kernel's output is bf16.
     """
     if q_lat.is_cuda:
-        return mla_decode_triton(cfg, q_lat, q_pe, cache, positions, paged)
+        return mla_decode_triton(cfg, q_lat, q_pe, cache, positions, paged).to(out_dtype)
     if paged is not None:
+        # each row's slots up to its own position (later ones repeat its last, and are masked),
+        # so only block-table entries the row owns are read
         idx = torch.arange(paged.max_len, device=cache.device)
-        rows = paged.block_table.long()[:, idx // paged.block_size] * paged.block_size
-        cache = cache[rows + idx % paged.block_size]  # (batch, max_len, kv_width)
-    return mla_decode_torch(cfg, q_lat, q_pe, cache, positions)
+        pos = torch.minimum(idx[None, :], positions.long()[:, None])
+        table = paged.block_table.long().gather(1, pos // paged.block_size)
+        cache = cache[table * paged.block_size + pos % paged.block_size]  # (batch, max_len, width)
+    return mla_decode_torch(cfg, q_lat, q_pe, cache, positions, out_dtype)

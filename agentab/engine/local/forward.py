@@ -245,38 +245,12 @@ def decode_rows_attention(
     The queries are absorbed (q_lat = q_nope W_UK) and the latent output projected through W_UV
     by one batched GEMM each, as the standard decode layer does. On the GPU the latent attention
     is the paged Triton MLA decode the CUDA graphs run (`mla_decode` over the block table, no
-    gather of the rows' caches); on the CPU it is `latent_attention_torch`, in the step's dtype.
+    gather of the rows' caches); on the CPU the same call's torch form, in the step's dtype.
     """
     dt = q_nope.dtype
     q_lat = torch.bmm(q_nope.transpose(0, 1), w.w_uk_t.to(dt).transpose(1, 2)).transpose(0, 1)
-    if kv.is_cuda:
-        o_lat = mla_decode(cfg, q_lat, q_pe, kv, rows.positions, rows.paged(kv))
-    else:
-        o_lat = latent_attention_torch(cfg, q_lat, q_pe, kv, rows)
+    o_lat = mla_decode(cfg, q_lat, q_pe, kv, rows.positions, rows.paged(kv), out_dtype=dt)
     return torch.bmm(o_lat.transpose(0, 1), w.w_uv.to(dt).transpose(1, 2)).transpose(0, 1)
-
-
-def latent_attention_torch(
-    cfg: LayerConfig, q_lat: torch.Tensor, q_pe: torch.Tensor, kv: torch.Tensor, rows: DecodeRows
-) -> torch.Tensor:
-    """The decode rows' latent attention in torch: (rows, n_heads, kv_lora) in q_lat's dtype.
-
-    Each row's context is gathered from the paged cache, padded to the longest row (padding
-    repeats the row's last slot, so every index is one the row owns) and masked out of the
-    softmax. Unlike `kernels.attention.mla_decode_torch`, whose output is bf16 like the GPU
-    kernel's, it keeps the step's dtype: the CPU engine runs fp32 throughout, and its greedy
-    tokens are compared with the fp32 reference decoder's.
-    """
-    kvl, bs, dt = cfg.kv_lora, rows.block_size, q_lat.dtype
-    idx = torch.arange(rows.max_len, device=kv.device)
-    last = rows.positions.long()[:, None]
-    pos = torch.minimum(idx[None, :], last)  # (rows, max_len)
-    ctx = kv[rows.block_table.gather(1, pos // bs) * bs + pos % bs].to(dt)
-    s = torch.einsum("rhc,rlc->rhl", q_lat, ctx[..., :kvl])
-    s = (s + torch.einsum("rhp,rlp->rhl", q_pe, ctx[..., kvl:])) * cfg.softmax_scale
-    s = s.masked_fill((idx[None, :] > last)[:, None, :], float("-inf"))
-    p = torch.softmax(s.to(torch.promote_types(dt, torch.float32)), dim=-1).to(dt)
-    return torch.einsum("rhl,rlc->rhc", p, ctx[..., :kvl])
 
 
 def decode_attention(

@@ -102,10 +102,8 @@ class Timeline:
         """(loop times as float64, tokens as int32) of every chunk emitted so far, in order."""
         parts = [(np.asarray(t, np.float64), np.asarray(n, np.int32)) for t, n in self._parts]
         req, sched = self._req, self._sched
-        if req is not None:
-            parts.extend(req.chunk_parts)
-            if req.slot >= 0 and sched is not None and sched.log is not None:
-                parts.append(sched.span(req))  # still running: what it emitted so far
+        if req is not None and sched is not None:
+            parts.extend(sched.emitted_parts(req))
         if len(parts) == 1:
             times, counts = parts[0]
         elif not parts:
@@ -658,9 +656,7 @@ class Engine:
         log = self.scheduler.log
         if log is None or log.until is None:
             return 0
-        parts = list(req.chunk_parts)
-        if req.slot >= 0:
-            parts.append(self.scheduler.span(req))
+        parts = self.scheduler.emitted_parts(req)
         return sum(int(counts[times > log.until].sum()) for times, counts in parts)
 
     # -- step records (engine trace) ----------------------------------------------------------

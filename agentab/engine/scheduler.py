@@ -345,6 +345,14 @@ class Scheduler:
         nz = np.flatnonzero(seg)
         return log.times[lo + nz], seg[nz]
 
+    def emitted_parts(self, req: Req) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(end times, tokens) pieces of everything `req` emitted: its earlier slots' chunks,
+        then what its current slot logged so far (empty without a log)."""
+        parts = list(req.chunk_parts)
+        if req.slot >= 0 and self.log is not None:
+            parts.append(self.span(req))
+        return parts
+
     # -- requests ----------------------------------------------------------------------------
     def add(self, request_id: str, prompt: np.ndarray, max_tokens: int) -> Req:
         """Queue a request (validated); its block hashes cover prompt and future output."""

@@ -247,6 +247,7 @@ def server_rows(comparison: Comparison) -> list[list[str]]:
         ("specialized_decode_share", "decode steps on the specialized path (server)"),
         ("decode_step_device_s", "pure-decode step, device time (server)"),
         ("prefill_device_share", "device time in prefill and mixed steps (server)"),
+        ("decode_idle_share", "device idle before decode steps, per decode busy time (server)"),
     ):
         a = [s.values.get(key) for s in comparison.runs_a]
         b = [s.values.get(key) for s in comparison.runs_b]

@@ -246,6 +246,7 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
             "specialized_decode_share": None,
             "prefill_device_share": None,
             "decode_step_device_s": None,
+            "decode_idle_share": None,
         }
     special = counter_delta(metrics, "agentab:decode_steps_specialized_total", since_s)
     standard = counter_delta(metrics, "agentab:decode_steps_standard_total", since_s)
@@ -256,6 +257,7 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
     acceptance = _ratio(accepted, drafts)
     busy = counter_delta(metrics, "agentab:device_busy_seconds_total", since_s)
     decode_busy = counter_delta(metrics, "agentab:decode_device_busy_seconds_total", since_s)
+    decode_idle = counter_delta(metrics, "agentab:decode_device_idle_seconds_total", since_s)
     decode_steps = None if special is None or standard is None else special + standard
     return {
         "server_cache_hit_ratio": _ratio(hits, queries),
@@ -269,6 +271,9 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
             None if busy is None or decode_busy is None else _ratio(busy - decode_busy, busy)
         ),
         "decode_step_device_s": _ratio(decode_busy, decode_steps),
+        # the device's idle gap before each pure-decode step, per second of decode work: the
+        # host overhead (scheduling, input copies, a late launch) the engine did not hide
+        "decode_idle_share": _ratio(decode_idle, decode_busy),
     }
 
 

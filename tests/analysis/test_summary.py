@@ -90,6 +90,8 @@ HAND_METRICS = [
     _sample(15.0, "agentab:device_busy_seconds_total", 12.0),
     _sample(-1.0, "agentab:decode_device_busy_seconds_total", 1.0),
     _sample(15.0, "agentab:decode_device_busy_seconds_total", 7.0),
+    _sample(-1.0, "agentab:decode_device_idle_seconds_total", 0.5),
+    _sample(15.0, "agentab:decode_device_idle_seconds_total", 0.8),
 ]
 
 H11 = 83711 / 27720  # 1 + 1/2 + ... + 1/11
@@ -135,6 +137,8 @@ EXPECTED = {
     "specialized_decode_share": 100 / 150,
     "prefill_device_share": 4 / 10,
     "decode_step_device_s": 6 / 150,
+    # 0.3 s idle before those decode steps against their 6 s of device time
+    "decode_idle_share": 0.3 / 6,
     "gpu_count": 16,
 }  # fmt: skip
 

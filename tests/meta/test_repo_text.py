@@ -17,10 +17,13 @@ SCOPE = (
     "agentab/",
     "scripts/",
     "benchmarks/bench_",
+    "benchmarks/NOTES.md",
+    "benchmarks/kernels/NOTES.md",
+    "benchmarks/results/",
     "tests/",
 )
 # how the code came to be written: numbered issues and sessions
-HISTORY = re.compile(r"\bissue \d+|\(issue|\bsession \d+\b", re.IGNORECASE)
+HISTORY = re.compile(r"\bissue \d+|\(issue(?!-)|\bsession \d+\b", re.IGNORECASE)
 # a path that climbs out of the repository, or a note named like this repo's own top-level
 # pages (UPPERCASE.md) that the repository does not hold
 RELATIVE_PATH = re.compile(r"(?:\.\./)+[\w.-]+")

@@ -38,6 +38,7 @@ from agentab.calibrate.load import (
     unique_prompts,
 )
 from agentab.engine.profile import PATHS
+from agentab.engine.request_metrics import BREAKDOWN
 from agentab.errors import AgentabError
 from agentab.replay.targets.base import Outcome
 from agentab.replay.targets.http import HttpTarget
@@ -103,6 +104,9 @@ class PrefillMeasurement:
     ttft_s: float
     engine_s: float | None = None  # the request's standard-path step seconds, when exported
     engine_steps: int | None = None
+    # the server's own split of this request's TTFT, when it exports per-request histograms
+    # (agentab serve: agentab.engine.request_metrics): intake, queue, prefill, output seconds
+    server_s: dict[str, float] | None = None
 
 
 @dataclass
@@ -410,7 +414,19 @@ async def _prefill_phase(
             seconds, steps = f"{VLLM_PREFILL}_sum", f"{VLLM_STEP_TOKENS}_count"
         m.engine_s = b.get(seconds, 0.0) - a.get(seconds, 0.0)
         m.engine_steps = int(b.get(steps, 0.0) - a.get(steps, 0.0))
+        m.server_s = _server_split(a, b)
     return m
+
+
+def _server_split(a: dict[str, float], b: dict[str, float]) -> dict[str, float] | None:
+    """One request's intake, queue, prefill and output seconds from the server's histograms
+    read before and after it (None unless each counted exactly that request)."""
+    split = {}
+    for part, name in zip(("intake", "queue", "prefill", "output"), BREAKDOWN, strict=True):
+        if b.get(f"{name}_count", 0.0) - a.get(f"{name}_count", 0.0) != 1:
+            return None
+        split[part] = b[f"{name}_sum"] - a.get(f"{name}_sum", 0.0)
+    return split
 
 
 MIXED_LEAD = 4  # chunks every decode row has streamed before the decode-step window is timed

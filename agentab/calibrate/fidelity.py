@@ -5,7 +5,10 @@ which lanes, at which planned times) is identical; the simulator copies the engi
 scheduler limits and KV block size from the calibration report, so only the step prices
 differ. Relative error is simulated / measured - 1. With a second server running the other
 decode backend (an A/B), the predicted B/A ratio of P90 interactivity is set against the
-measured one: the number an A/B verdict rests on.
+measured one: the number an A/B verdict rests on. When the server exports per-request
+latency histograms (agentab's server does), each arm also gets a TTFT breakdown: the server's
+intake, queue, prefill and output beside the client's and the simulator's TTFT
+(agentab.calibrate.breakdown).
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def run_fidelity(
     """Replay on each server and on the simulator; the comparison as a JSON-able dict."""
     from agentab.analysis.load import load_run
     from agentab.analysis.summary import summarize_run
+    from agentab.calibrate.breakdown import read_histograms, ttft_breakdown
     from agentab.replay.api import replay_to_dir, simulate_to_dir
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +92,7 @@ def run_fidelity(
     }
     for arm in arms:
         suffix = "" if arm.label == "A" else "-b"
+        before = read_histograms(arm.url)
         measured_dir = replay_to_dir(
             workload,
             url=arm.url,
@@ -97,6 +102,7 @@ def run_fidelity(
             manifest_extra={"arm": f"measured{suffix}"},
             progress=progress,
         )
+        after = read_histograms(arm.url) if before is not None else None
         simulated_dir = simulate_to_dir(
             workload,
             engine_options={**engine_options, "decode_backend": arm.decode_backend},
@@ -118,6 +124,9 @@ def run_fidelity(
             },
             "metrics": compare(measured, simulated),
         }
+        breakdown = ttft_breakdown(before, after, measured_dir, simulated_dir)
+        if breakdown is not None:
+            result["arms"][arm.label]["ttft_breakdown"] = breakdown
     if len(arms) == 2:
         result["ab"] = ab_ratio(result["arms"])
     return result
@@ -178,6 +187,11 @@ def render_table(result: dict[str, Any]) -> str:
                 f"| {r['metric']} | {_fmt(r['measured'])} | {_fmt(r['simulated'])} | {err} |"
             )
         lines.append("")
+        if "ttft_breakdown" in arm:
+            from agentab.calibrate.breakdown import render_breakdown
+
+            lines.extend(render_breakdown(arm["ttft_breakdown"]))
+            lines.append("")
     if "ab" in result:
         ab = result["ab"]
         err = "n/a" if ab["error"] is None else f"{ab['error']:+.1%}"

@@ -28,6 +28,15 @@ What a timed load identifies, and what it cannot:
   the profile, the offset (what the priced terms miss for this prompt, and client-side the
   request latency that the table's last point holds and a step between two chunks does not) is
   reported beside the residuals, which are those of the profile's price (without the offset).
+- frontend: with the engine's clock the steps are timed without anything outside them, so
+  each prefill request's client TTFT less its step time is what the request cost outside the
+  engine. Where the server splits its own part (agentab's per-request histograms: intake,
+  queue, prefill, output), the rest is the network both ways, counted half on each way:
+  intake = half the rest + the server's intake + its queue (at idle the simulator's is 0);
+  output = the server's prefill less the step time (host work around the step) + its output +
+  half the rest. Without the split, the whole difference is charged to intake. Medians over
+  the prefill requests (one request at a time on an idle engine). With the client's clock the
+  prefill table already holds this latency (see prefill above), so nothing is fitted.
 Rates are constrained to be >= 0 (a coefficient fitted negative is noise around zero: it is
 set to zero and the rest refitted). numpy's `lstsq` is enough for these few unknowns.
 """
@@ -84,11 +93,20 @@ class MixedFit:
 
 
 @dataclass
+class FrontendFit:
+    intake_us: float  # median over the prefill requests: client send to the engine's step
+    output_us: float  # median: the step's end (as the engine times it) to the client's chunk
+    split: str  # "server" (the server's own stamps split it) or "client" (all to intake)
+    requests: list[dict[str, float]]  # per request: new, cached, ttft, step, intake, output (us)
+
+
+@dataclass
 class Fit:
     timing: str  # client | engine
     decode: dict[str, DecodeFit] = field(default_factory=dict)
     prefill: PrefillFit | None = None
     mixed: MixedFit | None = None  # None: the load ran no mixed step
+    frontend: FrontendFit | None = None  # None: client timing (the prefill table holds it)
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray, nonneg: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -318,4 +336,44 @@ def fit_all(
     fit.mixed = fit_mixed(
         measured["standard"].mixed, fit.decode["standard"], fit.prefill, timing=timing
     )
+    if timing == "engine":
+        fit.frontend = fit_frontend(measured["standard"].prefill)
     return fit
+
+
+def fit_frontend(prefill: list[PrefillMeasurement]) -> FrontendFit | None:
+    """What each prefill request cost outside the engine's steps (see the module docstring)."""
+    rows = []
+    split = "server"
+    for m in prefill:
+        if m.engine_s is None:
+            continue
+        s = m.server_s
+        if s is None:
+            split = "client"
+            intake, output = m.ttft_s - m.engine_s, 0.0
+        else:
+            rest = m.ttft_s - (s["intake"] + s["queue"] + s["prefill"] + s["output"])
+            intake = rest / 2 + s["intake"] + s["queue"]
+            output = (s["prefill"] - m.engine_s) + s["output"] + rest / 2
+        rows.append(
+            {
+                "new": m.new,
+                "cached": m.cached,
+                "ttft_us": m.ttft_s * 1e6,
+                "step_us": m.engine_s * 1e6,
+                "intake_us": intake * 1e6,
+                "output_us": output * 1e6,
+            }
+        )
+    if not rows:
+        return None
+    if split == "client":  # some requests had no split: charge every one the same way
+        for r in rows:
+            r["intake_us"], r["output_us"] = r["ttft_us"] - r["step_us"], 0.0
+    return FrontendFit(
+        intake_us=max(float(np.median([r["intake_us"] for r in rows])), 0.0),
+        output_us=max(float(np.median([r["output_us"] for r in rows])), 0.0),
+        split=split,
+        requests=rows,
+    )

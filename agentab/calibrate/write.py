@@ -263,9 +263,34 @@ def render_profile(
         f"async_scheduling = {'true' if ahead else 'false'}  # "
         + (f"[E] {source}".rstrip() if ahead is not None else "[A] not stated by the engine"),
     ]
+    _frontend(lines, fit)
     text = "\n".join(lines) + "\n"
     parse_profile(text.encode(), f"calibrated profile {name}")  # what we write must load
     return text
+
+
+def _frontend(lines: list[str], fit: Fit) -> None:
+    """`[frontend]`: the request's latency outside the steps (engine clock only)."""
+    front = fit.frontend
+    lines.append("")
+    if front is None:
+        lines.append(
+            "# [frontend] not written: with the client's clock the prefill table's last point "
+            "holds the request's latency outside the engine"
+        )
+        return
+    n = len(front.requests)
+    if front.split == "server":
+        how = "the server's own stamps split it, the network counted half each way"
+    else:
+        how = "the server does not split it: all charged to intake"
+    lines += [
+        "[frontend]",
+        f"intake_us = {_num(front.intake_us)}  # [C] client send to the engine's first step, "
+        f"median of {n} prefill requests ({how})",
+        f"output_us = {_num(front.output_us)}  # [C] the step's end (engine clock) to the "
+        f"client's first chunk, median of {n}",
+    ]
 
 
 def write_outputs(path: Path, text: str, report: dict[str, Any]) -> tuple[Path, Path]:
@@ -298,6 +323,7 @@ def fit_report(
         "decode": {path: asdict(d) for path, d in fit.decode.items()},
         "prefill": asdict(fit.prefill) if fit.prefill else None,
         "mixed": asdict(fit.mixed) if fit.mixed else None,
+        "frontend": asdict(fit.frontend) if fit.frontend else None,
         "assumed": assumed,
     }
 

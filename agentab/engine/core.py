@@ -166,6 +166,7 @@ class Engine:
         self._aborts: list[str] = []
         self._step_no = 0
         self._worker: Any = None  # the thread a measured executor's steps run in
+        self._collector: Any = None  # and, scheduled ahead, the one its steps are collected in
         self._failure: BaseException | None = None  # why the step loop died, if it did
         self._channels: set[_Channel | Timeline] = set()  # open streams (woken on a failure)
         self._streams = 0  # open `generate` streams (steps need per-row work only for these)
@@ -214,9 +215,10 @@ class Engine:
             # place to raise it again
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            worker.shutdown(wait=True)
+        for worker in (self._worker, self._collector):
+            if worker is not None:
+                worker.shutdown(wait=True)
+        self._worker = self._collector = None
         close = getattr(self.executor, "close", None)
         if close is not None:  # e.g. the local engine's other tensor-parallel ranks
             close()
@@ -395,13 +397,17 @@ class Engine:
         wait for the host between steps. Step k is applied (`Scheduler.advance`) before its
         tokens are known, which is exact without speculative decoding (its token counts do not
         depend on the values); its tokens are filled in and streamed when it is collected.
-        Launch and collect run in one worker thread, launches queued ahead of the wait."""
+        Launches run in one worker thread; scheduled ahead, collects run in another, so step k's
+        tokens go out when it is done, not after the host has launched step k+1."""
         from concurrent.futures import ThreadPoolExecutor
 
         sched, ex = self.scheduler, self.executor
         if self._worker is None:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentab-step")
         worker = self._worker
+        if self._collector is None and ex.launches_async:  # collect k while k+1 is launched
+            self._collector = ThreadPoolExecutor(1, thread_name_prefix="agentab-collect")
+        collector = self._collector or worker
         inflight: deque[tuple[StepPlan, Any, Any, float, list[Any]]] = deque()
         # a device that runs launched work by itself gets the next step queued behind the
         # current one; a CPU computes inside launch, so running ahead would only delay tokens
@@ -423,7 +429,7 @@ class Engine:
                     continue
             if inflight:
                 plan, launched, adv, t0, rows = inflight.popleft()
-                output = await loop.run_in_executor(worker, ex.collect, await launched)
+                output = await loop.run_in_executor(collector, ex.collect, await launched)
                 t = loop.time()
                 if self.step_observer is not None:
                     self._observe_step(plan, t0, t, rows)

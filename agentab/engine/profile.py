@@ -81,6 +81,13 @@ class HardwareProfile:
     # GPU): step k+1 is planned while step k runs, so a request that arrives during step k
     # joins step k+2 at the earliest.
     async_scheduling: bool = False
+    # What a request costs outside the engine's steps (`[frontend]`): from the client's send
+    # until the engine has it (HTTP, parsing, the server's intake), and from the step that
+    # produced a token until the client has it (the server's output path, streaming). The
+    # in-process simulator's client adds them (agentab.replay.targets.engine); a server in
+    # front of the simulator does not, its own HTTP path being real.
+    frontend_intake_us: float = 0.0
+    frontend_output_us: float = 0.0
 
     def table(self, path: str) -> DecodeTable:
         return self.specialized if path == "specialized" else self.standard
@@ -148,6 +155,7 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
     pre = r.table("prefill")
     sd = r.table("spec_decode")
     eng = r.table("engine", optional=True)
+    front = r.table("frontend", optional=True)
     limits = spec.int_list("max_requests_by_q")
     if len(limits) != 8:
         raise AgentabError(
@@ -180,8 +188,10 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
         prefill_context_token_us=pre.float("context_token_us", 0.0, default=0.0),
         mixed_decode_row_us=pre.float("mixed_decode_row_us", 0.0, default=0.0),
         async_scheduling=eng.bool("async_scheduling", default=False),
+        frontend_intake_us=front.float("intake_us", 0.0, default=0.0),
+        frontend_output_us=front.float("output_us", 0.0, default=0.0),
     )
-    for sub in (r, kv, dec, std, spec, pre, sd, eng):
+    for sub in (r, kv, dec, std, spec, pre, sd, eng, front):
         sub.done()
     return profile
 

@@ -7,10 +7,14 @@ benchmark clients use:
 - `POST /v1/completions` (prompt as token ids or text) and `POST /v1/chat/completions`,
   streaming (SSE, `stream_options.include_usage`) or not; usage carries
   `prompt_tokens_details.cached_tokens` (the prefix-cache hit, as vLLM reports it);
-- `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text with vLLM's metric names);
+- `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text with vLLM's metric names:
+  the engine's counters and gauges, and the server's per-request latency histograms, which
+  split a request's time to first token into intake, queue, prefill and output; see
+  agentab.engine.request_metrics);
 - `GET /agentab/describe` (the engine facts replay copies into its run manifest);
 - with `record_emissions`, `GET /agentab/emissions`: per `X-Request-Id`, the loop times at which
-  each content chunk was written (tests compare them with what the client measured).
+  each content chunk was written (tests compare them with what the client measured), and
+  `GET /agentab/timings`: per `X-Request-Id`, the stamps the latency histograms are made of.
 Bad requests get vLLM-shaped errors: `{"object": "error", "message", "type", "param", "code"}`.
 
 What one client may cost is bounded: a request body over `max_request_bytes` is refused (413)
@@ -39,6 +43,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from agentab.engine.request_metrics import RequestMetrics, RequestTimes
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
 
@@ -118,6 +123,8 @@ class EngineServer:
         self.read_timeout_s = read_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.emissions: dict[str, list[float]] = {}
+        self.requests = RequestMetrics(record=record_emissions)
+        self._observe_steps(engine)
         self.disconnects = 0
         self._ids = itertools.count()
         self.app = web.Application(client_max_size=max_request_bytes)
@@ -128,8 +135,26 @@ class EngineServer:
         self.app.router.add_get("/metrics", self.metrics)
         self.app.router.add_get("/agentab/describe", self.describe)
         self.app.router.add_get("/agentab/emissions", self.get_emissions)
+        self.app.router.add_get("/agentab/timings", self.get_timings)
         self.app.on_startup.append(self._on_startup)
         self.app.on_cleanup.append(self._on_cleanup)
+
+    def _observe_steps(self, engine: Any) -> None:
+        """Read the engine's step records for each request's first scheduled step (its queue
+        and prefill times), alongside an observer already installed."""
+        if not hasattr(engine, "step_observer"):
+            return
+        before = engine.step_observer
+        if before is None:
+            engine.step_observer = self.requests.observe_step
+            return
+        observe = self.requests.observe_step
+
+        def both(record: dict[str, Any]) -> None:
+            observe(record)
+            before(record)
+
+        engine.step_observer = both
 
     async def _on_startup(self, app: web.Application) -> None:
         self.engine.start()
@@ -164,13 +189,22 @@ class EngineServer:
             return error_response("emission recording is off (--record-emissions)", 404, "NotFound")
         return web.Response(body=orjson.dumps(self.emissions), content_type="application/json")
 
+    async def get_timings(self, request: web.Request) -> web.Response:
+        if not self.record_emissions:
+            return error_response("timing recording is off (--record-emissions)", 404, "NotFound")
+        return web.Response(
+            body=orjson.dumps(self.requests.timings), content_type="application/json"
+        )
+
     async def metrics(self, request: web.Request) -> web.Response:
-        label = '{model_name="' + self.model.replace("\\", "\\\\").replace('"', '\\"') + '"}'
+        inside = 'model_name="' + self.model.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        label = "{" + inside + "}"
         lines = []
         for name, value in self.engine.metrics().items():
             kind = "counter" if name.endswith("_total") else "gauge"
             lines.append(f"# TYPE {name} {kind}")
             lines.append(f"{name}{label} {float(value)!r}")
+        lines.extend(self.requests.lines(inside))
         return web.Response(
             text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
         )
@@ -270,6 +304,8 @@ class EngineServer:
             ) from None
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
+        times = RequestTimes(received=loop.time())
         try:
             raw = await self._read_body(request)
             if len(raw) > PARSE_IN_THREAD_BYTES:
@@ -286,25 +322,37 @@ class EngineServer:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         engine_id = f"{rid}-{client_id}" if client_id else rid
         gen = self.engine.generate(EngineRequest(engine_id, ids, max_tokens))
+        self.requests.handed(times, engine_id, loop.time())
         try:
-            first = await gen.__anext__()
-        except AgentabError as exc:
-            text = str(exc)
-            if any(h in text.lower() for h in _CONTEXT_HINTS):
-                limit = self.max_model_len or 0
-                msg = _context_message(limit, len(ids), max_tokens) if limit else text
-                return error_response(f"{msg} ({text})" if limit else text)
-            return error_response(text)
-        except asyncio.CancelledError:  # the client went away while the request was queued
-            self._client_gone(request, rid, 0, max_tokens)
-            raise  # leaving the generator aborted the request in the engine
-        meta = {"id": rid, "created": int(time.time()), "model": self.model}
-        del body, ids  # a long prompt is not kept alive for the whole generation
-        if stream:
-            return await self._stream(
-                request, gen, first, max_tokens, meta, chat, include_usage, client_id
-            )
-        return await self._whole(request, gen, first, meta, chat, max_tokens)
+            try:
+                first = await gen.__anext__()
+            except AgentabError as exc:
+                text = str(exc)
+                if any(h in text.lower() for h in _CONTEXT_HINTS):
+                    limit = self.max_model_len or 0
+                    msg = _context_message(limit, len(ids), max_tokens) if limit else text
+                    return error_response(f"{msg} ({text})" if limit else text)
+                return error_response(text)
+            except asyncio.CancelledError:  # the client went away while the request was queued
+                self._client_gone(request, rid, 0, max_tokens)
+                raise  # leaving the generator aborted the request in the engine
+            self._seen(times, first, loop)
+            meta = {"id": rid, "created": int(time.time()), "model": self.model}
+            del body, ids  # a long prompt is not kept alive for the whole generation
+            if stream:
+                return await self._stream(
+                    request, gen, first, max_tokens, meta, chat, include_usage, client_id, times
+                )
+            return await self._whole(request, gen, first, meta, chat, max_tokens, times)
+        finally:
+            self.requests.close(times, engine_id, client_id)
+
+    def _seen(self, times: RequestTimes, item: Any, loop: asyncio.AbstractEventLoop) -> None:
+        """Stamp the handler's receipt of a stream item: its first token, or its end."""
+        if isinstance(item, FinalUsage):
+            self.requests.finished(times, loop.time())
+        elif times.token is None:
+            self.requests.first_token(times, item.t, loop.time())
 
     def _client_gone(self, request: web.Request, rid: str, sent: int, max_tokens: int) -> None:
         self.disconnects += 1
@@ -325,7 +373,9 @@ class EngineServer:
         meta: dict[str, Any],
         chat: bool,
         max_tokens: int,
+        times: RequestTimes,
     ) -> web.StreamResponse:
+        loop = asyncio.get_running_loop()
         usage: FinalUsage | None = None
         parts: list[np.ndarray] = []
         item = first
@@ -342,6 +392,7 @@ class EngineServer:
                 await gen.aclose()
                 self._client_gone(request, meta["id"], done, max_tokens)
                 raise
+            self._seen(times, item, loop)
         text = detokenize(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
         finish = usage.finish_reason
         if chat:
@@ -367,14 +418,15 @@ class EngineServer:
         chat: bool,
         include_usage: bool,
         client_id: str | None,
+        times: RequestTimes,
     ) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
         resp = web.StreamResponse(headers=_SSE_HEADERS)
         obj = "chat.completion.chunk" if chat else "text_completion"
         head = orjson.dumps({**meta, "object": obj})[:-1]  # reused prefix of every chunk
-        times: list[float] | None = None
+        emitted: list[float] | None = None
         if self.record_emissions and client_id:
-            times = self.emissions.setdefault(client_id, [])
+            emitted = self.emissions.setdefault(client_id, [])
         done = 0
         item = first
         try:
@@ -409,15 +461,18 @@ class EngineServer:
                             "finish_reason": finish,
                             "token_ids": ids.tolist(),
                         }
-                    if times is not None:
-                        times.append(loop.time())
+                    if emitted is not None:
+                        emitted.append(loop.time())
                     await resp.write(_sse(head, [choice]))
+                    if times.written is None:
+                        self.requests.first_written(times, loop.time())
                 elif isinstance(item, FinalUsage):
                     if include_usage:
                         await resp.write(_sse(head, [], _usage(item)))
                     await resp.write(b"data: [DONE]\n\n")
                     break
                 item = await gen.__anext__()
+                self._seen(times, item, loop)
             await resp.write_eof()
         except ConnectionResetError:
             # The client went away (aiohttp's ClientConnectionResetError is one): end the

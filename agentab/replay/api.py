@@ -294,9 +294,15 @@ def simulate_to_dir(
     profile = opts.pop("profile")
     backend = opts.pop("decode_backend", "auto")
     engine = build_simulator(profile, backend, **opts)
+    prof = engine.executor.profile
+    target = EngineTarget(
+        engine,
+        intake_s=prof.frontend_intake_us * 1e-6,
+        output_s=prof.frontend_output_us * 1e-6,
+    )
     return run_to_dir(
         workload,
-        EngineTarget(engine),
+        target,
         replay=replay,
         out_dir=out_dir,
         virtual=True,

@@ -287,3 +287,54 @@ def test_a_refit_of_a_local_engine_report_takes_async_scheduling_from_its_device
         f = facts(engine=engine, device=device, async_scheduling=None, sources={})
         local_engine_schedules_ahead(f)
         assert f.async_scheduling is want
+
+
+def test_the_frontend_latency_is_what_the_steps_leave_out_of_the_clients_ttft() -> None:
+    """Engine clock: each prefill request's client TTFT less its step time, split by the
+    server's own stamps where it exports them (the network counted half each way)."""
+    from agentab.calibrate.fit import fit_frontend
+
+    split = {"intake": 0.2e-3, "queue": 0.1e-3, "prefill": 8.5e-3, "output": 0.4e-3}
+    rows = [
+        PrefillMeasurement(16, 0, 10e-3, 8e-3, 1, split),  # 0.8 ms beyond the server's parts
+        PrefillMeasurement(128, 0, 12e-3, 10e-3, 1, {**split, "prefill": 10.5e-3}),
+        PrefillMeasurement(512, 0, 30e-3, 27e-3, 1, {**split, "prefill": 28.5e-3, "queue": 1e-3}),
+    ]
+    f = fit_frontend(rows)
+    assert f is not None and f.split == "server"
+    assert [round(r["intake_us"], 6) for r in f.requests] == [700.0, 700.0, 1150.0]
+    assert [round(r["output_us"], 6) for r in f.requests] == [1300.0, 1300.0, 1850.0]
+    assert (round(f.intake_us, 6), round(f.output_us, 6)) == (700.0, 1300.0)  # medians
+    # without the server's split the whole difference is charged to intake
+    bare = fit_frontend([PrefillMeasurement(16, 0, 10e-3, 8e-3, 1)])
+    assert bare is not None and bare.split == "client"
+    assert (round(bare.intake_us, 6), bare.output_us) == (2000.0, 0.0)
+    # the client's clock has no step time to take away: nothing is fitted
+    assert fit_frontend([PrefillMeasurement(16, 0, 10e-3)]) is None
+
+
+@pytest.mark.parametrize("timing", ["client", "engine"])
+def test_the_profile_states_the_frontend_latency_only_with_the_engines_clock(timing) -> None:
+    m = synthetic()
+    for p in m.prefill:  # 1.5 ms outside the step on every request
+        p.ttft_s += 1.5e-3
+    fit = fit_all({"standard": m}, timing=timing, graph_max=1, max_num_batched_tokens=BUDGET)
+    text = render_profile(
+        name="t",
+        fit=fit,
+        facts=facts(),
+        provenance=Provenance("vllm", "1", "cpu", "m", "http://x", "d", "c", timing),
+        kv_blocks=1000,
+        kv_blocks_tag="[E]",
+        gpu_count=1,
+        gpu_tag="[E]",
+        tp=1,
+        allowed=("decode.specialized", "spec_decode.drafter_step_us"),
+    )
+    p = parse_profile(text.encode(), "t")
+    if timing == "engine":
+        assert "[frontend]" in text
+        assert (p.frontend_intake_us, p.frontend_output_us) == pytest.approx((1500.0, 0.0))
+    else:  # the prefill table's last point holds it
+        assert "[frontend]" not in text.replace("# [frontend]", "")
+        assert (p.frontend_intake_us, p.frontend_output_us) == (0.0, 0.0)

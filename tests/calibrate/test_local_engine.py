@@ -72,11 +72,19 @@ def test_calibrate_from_the_local_engines_step_counters(tmp_path: Path, capsys) 
     prefill = report["measurements"]["standard"]["prefill"]
     assert all(r["engine_steps"] == 1 and r["engine_s"] > 0 for r in prefill)
     assert report["measurements"]["specialized"]["prefill"] == []
+    # the server splits each prefill request's TTFT: what the step left out is the frontend's
+    assert all(set(r["server_s"]) == {"intake", "queue", "prefill", "output"} for r in prefill)
+    front = report["frontend"]
+    assert front["split"] == "server" and len(front["requests"]) == len(prefill)
+    print(f"frontend: intake {front['intake_us']:.0f} us, output {front['output_us']:.0f} us")
     p = load_profile(out)
     assert (p.kv_block_size_tokens, p.kv_capacity_blocks, p.cuda_graph_max_tokens) == (16, 2048, 1)
     assert p.gpu_name == "cpu" and p.model == "agentab-local-tiny"
     # on the CPU the local engine schedules one step at a time, and says so
     assert p.async_scheduling is False
+    assert p.frontend_intake_us == pytest.approx(front["intake_us"], rel=1e-5)
+    assert p.frontend_output_us == pytest.approx(front["output_us"], rel=1e-5)
+    assert p.frontend_intake_us + p.frontend_output_us > 0
     assert "async_scheduling = false  # [E] /agentab/describe" in out.read_text()
     assert p.mixed_decode_row_us >= 0.0 and len(report["mixed"]["residuals"]) == 3
     mixed = report["measurements"]["standard"]["mixed"]

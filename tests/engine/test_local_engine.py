@@ -230,3 +230,44 @@ def test_a_step_observer_sees_every_step_of_the_measured_loop():
     asyncio.run(main())
     assert [r["path"] for r in records] == ["standard", "specialized", "specialized"]
     assert [[row["id"] for row in r["requests"]] for r in records] == [["solo"]] * 3
+
+
+def test_a_steps_tokens_do_not_wait_for_the_next_steps_launch():
+    """Scheduled one step ahead, step k+1 is launched before step k is collected, so the device
+    never waits for the host. Step k's tokens must still be handed out once step k is done,
+    not after the host has finished launching step k+1 (on a GPU an eager prefill or mixed
+    step's launch is host work of its own): the collect runs beside the next launch. On the
+    CPU a launch computes the whole step, so a collect queued behind it would wait a step."""
+    import asyncio
+    import time
+
+    from agentab.engine.types import EngineRequest, TokenEvent
+
+    eng = engine("auto", max_num_batched_tokens=1024)
+    eng.executor.launches_async = True
+    launch, launched_at = eng.executor.launch, []
+
+    def timed_launch(plan, inputs=None):
+        out = launch(plan, inputs)
+        launched_at.append(time.monotonic())  # the loop's clock (asyncio uses monotonic)
+        return out
+
+    eng.executor.launch = timed_launch
+    first: dict[str, float] = {}
+
+    async def one(rid: str, p: np.ndarray, n: int) -> None:
+        async for ev in eng.generate(EngineRequest(rid, p, n)):
+            if isinstance(ev, TokenEvent):
+                first.setdefault(rid, ev.t)
+
+    async def main() -> None:
+        eng.start()
+        try:  # "short" fills step 1 with a chunk of "long", whose next chunks follow
+            await asyncio.gather(one("short", prompt(16, 1), 2), one("long", prompt(3000, 2), 1))
+        finally:
+            await eng.stop()
+
+    asyncio.run(main())
+    # step 1 computed short's prompt; step 2 (short's decode and long's next chunk) was
+    # launched right behind it: short's first token is out before that launch returned
+    assert first["short"] < launched_at[1], (first, launched_at)

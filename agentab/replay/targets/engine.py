@@ -5,6 +5,12 @@ real network, and the engine's token events carry their exact emission times, so
 traffic simulates in seconds with the same runner code. The records look exactly like HTTP ones
 (chunk times after the send time, usage with cached tokens), so the analysis cannot tell them
 apart beyond the manifest.
+
+What an HTTP client sees beyond the engine's steps, a profile states as its `[frontend]`
+latencies, and this target adds them: the request reaches the engine `intake_s` after it was
+sent, and every chunk (so also the request's end, which the next turn waits for) reaches the
+client `output_s` after the step that produced it. Both zero (every profile without the table)
+is the ideal client, with nothing added.
 """
 
 from __future__ import annotations
@@ -24,10 +30,20 @@ _CONTEXT_WORDS = ("context", "too long", "max_model_len", "maximum model length"
 class EngineTarget:
     """Streams requests through `engine.generate`; starts and stops the engine's step loop."""
 
-    def __init__(self, engine: Any, *, vocab_size: int = 32000, manage: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        vocab_size: int = 32000,
+        manage: bool = True,
+        intake_s: float = 0.0,
+        output_s: float = 0.0,
+    ) -> None:
         self.engine = engine
         self.vocab_size = vocab_size
         self.manage = manage  # start/stop the engine with the run
+        self.intake_s = intake_s
+        self.output_s = output_s
         self._prompts = PromptTokens(vocab_size)
 
     async def start(self) -> None:
@@ -41,6 +57,8 @@ class EngineTarget:
     def describe(self) -> dict[str, Any]:
         facts = dict(self.engine.describe())
         facts["target"] = "in-process"
+        if self.intake_s or self.output_s:
+            facts["frontend"] = {"intake_s": self.intake_s, "output_s": self.output_s}
         return facts
 
     async def scrape(self) -> list[tuple[str, dict[str, str], float]]:
@@ -52,21 +70,29 @@ class EngineTarget:
         req = EngineRequest(spec.request_id, ids, spec.max_tokens)
         out.sent = sent = loop.time()
         timeline: Timeline | None = None
+        shift = self.output_s
         try:
+            if self.intake_s:
+                await asyncio.sleep(self.intake_s)
             # The chunks come back as arrays at the end (Engine.submit), not as one event per
             # step: the runner reacts only to a request's end, and each chunk's time is when the
             # engine emitted it, which is what an ideal client on the same machine observes.
             timeline = self.engine.submit(req)
             usage = await timeline.finished
+            if shift:
+                await asyncio.sleep(shift)  # the last chunk is on its way to the client
             out.prompt_tokens = usage.prompt_tokens
             out.completion_tokens = usage.completion_tokens
             out.cached_tokens = usage.cached_tokens
             if usage.finish_reason == "abort":
                 out.fail("engine", "the engine aborted the request")
         except asyncio.CancelledError:
-            self.engine.abort(spec.request_id)
-            if timeline is not None:  # the record keeps the chunks emitted before the cancel
-                out.chunk_times = timeline.chunk_arrays()[0] - sent
+            if timeline is not None:  # the record keeps the chunks the client had at the cancel
+                self.engine.abort(spec.request_id)
+                times = timeline.chunk_arrays()[0]
+                if shift:
+                    times = times[times + shift <= loop.time()] + shift
+                out.chunk_times = times - sent
             raise
         except Exception as exc:  # the engine refused the request (e.g. prompt too long)
             text = str(exc)
@@ -77,6 +103,8 @@ class EngineTarget:
             out.chunk_tokens = []
         else:
             times, counts = timeline.chunk_arrays()
+            if shift:
+                times = times + shift
             out.chunk_times = times - sent  # arrays: the record writer takes them as they are
             out.chunk_tokens = counts
         out.end = loop.time()

@@ -172,3 +172,208 @@ def take_live(
             got += 1
         i += 1
     return got, i
+
+
+# -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------
+# The constants of hashing.py: the polynomial base, the token mixing, the salt and splitmix64.
+_P = np.uint64(0x9FB21C651E98DF25)
+_TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
+_TOK_MUL = np.uint64(0xD6E8FEB86659FD93)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@jit
+def _mix64(z: np.uint64) -> np.uint64:
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@jit
+def first_diff(a: np.ndarray, b: np.ndarray, n: int) -> int:
+    """Index of the first of the leading `n` positions where a and b differ, or n."""
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@jit
+def chain_into(
+    tokens: np.ndarray,
+    lo: int,
+    hi: int,
+    bs: int,
+    prev: np.uint64,
+    keys: np.ndarray,
+    raws: np.ndarray,
+) -> np.uint64:
+    """hashing.chain_hashes_raw over blocks lo..hi-1 of `tokens`, continuing the raw value
+    `prev` of the blocks before: keys and raw values written to keys[:hi-lo], raws[:hi-lo];
+    returns the raw value after block hi-1 (`prev` if none). The raw value is the Horner sum
+    of the mixed tokens, which is what the numpy code's per-block powers compute."""
+    r = prev
+    for j in range(lo, hi):
+        base = j * bs
+        for i in range(bs):
+            x = (np.uint64(tokens[base + i]) + _TOK_ADD) * _TOK_MUL
+            r = r * _P + x
+        raws[j - lo] = r
+        keys[j - lo] = _mix64(r ^ (np.uint64(j + 1) * _GOLDEN)) | np.uint64(1)
+    return r
+
+
+@jit
+def synthetic_output(
+    tokens: np.ndarray, prompt_len: int, n_full_tokens: int, raw_full: np.uint64, vocab_size: int
+) -> None:
+    """Write the synthetic output ids into tokens[prompt_len:] (hashing.prompt_seed of the
+    prompt tokens[:prompt_len], then hashing.output_ids_from_seed)."""
+    h = raw_full
+    for p in range(n_full_tokens, prompt_len):
+        h = h * _P + (np.uint64(tokens[p]) + _TOK_ADD) * _TOK_MUL
+    seed = _mix64(h ^ (np.uint64(prompt_len) * _GOLDEN))
+    m = np.uint64(vocab_size - 1)
+    for i in range(len(tokens) - prompt_len):
+        z = _mix64(np.uint64(i + 1) * _GOLDEN + seed)
+        tokens[prompt_len + i] = np.int64(z % m) + 1
+
+
+# -- decode windows (Scheduler.plan_window / commit_window) --------------------------------------
+@jit
+def window_horizon(
+    run: np.ndarray,
+    in_decode: np.ndarray,
+    ntokens: np.ndarray,
+    computed: np.ndarray,
+    maxtok: np.ndarray,
+    output: np.ndarray,
+) -> int:
+    """The smallest remaining output of the running rows if every one is decoding with only
+    its last sampled token to compute; 0 if a row is not (no window)."""
+    h = np.int64(-1)
+    for i in range(len(run)):
+        s = run[i]
+        if not in_decode[s] or ntokens[s] - computed[s] != 1:
+            return 0
+        r = maxtok[s] - output[s]
+        if h < 0 or r < h:
+            h = r
+    return max(h, 0)
+
+
+@jit
+def window_steps(
+    run: np.ndarray,
+    computed: np.ndarray,
+    remaining: np.ndarray,
+    nblocks: np.ndarray,
+    acc: np.ndarray,
+    k: int,
+    bs: int,
+    num_free: int,
+    cum: np.ndarray,
+    emitted: np.ndarray,
+    context: np.ndarray,
+) -> int:
+    """Plan a window's steps, rows in `run` order (Scheduler.plan_window's arrays): fills
+    cum (inclusive cumulative tokens, uncapped), emitted (capped at each row's remaining
+    output) and context per step, up to the first step in which a row finishes, or the last
+    step whose blocks fit in `num_free`; returns the step count, or -1 if fewer than two steps
+    fit. `acc` is (steps, rows) accepted drafts, or empty without drafts (none accepted)."""
+    horizon, B = cum.shape
+    q = 1 + k
+    drafts = acc.shape[0] > 0
+    for j in range(horizon):
+        grow = 0
+        ctx = 0
+        for i in range(B):
+            s = run[i]
+            prev = cum[j - 1, i] if j else 0
+            c = computed[s] + prev  # computed before step j
+            g = -(-(c + q + k) // bs) - nblocks[s]
+            if g > 0:
+                grow += g
+            ctx += c + q
+        if grow > num_free:
+            return j if j >= 2 else -1
+        context[j] = ctx
+        finish = False
+        for i in range(B):
+            prev = cum[j - 1, i] if j else 0
+            c = prev + 1 + (acc[j, i] if drafts else 0)
+            cum[j, i] = c
+            rem = remaining[i]
+            emitted[j, i] = min(c, rem) - min(prev, rem)
+            if c >= rem:
+                finish = True
+        if finish:
+            return j + 1
+    return horizon
+
+
+@jit
+def window_blocks(
+    slots: np.ndarray,
+    computed0: np.ndarray,
+    cum: np.ndarray,
+    m: int,
+    q: int,
+    k: int,
+    bs: int,
+    nblocks: np.ndarray,
+    need: np.ndarray,
+    full: np.ndarray,
+) -> int:
+    """For the first `m` steps of a window: the blocks each row still lacks for its last step
+    (need) and its blocks full of scheduled tokens (full); returns the total need."""
+    total = 0
+    for i in range(len(slots)):
+        last = computed0[i] + (cum[m - 2, i] if m >= 2 else 0)  # computed before step m-1
+        g = -(-(last + q + k) // bs) - nblocks[slots[i]]
+        if g < 0:
+            g = 0
+        need[i] = g
+        total += g
+        full[i] = (last + 1) // bs
+    return total
+
+
+@jit
+def window_commit(
+    slots: np.ndarray,
+    computed0: np.ndarray,
+    cum: np.ndarray,
+    emitted: np.ndarray,
+    m: int,
+    computed: np.ndarray,
+    output: np.ndarray,
+    ntokens: np.ndarray,
+    maxtok: np.ndarray,
+    log_counts: np.ndarray,
+    log_row: int,
+    finished: np.ndarray,
+) -> tuple[int, int]:
+    """Advance the rows by the first `m` steps of a window (Scheduler.commit_window): their
+    computed, output and token counts, and the steps' emitted tokens in the emission log
+    (from row `log_row`; log_row < 0: no log). The slots that finished go to finished[:n];
+    returns (tokens emitted, n)."""
+    total = 0
+    nfin = 0
+    for i in range(len(slots)):
+        s = slots[i]
+        computed[s] = computed0[i] + cum[m - 1, i]
+        e = 0
+        for j in range(m):
+            e += emitted[j, i]
+            if log_row >= 0:
+                log_counts[log_row + j, s] = emitted[j, i]
+        output[s] += e
+        ntokens[s] += e
+        total += e
+        if output[s] >= maxtok[s]:
+            finished[nfin] = s
+            nfin += 1
+    return total, nfin

@@ -373,9 +373,7 @@ class Scheduler:
                 f"request {request_id!r}: {len(prompt)} prompt + {max_tokens} output tokens "
                 f"need {need} KV blocks; the cache has {self.cfg.num_blocks}"
             )
-        bs = self.bs
         p = len(prompt)
-        n_full = p // bs
         if self.cfg.synthetic_output:
             tokens = np.empty(p + max_tokens, dtype=_I64)
         else:  # room for the output the executor will sample (and k drafts past it)
@@ -921,10 +919,7 @@ class Scheduler:
         # every step emits at least one token per row, so the first finish comes within the
         # smallest remaining count: no need to price steps past it
         horizon = min(max_steps, int(remaining.min()))
-        if k:
-            acc = self._window_acceptance(run, horizon)
-        else:
-            acc = np.zeros((horizon, B), dtype=_I64)
+        acc = self._window_acceptance(run, horizon) if k else np.zeros((horizon, B), dtype=_I64)
         cum = np.cumsum(acc + 1, axis=0)
         fin = cum >= remaining
         any_fin = fin.any(axis=0)

@@ -377,3 +377,46 @@ def window_commit(
             finished[nfin] = s
             nfin += 1
     return total, nfin
+
+
+@jit
+def release(
+    ids: np.ndarray,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    next_gen: int,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    tail: int,
+) -> int:
+    """BlockPool.free over distinct blocks (a request's): one reference less on each; those
+    whose count drops to zero get the next generations and entries at the queue's tail, in
+    the given order. Returns how many."""
+    n = len(ids)
+    for i in range(n):
+        ref[ids[i]] -= 1
+    added = 0
+    for i in range(n):
+        b = ids[i]
+        if ref[b] == 0:
+            g = next_gen + added
+            gen[b] = g
+            qids[tail + added] = b
+            qgens[tail + added] = g
+            added += 1
+    return added
+
+
+@jit
+def compact(
+    qids: np.ndarray, qgens: np.ndarray, lo: int, hi: int, ref: np.ndarray, gen: np.ndarray
+) -> int:
+    """Move the live entries of qids/qgens[lo:hi] to the front, in order; returns how many."""
+    kept = 0
+    for i in range(lo, hi):
+        b = qids[i]
+        if ref[b] == 0 and gen[b] == qgens[i]:
+            qids[kept] = b
+            qgens[kept] = qgens[i]
+            kept += 1
+    return kept

@@ -420,3 +420,75 @@ def compact(
             qgens[kept] = qgens[i]
             kept += 1
     return kept
+
+
+# -- one step (Scheduler.schedule / update) ------------------------------------------------------
+@jit
+def advance_rows(
+    s: np.ndarray,
+    num_sched: np.ndarray,
+    computed_before: np.ndarray,
+    is_decode: np.ndarray,
+    drafts: np.ndarray,
+    accepted: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    output: np.ndarray,
+    maxtok: np.ndarray,
+    in_decode: np.ndarray,
+    spec_idx: np.ndarray,
+    log_counts: np.ndarray,
+    log_row: int,
+    rows: np.ndarray,
+    counts: np.ndarray,
+    starts: np.ndarray,
+    finished: np.ndarray,
+) -> tuple[int, int, int, int, int, int]:
+    """Apply one executed step to its rows (Scheduler._advance): accepted drafts (`accepted`
+    per row, empty: none accepted), computed and emitted tokens, prompts completed, each row's
+    emitted tokens in the emission log row `log_row` (< 0: no log). The emitting rows go to
+    rows/counts/starts[:n] (row index, tokens, where they go in its token buffer), the slots
+    that finished to finished[:f]. Returns (n, f, tokens emitted, verify rows, drafts of the
+    decoding rows, drafts accepted by the verify rows)."""
+    n = 0
+    nfin = 0
+    total = 0
+    verified = 0
+    draft_sum = 0
+    acc_sum = 0
+    has_acc = len(accepted) > 0
+    for i in range(len(s)):
+        slot = s[i]
+        comp = computed_before[i] + num_sched[i]
+        e = 0
+        if is_decode[i]:
+            d = drafts[i]
+            a = 0
+            if has_acc:
+                a = min(accepted[i], d)
+            comp -= d - a
+            e = a + 1
+            draft_sum += d
+            if d > 0:
+                spec_idx[slot] += 1
+                verified += 1
+                acc_sum += a
+        elif comp >= ntokens[slot]:
+            e = 1
+            in_decode[slot] = True
+        computed[slot] = comp
+        e = min(e, maxtok[slot] - output[slot])
+        if e != 0:
+            if log_row >= 0:
+                log_counts[log_row, slot] = e
+            rows[n] = i
+            counts[n] = e
+            starts[n] = ntokens[slot]
+            n += 1
+        output[slot] += e
+        ntokens[slot] += e
+        total += e
+        if output[slot] >= maxtok[slot]:
+            finished[nfin] = slot
+            nfin += 1
+    return n, nfin, total, verified, draft_sum, acc_sum

@@ -689,6 +689,8 @@ class Scheduler:
         dec = plan.is_decode
         if dec.all():
             c["decode_steps_" + plan.path] += 1
+        if compiled.ENABLED:
+            return self._advance_compiled(plan, accepted)
         comp = plan.computed_before + plan.num_sched
         emitted = np.zeros(len(s), dtype=_I64)
         if dec.any():
@@ -728,6 +730,37 @@ class Scheduler:
         fin_mask = self.output[s] >= self.maxtok[s]
         finished = self._finish(s[fin_mask]) if fin_mask.any() else []
         return Advance(reqs, counts, finished, starts, nz.tolist())  # type: ignore[arg-type]
+
+    def _advance_compiled(self, plan: StepPlan, accepted: np.ndarray | None) -> Advance:
+        """_advance's array updates by one compiled call (the same state as the numpy code)."""
+        s = plan.slots
+        B = len(s)
+        log = self.log
+        if log is not None:  # this step's end time was logged last (log_times)
+            counts_log, log_row = log.counts, log.n - 1 - log.base
+        else:
+            counts_log, log_row = _NO_LOG, -1
+        acc = _NO_ROWS if accepted is None else np.asarray(accepted, dtype=_I64)
+        rows = np.empty(B, dtype=_I64)
+        counts = np.empty(B, dtype=_I64)
+        starts = np.empty(B, dtype=_I64)
+        done = np.empty(B, dtype=_I64)
+        n, nfin, emitted, verified, drafts, acc_sum = compiled.advance_rows(
+            s, plan.num_sched, plan.computed_before, plan.is_decode, plan.drafts, acc,
+            self.computed, self.ntokens, self.output, self.maxtok, self.in_decode,
+            self.spec_idx, counts_log, log_row, rows, counts, starts, done,
+        )  # fmt: skip
+        c = self.counters
+        if verified:
+            c["spec_decode_num_drafts"] += verified
+            c["spec_decode_num_draft_tokens"] += drafts
+            c["spec_decode_num_accepted_tokens"] += acc_sum
+        c["generation_tokens"] += emitted
+        slot_req = self.slot_req
+        rows = rows[:n]
+        reqs = [slot_req[x] for x in s[rows].tolist()]
+        finished = self._finish(done[:nfin]) if nfin else []
+        return Advance(reqs, counts[:n].tolist(), finished, starts[:n].tolist(), rows.tolist())  # type: ignore[arg-type]
 
     def fill(self, adv: Advance, sampled: np.ndarray) -> None:
         """Write a step's sampled tokens (rows as in its plan) after each request's known ones,
@@ -1039,6 +1072,7 @@ class Scheduler:
 
 
 _NO_LOG = np.zeros((1, 1), dtype=np.int32)  # the emission log's place when there is none
+_NO_ROWS = np.zeros(0, dtype=_I64)  # no per-row values (e.g. no drafts accepted)
 
 
 def _ragged(

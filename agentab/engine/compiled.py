@@ -492,3 +492,98 @@ def advance_rows(
             finished[nfin] = slot
             nfin += 1
     return n, nfin, total, verified, draft_sum, acc_sum
+
+
+@jit
+def running_budget(
+    run: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    in_decode: np.ndarray,
+    nblocks: np.ndarray,
+    k: int,
+    bs: int,
+    budget: int,
+    sched: np.ndarray,
+    need: np.ndarray,
+) -> int:
+    """The running rows' share of the token budget, in order (sched: min(remaining, what is
+    left), a decoding row's remaining work being 1 + k), and the blocks each scheduled row
+    still lacks (need); returns the total need (Scheduler.schedule)."""
+    start = 0
+    total = 0
+    for i in range(len(run)):
+        s = run[i]
+        c = computed[s]
+        rem = ntokens[s] - c + (k if in_decode[s] else 0)
+        x = min(max(budget - start, 0), rem)
+        start += rem
+        sched[i] = x
+        g = 0
+        if x > 0:
+            g = max(-(-(c + x + k) // bs) - nblocks[s], 0)
+        need[i] = g
+        total += g
+    return total
+
+
+@jit
+def scheduled_rows(
+    rows: np.ndarray,
+    row_sched: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    bs: int,
+    out_rows: np.ndarray,
+    out_sched: np.ndarray,
+    full: np.ndarray,
+) -> tuple[int, int]:
+    """The rows given tokens, in order, with their tokens and their blocks then full of
+    scheduled prompt or output tokens; returns (how many rows, their tokens)."""
+    n = 0
+    total = 0
+    for i in range(len(rows)):
+        x = row_sched[i]
+        total += x
+        if x > 0:
+            s = rows[i]
+            out_rows[n] = s
+            out_sched[n] = x
+            full[n] = min(computed[s] + x, ntokens[s]) // bs
+            n += 1
+    return n, total
+
+
+@jit
+def step_rows(
+    rows: np.ndarray,
+    row_sched: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    in_decode: np.ndarray,
+    keys: np.ndarray,
+    spec_idx: np.ndarray,
+    comp: np.ndarray,
+    is_decode: np.ndarray,
+    drafts: np.ndarray,
+    row_keys: np.ndarray,
+    row_spec: np.ndarray,
+) -> tuple[int, bool]:
+    """A scheduled step's per-row arrays (StepPlan): computed tokens before it, decoding or
+    not, drafts verified (the tokens scheduled past the known ones), request keys and verify
+    counters; returns (total tokens, every row decoding)."""
+    total = 0
+    all_decode = True
+    for i in range(len(rows)):
+        s = rows[i]
+        c = computed[s]
+        x = row_sched[i]
+        comp[i] = c
+        d = in_decode[s]
+        is_decode[i] = d
+        drafts[i] = max(c + x - ntokens[s], 0) if d else 0
+        row_keys[i] = keys[s]
+        row_spec[i] = spec_idx[s]
+        total += x
+        all_decode = all_decode and d
+    return total, all_decode

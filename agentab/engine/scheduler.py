@@ -501,6 +501,8 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
+        if compiled.ENABLED:
+            return self._schedule_compiled()
         budget = self.cfg.max_num_batched_tokens
         k, bs = self.k, self.bs
         preempted: list[str] = []
@@ -556,6 +558,80 @@ class Scheduler:
             drafts=drafts,
             keys=self.keys[rows],
             spec_index=self.spec_idx[rows],
+            path=path,
+            total_tokens=total,
+            padded_tokens=padded,
+            preempted=preempted,
+            num_running=len(self.run),
+            num_waiting=len(self.waiting),
+        )
+
+    def _schedule_compiled(self) -> StepPlan:
+        """schedule() with its per-row work in compiled calls (the same plan and state)."""
+        budget = self.cfg.max_num_batched_tokens
+        k, bs = self.k, self.bs
+        preempted: list[str] = []
+        run = self.run
+        B = len(run)
+        if B:
+            sched = np.empty(B, dtype=_I64)
+            need = np.empty(B, dtype=_I64)
+            total_need = compiled.running_budget(
+                run, self.computed, self.ntokens, self.in_decode, self.nblocks, k, bs, budget,
+                sched, need,
+            )  # fmt: skip
+            if total_need <= self.pool.num_free:
+                if total_need:
+                    self._alloc_rows(run, need, total_need)
+                rows, row_sched = run, sched
+            else:
+                rows, row_sched = self._schedule_running_under_pressure(budget, preempted)
+            n = len(rows)
+            kept, kept_sched, full = (np.empty(n, dtype=_I64) for _ in range(3))
+            n, used = compiled.scheduled_rows(
+                rows, row_sched, self.computed, self.ntokens, bs, kept, kept_sched, full
+            )
+            budget -= used
+            rows, row_sched = kept[:n], kept_sched[:n]
+            if n:
+                self._register_rows(rows, full[:n])
+        else:
+            rows = row_sched = _NO_ROWS
+        new_rows: list[int] = []
+        new_sched: list[int] = []
+        if not preempted:
+            self._admit(budget, new_rows, new_sched)
+        if new_rows:
+            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
+            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
+        n = len(rows)
+        comp, drafts, spec_index = (np.empty(n, dtype=_I64) for _ in range(3))
+        is_decode = np.empty(n, dtype=np.bool_)
+        keys = np.empty(n, dtype=np.uint64)
+        total, all_decode = compiled.step_rows(
+            rows, row_sched, self.computed, self.ntokens, self.in_decode, self.keys,
+            self.spec_idx, comp, is_decode, drafts, keys, spec_index,
+        )  # fmt: skip
+        path = "standard"
+        padded = total
+        if total and all_decode:
+            padded = padded_tokens(total, self.cfg.cuda_graph_max_tokens)
+            if self.cfg.specialized and specialized_ok(
+                row_sched,
+                k,
+                self.cfg.specialized_max_padded,
+                self.cfg.specialized_max_requests_by_q,
+                self.cfg.cuda_graph_max_tokens,
+            ):
+                path = "specialized"
+        return StepPlan(
+            slots=rows,
+            num_sched=row_sched,
+            computed_before=comp,
+            is_decode=is_decode,
+            drafts=drafts,
+            keys=keys,
+            spec_index=spec_index,
             path=path,
             total_tokens=total,
             padded_tokens=padded,

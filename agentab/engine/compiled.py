@@ -587,3 +587,25 @@ def step_rows(
         total += x
         all_decode = all_decode and d
     return total, all_decode
+
+
+@jit
+def count_free(ids: np.ndarray, ref: np.ndarray) -> int:
+    """How many of these blocks have no reference (BlockPool.num_free_among)."""
+    n = 0
+    for i in range(len(ids)):
+        if ref[ids[i]] == 0:
+            n += 1
+    return n
+
+
+@jit
+def touch(ids: np.ndarray, ref: np.ndarray) -> int:
+    """One reference more on each of these distinct blocks; returns how many had none."""
+    n = 0
+    for i in range(len(ids)):
+        b = ids[i]
+        if ref[b] == 0:
+            n += 1
+        ref[b] += 1
+    return n

@@ -144,11 +144,19 @@ class BlockPool:
     # -- reference counts -----------------------------------------------------------------
     def num_free_among(self, ids: np.ndarray) -> int:
         """How many of these (cached) blocks sit in the free queue (they count as free space)."""
-        return int(np.count_nonzero(self.ref[ids] == 0)) if len(ids) else 0
+        if len(ids) == 0:
+            return 0
+        if compiled.ENABLED:
+            return compiled.count_free(ids, self.ref)
+        return int(np.count_nonzero(self.ref[ids] == 0))
 
     def touch(self, ids: np.ndarray) -> None:
-        """Take a reference on hit blocks (those that were free leave the free queue)."""
+        """Take a reference on hit blocks, which are distinct (those that were free leave the
+        free queue)."""
         if len(ids) == 0:
+            return
+        if compiled.ENABLED:
+            self.num_free -= compiled.touch(ids, self.ref)
             return
         self.num_free -= int(np.count_nonzero(self.ref[ids] == 0))
         self.ref[ids] += 1

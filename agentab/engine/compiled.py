@@ -172,3 +172,440 @@ def take_live(
             got += 1
         i += 1
     return got, i
+
+
+# -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------
+# The constants of hashing.py: the polynomial base, the token mixing, the salt and splitmix64.
+_P = np.uint64(0x9FB21C651E98DF25)
+_TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
+_TOK_MUL = np.uint64(0xD6E8FEB86659FD93)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@jit
+def _mix64(z: np.uint64) -> np.uint64:
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@jit
+def first_diff(a: np.ndarray, b: np.ndarray, n: int) -> int:
+    """Index of the first of the leading `n` positions where a and b differ, or n."""
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+@jit
+def chain_into(
+    tokens: np.ndarray,
+    lo: int,
+    hi: int,
+    bs: int,
+    prev: np.uint64,
+    keys: np.ndarray,
+    raws: np.ndarray,
+) -> np.uint64:
+    """hashing.chain_hashes_raw over blocks lo..hi-1 of `tokens`, continuing the raw value
+    `prev` of the blocks before: keys and raw values written to keys[:hi-lo], raws[:hi-lo];
+    returns the raw value after block hi-1 (`prev` if none). The raw value is the Horner sum
+    of the mixed tokens, which is what the numpy code's per-block powers compute."""
+    r = prev
+    for j in range(lo, hi):
+        base = j * bs
+        for i in range(bs):
+            x = (np.uint64(tokens[base + i]) + _TOK_ADD) * _TOK_MUL
+            r = r * _P + x
+        raws[j - lo] = r
+        keys[j - lo] = _mix64(r ^ (np.uint64(j + 1) * _GOLDEN)) | np.uint64(1)
+    return r
+
+
+@jit
+def synthetic_output(
+    tokens: np.ndarray, prompt_len: int, n_full_tokens: int, raw_full: np.uint64, vocab_size: int
+) -> None:
+    """Write the synthetic output ids into tokens[prompt_len:] (hashing.prompt_seed of the
+    prompt tokens[:prompt_len], then hashing.output_ids_from_seed)."""
+    h = raw_full
+    for p in range(n_full_tokens, prompt_len):
+        h = h * _P + (np.uint64(tokens[p]) + _TOK_ADD) * _TOK_MUL
+    seed = _mix64(h ^ (np.uint64(prompt_len) * _GOLDEN))
+    m = np.uint64(vocab_size - 1)
+    for i in range(len(tokens) - prompt_len):
+        z = _mix64(np.uint64(i + 1) * _GOLDEN + seed)
+        tokens[prompt_len + i] = np.int64(z % m) + 1
+
+
+# -- decode windows (Scheduler.plan_window / commit_window) --------------------------------------
+@jit
+def window_horizon(
+    run: np.ndarray,
+    in_decode: np.ndarray,
+    ntokens: np.ndarray,
+    computed: np.ndarray,
+    maxtok: np.ndarray,
+    output: np.ndarray,
+) -> int:
+    """The smallest remaining output of the running rows if every one is decoding with only
+    its last sampled token to compute; 0 if a row is not (no window)."""
+    h = np.int64(-1)
+    for i in range(len(run)):
+        s = run[i]
+        if not in_decode[s] or ntokens[s] - computed[s] != 1:
+            return 0
+        r = maxtok[s] - output[s]
+        if h < 0 or r < h:
+            h = r
+    return max(h, 0)
+
+
+@jit
+def window_steps(
+    run: np.ndarray,
+    computed: np.ndarray,
+    remaining: np.ndarray,
+    nblocks: np.ndarray,
+    acc: np.ndarray,
+    k: int,
+    bs: int,
+    num_free: int,
+    cum: np.ndarray,
+    emitted: np.ndarray,
+    context: np.ndarray,
+) -> int:
+    """Plan a window's steps, rows in `run` order (Scheduler.plan_window's arrays): fills
+    cum (inclusive cumulative tokens, uncapped), emitted (capped at each row's remaining
+    output) and context per step, up to the first step in which a row finishes, or the last
+    step whose blocks fit in `num_free`; returns the step count, or -1 if fewer than two steps
+    fit. `acc` is (steps, rows) accepted drafts, or empty without drafts (none accepted)."""
+    horizon, B = cum.shape
+    q = 1 + k
+    drafts = acc.shape[0] > 0
+    for j in range(horizon):
+        grow = 0
+        ctx = 0
+        for i in range(B):
+            s = run[i]
+            prev = cum[j - 1, i] if j else 0
+            c = computed[s] + prev  # computed before step j
+            g = -(-(c + q + k) // bs) - nblocks[s]
+            if g > 0:
+                grow += g
+            ctx += c + q
+        if grow > num_free:
+            return j if j >= 2 else -1
+        context[j] = ctx
+        finish = False
+        for i in range(B):
+            prev = cum[j - 1, i] if j else 0
+            c = prev + 1 + (acc[j, i] if drafts else 0)
+            cum[j, i] = c
+            rem = remaining[i]
+            emitted[j, i] = min(c, rem) - min(prev, rem)
+            if c >= rem:
+                finish = True
+        if finish:
+            return j + 1
+    return horizon
+
+
+@jit
+def window_blocks(
+    slots: np.ndarray,
+    computed0: np.ndarray,
+    cum: np.ndarray,
+    m: int,
+    q: int,
+    k: int,
+    bs: int,
+    nblocks: np.ndarray,
+    need: np.ndarray,
+    full: np.ndarray,
+) -> int:
+    """For the first `m` steps of a window: the blocks each row still lacks for its last step
+    (need) and its blocks full of scheduled tokens (full); returns the total need."""
+    total = 0
+    for i in range(len(slots)):
+        last = computed0[i] + (cum[m - 2, i] if m >= 2 else 0)  # computed before step m-1
+        g = -(-(last + q + k) // bs) - nblocks[slots[i]]
+        if g < 0:
+            g = 0
+        need[i] = g
+        total += g
+        full[i] = (last + 1) // bs
+    return total
+
+
+@jit
+def window_commit(
+    slots: np.ndarray,
+    computed0: np.ndarray,
+    cum: np.ndarray,
+    emitted: np.ndarray,
+    m: int,
+    computed: np.ndarray,
+    output: np.ndarray,
+    ntokens: np.ndarray,
+    maxtok: np.ndarray,
+    log_counts: np.ndarray,
+    log_row: int,
+    finished: np.ndarray,
+) -> tuple[int, int]:
+    """Advance the rows by the first `m` steps of a window (Scheduler.commit_window): their
+    computed, output and token counts, and the steps' emitted tokens in the emission log
+    (from row `log_row`; log_row < 0: no log). The slots that finished go to finished[:n];
+    returns (tokens emitted, n)."""
+    total = 0
+    nfin = 0
+    for i in range(len(slots)):
+        s = slots[i]
+        computed[s] = computed0[i] + cum[m - 1, i]
+        e = 0
+        for j in range(m):
+            e += emitted[j, i]
+            if log_row >= 0:
+                log_counts[log_row + j, s] = emitted[j, i]
+        output[s] += e
+        ntokens[s] += e
+        total += e
+        if output[s] >= maxtok[s]:
+            finished[nfin] = s
+            nfin += 1
+    return total, nfin
+
+
+@jit
+def release(
+    ids: np.ndarray,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    next_gen: int,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    tail: int,
+) -> int:
+    """BlockPool.free over distinct blocks (a request's): one reference less on each; those
+    whose count drops to zero get the next generations and entries at the queue's tail, in
+    the given order. Returns how many."""
+    n = len(ids)
+    for i in range(n):
+        ref[ids[i]] -= 1
+    added = 0
+    for i in range(n):
+        b = ids[i]
+        if ref[b] == 0:
+            g = next_gen + added
+            gen[b] = g
+            qids[tail + added] = b
+            qgens[tail + added] = g
+            added += 1
+    return added
+
+
+@jit
+def compact(
+    qids: np.ndarray, qgens: np.ndarray, lo: int, hi: int, ref: np.ndarray, gen: np.ndarray
+) -> int:
+    """Move the live entries of qids/qgens[lo:hi] to the front, in order; returns how many."""
+    kept = 0
+    for i in range(lo, hi):
+        b = qids[i]
+        if ref[b] == 0 and gen[b] == qgens[i]:
+            qids[kept] = b
+            qgens[kept] = qgens[i]
+            kept += 1
+    return kept
+
+
+# -- one step (Scheduler.schedule / update) ------------------------------------------------------
+@jit
+def advance_rows(
+    s: np.ndarray,
+    num_sched: np.ndarray,
+    computed_before: np.ndarray,
+    is_decode: np.ndarray,
+    drafts: np.ndarray,
+    accepted: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    output: np.ndarray,
+    maxtok: np.ndarray,
+    in_decode: np.ndarray,
+    spec_idx: np.ndarray,
+    log_counts: np.ndarray,
+    log_row: int,
+    rows: np.ndarray,
+    counts: np.ndarray,
+    starts: np.ndarray,
+    finished: np.ndarray,
+) -> tuple[int, int, int, int, int, int]:
+    """Apply one executed step to its rows (Scheduler._advance): accepted drafts (`accepted`
+    per row, empty: none accepted), computed and emitted tokens, prompts completed, each row's
+    emitted tokens in the emission log row `log_row` (< 0: no log). The emitting rows go to
+    rows/counts/starts[:n] (row index, tokens, where they go in its token buffer), the slots
+    that finished to finished[:f]. Returns (n, f, tokens emitted, verify rows, drafts of the
+    decoding rows, drafts accepted by the verify rows)."""
+    n = 0
+    nfin = 0
+    total = 0
+    verified = 0
+    draft_sum = 0
+    acc_sum = 0
+    has_acc = len(accepted) > 0
+    for i in range(len(s)):
+        slot = s[i]
+        comp = computed_before[i] + num_sched[i]
+        e = 0
+        if is_decode[i]:
+            d = drafts[i]
+            a = 0
+            if has_acc:
+                a = min(accepted[i], d)
+            comp -= d - a
+            e = a + 1
+            draft_sum += d
+            if d > 0:
+                spec_idx[slot] += 1
+                verified += 1
+                acc_sum += a
+        elif comp >= ntokens[slot]:
+            e = 1
+            in_decode[slot] = True
+        computed[slot] = comp
+        e = min(e, maxtok[slot] - output[slot])
+        if e != 0:
+            if log_row >= 0:
+                log_counts[log_row, slot] = e
+            rows[n] = i
+            counts[n] = e
+            starts[n] = ntokens[slot]
+            n += 1
+        output[slot] += e
+        ntokens[slot] += e
+        total += e
+        if output[slot] >= maxtok[slot]:
+            finished[nfin] = slot
+            nfin += 1
+    return n, nfin, total, verified, draft_sum, acc_sum
+
+
+@jit
+def running_budget(
+    run: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    in_decode: np.ndarray,
+    nblocks: np.ndarray,
+    k: int,
+    bs: int,
+    budget: int,
+    sched: np.ndarray,
+    need: np.ndarray,
+) -> int:
+    """The running rows' share of the token budget, in order (sched: min(remaining, what is
+    left), a decoding row's remaining work being 1 + k), and the blocks each scheduled row
+    still lacks (need); returns the total need (Scheduler.schedule)."""
+    start = 0
+    total = 0
+    for i in range(len(run)):
+        s = run[i]
+        c = computed[s]
+        rem = ntokens[s] - c + (k if in_decode[s] else 0)
+        x = min(max(budget - start, 0), rem)
+        start += rem
+        sched[i] = x
+        g = 0
+        if x > 0:
+            g = max(-(-(c + x + k) // bs) - nblocks[s], 0)
+        need[i] = g
+        total += g
+    return total
+
+
+@jit
+def scheduled_rows(
+    rows: np.ndarray,
+    row_sched: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    bs: int,
+    out_rows: np.ndarray,
+    out_sched: np.ndarray,
+    full: np.ndarray,
+) -> tuple[int, int]:
+    """The rows given tokens, in order, with their tokens and their blocks then full of
+    scheduled prompt or output tokens; returns (how many rows, their tokens)."""
+    n = 0
+    total = 0
+    for i in range(len(rows)):
+        x = row_sched[i]
+        total += x
+        if x > 0:
+            s = rows[i]
+            out_rows[n] = s
+            out_sched[n] = x
+            full[n] = min(computed[s] + x, ntokens[s]) // bs
+            n += 1
+    return n, total
+
+
+@jit
+def step_rows(
+    rows: np.ndarray,
+    row_sched: np.ndarray,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    in_decode: np.ndarray,
+    keys: np.ndarray,
+    spec_idx: np.ndarray,
+    comp: np.ndarray,
+    is_decode: np.ndarray,
+    drafts: np.ndarray,
+    row_keys: np.ndarray,
+    row_spec: np.ndarray,
+) -> tuple[int, bool]:
+    """A scheduled step's per-row arrays (StepPlan): computed tokens before it, decoding or
+    not, drafts verified (the tokens scheduled past the known ones), request keys and verify
+    counters; returns (total tokens, every row decoding)."""
+    total = 0
+    all_decode = True
+    for i in range(len(rows)):
+        s = rows[i]
+        c = computed[s]
+        x = row_sched[i]
+        comp[i] = c
+        d = in_decode[s]
+        is_decode[i] = d
+        drafts[i] = max(c + x - ntokens[s], 0) if d else 0
+        row_keys[i] = keys[s]
+        row_spec[i] = spec_idx[s]
+        total += x
+        all_decode = all_decode and d
+    return total, all_decode
+
+
+@jit
+def count_free(ids: np.ndarray, ref: np.ndarray) -> int:
+    """How many of these blocks have no reference (BlockPool.num_free_among)."""
+    n = 0
+    for i in range(len(ids)):
+        if ref[ids[i]] == 0:
+            n += 1
+    return n
+
+
+@jit
+def touch(ids: np.ndarray, ref: np.ndarray) -> int:
+    """One reference more on each of these distinct blocks; returns how many had none."""
+    n = 0
+    for i in range(len(ids)):
+        b = ids[i]
+        if ref[b] == 0:
+            n += 1
+        ref[b] += 1
+    return n

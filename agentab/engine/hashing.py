@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from agentab.engine import compiled
+
 _MASK = (1 << 64) - 1
 _P = 0x9FB21C651E98DF25  # odd base of the within-block polynomial
 _TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
@@ -127,8 +129,13 @@ class PrefixHashes:
         self.max_entries = max_entries
         self._memo: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
 
-    def hashes(self, prompt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, raw values) of the prompt's full blocks, as `chain_hashes_raw(prompt, bs)`."""
+    def hashes(
+        self, prompt: np.ndarray, keep: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, raw values) of the prompt's full blocks, as `chain_hashes_raw(prompt, bs)`.
+
+        `keep`: an array that starts with the prompt's tokens and that the caller will not
+        change (the scheduler's own token buffer); it is remembered instead of a copy."""
         bs = self.block_size
         n_full = len(prompt) // bs
         if n_full == 0:
@@ -139,9 +146,22 @@ class PrefixHashes:
         if entry is not None:
             old_tokens, old_keys, old_raw = entry
             n = min(len(old_keys), n_full) * bs
-            diff = np.flatnonzero(old_tokens[:n] != prompt[:n])
-            same = (int(diff[0]) if len(diff) else n) // bs
-        if same == 0:
+            if compiled.ENABLED:
+                same = compiled.first_diff(old_tokens, prompt, n) // bs
+            else:
+                diff = np.flatnonzero(old_tokens[:n] != prompt[:n])
+                same = (int(diff[0]) if len(diff) else n) // bs
+        if compiled.ENABLED:
+            keys = np.empty(n_full, dtype=np.uint64)
+            raw = np.empty(n_full, dtype=np.uint64)
+            prev = np.uint64(0)
+            if same:
+                assert entry is not None
+                keys[:same] = entry[1][:same]
+                raw[:same] = entry[2][:same]
+                prev = raw[same - 1]
+            compiled.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
+        elif same == 0:
             keys, raw = chain_hashes_raw(prompt, bs)
         else:
             assert entry is not None
@@ -154,7 +174,9 @@ class PrefixHashes:
                 )
                 keys = np.concatenate([old_keys[:same], rest])
                 raw = np.concatenate([old_raw[:same], rest_raw])
-        self._memo[tag] = (prompt[: n_full * bs].copy(), keys, raw)  # a copy: callers own theirs
+        # the caller's prompt may change after this call; `keep` will not
+        tokens = keep[: n_full * bs] if keep is not None else prompt[: n_full * bs].copy()
+        self._memo[tag] = (tokens, keys, raw)
         self._memo.move_to_end(tag)
         if len(self._memo) > self.max_entries:
             self._memo.popitem(last=False)

@@ -5,12 +5,19 @@ zero goes to the tail of one free queue, keeping its hash; allocation takes bloc
 of that queue and only then forgets (evicts) their hashes. A hit "touches" blocks: they leave the
 free queue. So freed hashed blocks form an LRU list, evicted only when reallocated.
 
-Representation: the free queue is a deque of numpy chunks (one chunk per free call) plus, per
-block, the generation number of its latest entry; an entry is live iff the block's count is
-still zero and the generation matches. Touching a block therefore needs no queue surgery (its
-entry just goes stale), and freeing a request's blocks is one numpy append. The hash -> block map
-is an open-addressing table in numpy arrays (linear probing), so looking up a 256k-token prompt's
-16k block keys is a few vectorized passes, not 16k dict lookups. Entries are never deleted on
+Representation: the free queue is one buffer of (block, generation) entries, consumed from
+its head and appended at its tail, plus, per block, the generation number of its latest entry;
+an entry is live iff the block's count is still zero and the generation matches. Touching a
+block therefore needs no queue surgery (its entry just goes stale), and freeing a request's
+blocks is one append. When the tail reaches the buffer's end the live entries are moved to its
+front in order (stale entries are never taken, so when this happens changes nothing else);
+the buffer holds 3x the block count, so that costs about one pass per entry appended.
+
+The hash -> block map is an open-addressing table in numpy arrays (linear probing), so looking
+up a 256k-token prompt's 16k block keys is a few vectorized passes, not 16k dict lookups. A
+slot's key and block id sit side by side in one (size, 2) array (`_tkey`, `_tblk` are its
+columns): a probe of a table much larger than the CPU caches then costs one cache miss, not
+two. Entries are never deleted on
 eviction: an entry is live only while its block still holds its key, and dead slots are reused
 by insertion; the table is rebuilt from the live blocks when a quarter of its slots have been
 used (linear probing clusters: a sparse table keeps the longest probe chain, hence the number of
@@ -37,10 +44,13 @@ class BlockPool:
         self.hash = np.zeros(num_blocks, dtype=np.uint64)  # 0 = holds no cached prefix
         self.gen = np.arange(num_blocks, dtype=np.int64)
         self._next_gen = num_blocks
-        ids = np.arange(num_blocks, dtype=np.int64)
-        self._queue: deque[tuple[np.ndarray, np.ndarray]] = deque([(ids, ids.copy())])
-        self._head = 0  # entries of the first chunk already consumed
-        self._entries = num_blocks
+        size = 3 * num_blocks + 4096
+        self._qids = np.zeros(size, dtype=np.int64)  # the free queue's entries: block ids,
+        self._qgens = np.zeros(size, dtype=np.int64)  # and the generation of each entry
+        self._qids[:num_blocks] = np.arange(num_blocks)
+        self._qgens[:num_blocks] = np.arange(num_blocks)
+        self._head = 0  # entries before it were consumed
+        self._entries = num_blocks  # entries from the head on (live or stale)
         self.num_free = num_blocks
         self.evictions = 0
         self._table_size = 0
@@ -50,8 +60,10 @@ class BlockPool:
     def _reset_table(self, size: int) -> None:
         self._table_size = size
         self._mask = np.uint64(size - 1)
-        self._tkey = np.zeros(size, dtype=np.uint64)  # 0 = never used
-        self._tblk = np.full(size, -1, dtype=np.int64)
+        table = np.zeros((size, 2), dtype=np.uint64)
+        self._tkey = table[:, 0]  # 0 = never used
+        self._tblk = table[:, 1].view(np.int64)
+        self._tblk[:] = -1
         self._used = 0
 
     def lookup(self, hashes: np.ndarray) -> np.ndarray:
@@ -132,11 +144,19 @@ class BlockPool:
     # -- reference counts -----------------------------------------------------------------
     def num_free_among(self, ids: np.ndarray) -> int:
         """How many of these (cached) blocks sit in the free queue (they count as free space)."""
-        return int(np.count_nonzero(self.ref[ids] == 0)) if len(ids) else 0
+        if len(ids) == 0:
+            return 0
+        if compiled.ENABLED:
+            return compiled.count_free(ids, self.ref)
+        return int(np.count_nonzero(self.ref[ids] == 0))
 
     def touch(self, ids: np.ndarray) -> None:
-        """Take a reference on hit blocks (those that were free leave the free queue)."""
+        """Take a reference on hit blocks, which are distinct (those that were free leave the
+        free queue)."""
         if len(ids) == 0:
+            return
+        if compiled.ENABLED:
+            self.num_free -= compiled.touch(ids, self.ref)
             return
         self.num_free -= int(np.count_nonzero(self.ref[ids] == 0))
         self.ref[ids] += 1
@@ -147,28 +167,23 @@ class BlockPool:
             raise RuntimeError(f"allocate({n}) with only {self.num_free} free blocks")
         if n == 0:
             return np.zeros(0, dtype=np.int64)
+        tail = self._head + self._entries
         if compiled.ENABLED:
             out = np.empty(n, dtype=np.int64)
-            got = 0
-            while got < n:
-                ids, gens = self._queue[0]
-                k, head = compiled.take_live(
-                    ids, gens, self._head, self.ref, self.gen, n - got, out, got
-                )
-                got += k
-                self._entries -= head - self._head
-                self._head = head
-                if head >= len(ids):
-                    self._queue.popleft()
-                    self._head = 0
+            got, head = compiled.take_live(
+                self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, n, out, 0
+            )
+            assert got == n
+            self._entries -= head - self._head
+            self._head = head
             return self._hand_out(out)
         taken: list[np.ndarray] = []
         need = n
         while need:
-            ids, gens = self._queue[0]
             window = max(4 * need, 1024)
-            seg = ids[self._head : self._head + window]
-            live = (self.ref[seg] == 0) & (self.gen[seg] == gens[self._head : self._head + window])
+            lo, hi = self._head, min(self._head + window, tail)
+            seg = self._qids[lo:hi]
+            live = (self.ref[seg] == 0) & (self.gen[seg] == self._qgens[lo:hi])
             pos = np.flatnonzero(live)
             if len(pos) >= need:
                 pos = pos[:need]
@@ -179,9 +194,6 @@ class BlockPool:
             need -= len(pos)
             self._head += consumed
             self._entries -= consumed
-            if self._head >= len(ids):
-                self._queue.popleft()
-                self._head = 0
         return self._hand_out(np.concatenate(taken) if len(taken) > 1 else taken[0])
 
     def _hand_out(self, out: np.ndarray) -> np.ndarray:
@@ -196,35 +208,49 @@ class BlockPool:
         return out
 
     def free(self, ids: np.ndarray) -> None:
-        """Drop one reference on each block, in the given order (callers pass a request's blocks
-        tail first, as vLLM does, so its last blocks are evicted first)."""
+        """Drop one reference on each of these distinct blocks, in the given order (callers pass
+        a request's blocks tail first, as vLLM does, so its last blocks are evicted first)."""
         if len(ids) == 0:
             return
-        self.ref[ids] -= 1
-        zero = ids[self.ref[ids] == 0]
-        if len(zero) == 0:
-            return
-        gens = np.arange(self._next_gen, self._next_gen + len(zero), dtype=np.int64)
-        self._next_gen += len(zero)
-        self.gen[zero] = gens
-        self._queue.append((zero.astype(np.int64, copy=True), gens))
-        self._entries += len(zero)
-        self.num_free += len(zero)
-        if self._entries > 2 * self.num_blocks + 4096:
+        if self._head + self._entries + len(ids) > len(self._qids):
             self._compact()
+        tail = self._head + self._entries
+        if compiled.ENABLED:
+            added = compiled.release(
+                ids, self.ref, self.gen, self._next_gen, self._qids, self._qgens, tail
+            )
+        else:
+            self.ref[ids] -= 1
+            zero = ids[self.ref[ids] == 0]
+            added = len(zero)
+            gens = np.arange(self._next_gen, self._next_gen + added, dtype=np.int64)
+            self.gen[zero] = gens
+            self._qids[tail : tail + added] = zero
+            self._qgens[tail : tail + added] = gens
+        self._next_gen += added
+        self._entries += added
+        self.num_free += added
 
     def _compact(self) -> None:
-        """Drop stale queue entries (amortized: the queue never exceeds ~2x the block count)."""
-        ids = np.concatenate(
-            [self._queue[0][0][self._head :]] + [c[0] for c in list(self._queue)[1:]]
-        )
-        gens = np.concatenate(
-            [self._queue[0][1][self._head :]] + [c[1] for c in list(self._queue)[1:]]
-        )
-        live = (self.ref[ids] == 0) & (self.gen[ids] == gens)
-        self._queue = deque([(ids[live], gens[live])])
+        """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""
+        lo, hi = self._head, self._head + self._entries
+        if compiled.ENABLED:
+            kept = compiled.compact(self._qids, self._qgens, lo, hi, self.ref, self.gen)
+        else:
+            ids, gens = self._qids[lo:hi], self._qgens[lo:hi]
+            live = (self.ref[ids] == 0) & (self.gen[ids] == gens)
+            kept = int(np.count_nonzero(live))
+            self._qids[:kept] = ids[live]
+            self._qgens[:kept] = gens[live]
         self._head = 0
-        self._entries = int(np.count_nonzero(live))
+        self._entries = kept
+
+    @property
+    def _queue(self) -> deque[tuple[np.ndarray, np.ndarray]]:
+        """The queue's entries from the buffer's start to its tail, as one (ids, gens) chunk
+        whose first `_head` entries were consumed (for tests and debugging)."""
+        tail = self._head + self._entries
+        return deque([(self._qids[:tail], self._qgens[:tail])])
 
     def usage(self) -> float:
         """Fraction of blocks held by requests (vLLM's kv_cache_usage_perc, as a fraction)."""
@@ -232,12 +258,7 @@ class BlockPool:
 
     def free_order(self) -> list[int]:
         """The live free queue from head to tail (for tests and debugging; O(queue))."""
-        out: list[int] = []
-        first = True
-        for ids, gens in self._queue:
-            lo = self._head if first else 0
-            first = False
-            seg, g = ids[lo:], gens[lo:]
-            live = (self.ref[seg] == 0) & (self.gen[seg] == g)
-            out.extend(seg[live].tolist())
-        return out
+        lo, hi = self._head, self._head + self._entries
+        seg, g = self._qids[lo:hi], self._qgens[lo:hi]
+        live = (self.ref[seg] == 0) & (self.gen[seg] == g)
+        return seg[live].tolist()

@@ -14,7 +14,12 @@ are chunked to the budget.
 Speed: the simulator must not do Python work per running request per step. Per-request state of
 the running set lives in numpy arrays indexed by slot (computed tokens, output tokens, block
 table, block hashes), so one step is a few dozen array operations whatever the batch size, and
-`plan_window` prices many pure-decode steps at once (see engine.core).
+`plan_window` prices many pure-decode steps at once (see engine.core). At AgentX scale those
+few dozen calls on arrays of ~64 rows, not the arithmetic, were most of a simulation's time; with
+numba (the `sim` extra) each phase of a step (the running rows' budget, the plan's rows, applying
+the outcome, planning and committing a window) is one compiled loop over the slot arrays
+(agentab.engine.compiled). The numpy code stays as the path without numba and gives the same
+plans and state (tests/engine/test_compiled_scheduler.py compares them operation by operation).
 """
 
 from __future__ import annotations
@@ -224,6 +229,7 @@ class Scheduler:
         self.k = config.spec.num_draft_tokens
         self.pool = BlockPool(config.num_blocks)
         self._prefix_hashes = PrefixHashes(config.block_size)
+        self._window_paths: dict[int, tuple[str, int]] = {}  # rows -> a window's (path, padded)
         self.waiting: deque[Req] = deque()
         self.requests: dict[str, Req] = {}
         self.run = np.zeros(0, dtype=_I64)  # running slots in admission order
@@ -372,19 +378,16 @@ class Scheduler:
                 f"request {request_id!r}: {len(prompt)} prompt + {max_tokens} output tokens "
                 f"need {need} KV blocks; the cache has {self.cfg.num_blocks}"
             )
-        bs = self.bs
-        n_full = len(prompt) // bs
-        keys, raws = self._prefix_hashes.hashes(prompt)
+        p = len(prompt)
+        if self.cfg.synthetic_output:
+            tokens = np.empty(p + max_tokens, dtype=_I64)
+        else:  # room for the output the executor will sample (and k drafts past it)
+            tokens = np.zeros(p + max_tokens + self.k, dtype=_I64)
+        tokens[:p] = prompt
+        keys, raws = self._prefix_hashes.hashes(prompt, keep=tokens)
         raw = int(raws[-1]) if len(raws) else 0
         if self.cfg.synthetic_output:
-            seed = prompt_seed(prompt, raw, n_full * bs)
-            out = output_ids_from_seed(seed, max_tokens, self.cfg.vocab_size)
-            tokens = np.concatenate([prompt.astype(_I64, copy=False), out])
-            rest, raw = chain_hashes(tokens[n_full * bs :], bs, n_full, raw)
-            keys = np.concatenate([keys, rest]) if len(keys) else rest
-        else:  # room for the output the executor will sample (and k drafts past it)
-            tokens = np.zeros(len(prompt) + max_tokens + self.k, dtype=_I64)
-            tokens[: len(prompt)] = prompt
+            keys, raw = self._hash_synthetic_output(tokens, p, keys, raw)
         req = Req(request_id, tokens, len(prompt), max_tokens)
         req.hashes = keys
         req.raw_hash = raw
@@ -392,6 +395,28 @@ class Scheduler:
         self.waiting.append(req)
         self.counters["prompt_tokens"] += len(prompt)
         return req
+
+    def _hash_synthetic_output(
+        self, tokens: np.ndarray, prompt_len: int, keys: np.ndarray, raw: int
+    ) -> tuple[np.ndarray, int]:
+        """Fill tokens[prompt_len:] with the synthetic output ids and hash the blocks after the
+        prompt's full ones; returns every full block's keys and the raw value after them."""
+        bs, vocab = self.bs, self.cfg.vocab_size
+        n_full = prompt_len // bs
+        if compiled.ENABLED:
+            compiled.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab)
+            total = len(tokens) // bs
+            out = np.empty(total, dtype=np.uint64)
+            out[:n_full] = keys
+            raws = np.empty(total - n_full, dtype=np.uint64)
+            last = compiled.chain_into(
+                tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws
+            )
+            return out, int(last)
+        seed = prompt_seed(tokens[:prompt_len], raw, n_full * bs)
+        tokens[prompt_len:] = output_ids_from_seed(seed, len(tokens) - prompt_len, vocab)
+        rest, raw = chain_hashes(tokens[n_full * bs :], bs, n_full, raw)
+        return (np.concatenate([keys, rest]) if len(keys) else rest), raw
 
     def has_work(self) -> bool:
         return bool(len(self.run) or self.waiting)
@@ -443,9 +468,10 @@ class Scheduler:
         return req
 
     # -- block bookkeeping (vectorized over rows) ----------------------------------------------
-    def _alloc_rows(self, slots: np.ndarray, need: np.ndarray) -> None:
-        """Append `need[i]` fresh blocks to row slots[i]'s block table."""
-        total = int(need.sum())
+    def _alloc_rows(self, slots: np.ndarray, need: np.ndarray, total: int | None = None) -> None:
+        """Append `need[i]` fresh blocks to row slots[i]'s block table (`total`: their sum)."""
+        if total is None:
+            total = int(need.sum())
         if total == 0:
             return
         ids = self.pool.allocate(total)
@@ -480,6 +506,8 @@ class Scheduler:
 
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
+        if compiled.ENABLED:
+            return self._schedule_compiled()
         budget = self.cfg.max_num_batched_tokens
         k, bs = self.k, self.bs
         preempted: list[str] = []
@@ -535,6 +563,80 @@ class Scheduler:
             drafts=drafts,
             keys=self.keys[rows],
             spec_index=self.spec_idx[rows],
+            path=path,
+            total_tokens=total,
+            padded_tokens=padded,
+            preempted=preempted,
+            num_running=len(self.run),
+            num_waiting=len(self.waiting),
+        )
+
+    def _schedule_compiled(self) -> StepPlan:
+        """schedule() with its per-row work in compiled calls (the same plan and state)."""
+        budget = self.cfg.max_num_batched_tokens
+        k, bs = self.k, self.bs
+        preempted: list[str] = []
+        run = self.run
+        B = len(run)
+        if B:
+            sched = np.empty(B, dtype=_I64)
+            need = np.empty(B, dtype=_I64)
+            total_need = compiled.running_budget(
+                run, self.computed, self.ntokens, self.in_decode, self.nblocks, k, bs, budget,
+                sched, need,
+            )  # fmt: skip
+            if total_need <= self.pool.num_free:
+                if total_need:
+                    self._alloc_rows(run, need, total_need)
+                rows, row_sched = run, sched
+            else:
+                rows, row_sched = self._schedule_running_under_pressure(budget, preempted)
+            n = len(rows)
+            kept, kept_sched, full = (np.empty(n, dtype=_I64) for _ in range(3))
+            n, used = compiled.scheduled_rows(
+                rows, row_sched, self.computed, self.ntokens, bs, kept, kept_sched, full
+            )
+            budget -= used
+            rows, row_sched = kept[:n], kept_sched[:n]
+            if n:
+                self._register_rows(rows, full[:n])
+        else:
+            rows = row_sched = _NO_ROWS
+        new_rows: list[int] = []
+        new_sched: list[int] = []
+        if not preempted:
+            self._admit(budget, new_rows, new_sched)
+        if new_rows:
+            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
+            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
+        n = len(rows)
+        comp, drafts, spec_index = (np.empty(n, dtype=_I64) for _ in range(3))
+        is_decode = np.empty(n, dtype=np.bool_)
+        keys = np.empty(n, dtype=np.uint64)
+        total, all_decode = compiled.step_rows(
+            rows, row_sched, self.computed, self.ntokens, self.in_decode, self.keys,
+            self.spec_idx, comp, is_decode, drafts, keys, spec_index,
+        )  # fmt: skip
+        path = "standard"
+        padded = total
+        if total and all_decode:
+            padded = padded_tokens(total, self.cfg.cuda_graph_max_tokens)
+            if self.cfg.specialized and specialized_ok(
+                row_sched,
+                k,
+                self.cfg.specialized_max_padded,
+                self.cfg.specialized_max_requests_by_q,
+                self.cfg.cuda_graph_max_tokens,
+            ):
+                path = "specialized"
+        return StepPlan(
+            slots=rows,
+            num_sched=row_sched,
+            computed_before=comp,
+            is_decode=is_decode,
+            drafts=drafts,
+            keys=keys,
+            spec_index=spec_index,
             path=path,
             total_tokens=total,
             padded_tokens=padded,
@@ -668,6 +770,8 @@ class Scheduler:
         dec = plan.is_decode
         if dec.all():
             c["decode_steps_" + plan.path] += 1
+        if compiled.ENABLED:
+            return self._advance_compiled(plan, accepted)
         comp = plan.computed_before + plan.num_sched
         emitted = np.zeros(len(s), dtype=_I64)
         if dec.any():
@@ -707,6 +811,37 @@ class Scheduler:
         fin_mask = self.output[s] >= self.maxtok[s]
         finished = self._finish(s[fin_mask]) if fin_mask.any() else []
         return Advance(reqs, counts, finished, starts, nz.tolist())  # type: ignore[arg-type]
+
+    def _advance_compiled(self, plan: StepPlan, accepted: np.ndarray | None) -> Advance:
+        """_advance's array updates by one compiled call (the same state as the numpy code)."""
+        s = plan.slots
+        B = len(s)
+        log = self.log
+        if log is not None:  # this step's end time was logged last (log_times)
+            counts_log, log_row = log.counts, log.n - 1 - log.base
+        else:
+            counts_log, log_row = _NO_LOG, -1
+        acc = _NO_ROWS if accepted is None else np.asarray(accepted, dtype=_I64)
+        rows = np.empty(B, dtype=_I64)
+        counts = np.empty(B, dtype=_I64)
+        starts = np.empty(B, dtype=_I64)
+        done = np.empty(B, dtype=_I64)
+        n, nfin, emitted, verified, drafts, acc_sum = compiled.advance_rows(
+            s, plan.num_sched, plan.computed_before, plan.is_decode, plan.drafts, acc,
+            self.computed, self.ntokens, self.output, self.maxtok, self.in_decode,
+            self.spec_idx, counts_log, log_row, rows, counts, starts, done,
+        )  # fmt: skip
+        c = self.counters
+        if verified:
+            c["spec_decode_num_drafts"] += verified
+            c["spec_decode_num_draft_tokens"] += drafts
+            c["spec_decode_num_accepted_tokens"] += acc_sum
+        c["generation_tokens"] += emitted
+        slot_req = self.slot_req
+        rows = rows[:n]
+        reqs = [slot_req[x] for x in s[rows].tolist()]
+        finished = self._finish(done[:nfin]) if nfin else []
+        return Advance(reqs, counts[:n].tolist(), finished, starts[:n].tolist(), rows.tolist())  # type: ignore[arg-type]
 
     def fill(self, adv: Advance, sampled: np.ndarray) -> None:
         """Write a step's sampled tokens (rows as in its plan) after each request's known ones,
@@ -805,31 +940,100 @@ class Scheduler:
         """
         run = self.run
         B = len(run)
-        k, bs = self.k, self.bs
-        q = 1 + k
-        if B == 0 or max_steps < 2 or not self.in_decode[run].all():
+        q = 1 + self.k
+        if B == 0 or max_steps < 2 or B * q > self.cfg.max_num_batched_tokens:
             return None
-        if B * q > self.cfg.max_num_batched_tokens:
+        if compiled.ENABLED:
+            # every step emits at least one token per row, so the first finish comes within
+            # the smallest remaining count: no need to price steps past it
+            horizon = compiled.window_horizon(
+                run, self.in_decode, self.ntokens, self.computed, self.maxtok, self.output
+            )
+            if horizon == 0:
+                return None
+        elif (
+            not self.in_decode[run].all() or not (self.ntokens[run] - self.computed[run] == 1).all()
+        ):
             return None
         budget_left = self.cfg.max_num_batched_tokens - B * q
         if self.waiting and budget_left > 0 and self._admissible(self.waiting[0]):
             return None
-        if not (self.ntokens[run] - self.computed[run] == 1).all():
+        if compiled.ENABLED:
+            return self._plan_window_compiled(min(max_steps, horizon))
+        return self._plan_window_numpy(max_steps)
+
+    def _window_acceptance(self, run: np.ndarray, horizon: int) -> np.ndarray:
+        """(steps, rows) drafts accepted in the next `horizon` verify steps of the rows."""
+        steps = np.arange(horizon, dtype=_I64)[:, None]
+        drafts = np.full((1, len(run)), self.k, dtype=_I64)
+        acc = self.cfg.spec.accepted(self.keys[run][None, :], self.spec_idx[run] + steps, drafts)
+        return np.broadcast_to(acc, (horizon, len(run)))
+
+    def _window_path(self, rows: int) -> tuple[str, int]:
+        """(path, padded tokens) of a pure-decode step of `rows` rows of 1 + k tokens each."""
+        got = self._window_paths.get(rows)
+        if got is None:
+            k = self.k
+            q = 1 + k
+            path = "standard"
+            padded = padded_tokens(rows * q, self.cfg.cuda_graph_max_tokens)
+            if self.cfg.specialized and specialized_ok(
+                np.full(rows, q, dtype=_I64),
+                k,
+                self.cfg.specialized_max_padded,
+                self.cfg.specialized_max_requests_by_q,
+                self.cfg.cuda_graph_max_tokens,
+            ):
+                path = "specialized"
+            got = self._window_paths[rows] = (path, padded)
+        return got
+
+    def _plan_window_compiled(self, horizon: int) -> WindowPlan | None:
+        """plan_window's steps by one compiled call (the same arrays as the numpy code)."""
+        run = self.run
+        B = len(run)
+        k = self.k
+        remaining = self.maxtok[run] - self.output[run]
+        acc = (
+            np.ascontiguousarray(self._window_acceptance(run, horizon))
+            if k
+            else np.zeros((0, 0), dtype=_I64)
+        )
+        cum = np.empty((horizon, B), dtype=_I64)
+        emitted = np.empty((horizon, B), dtype=_I64)
+        context = np.empty(horizon, dtype=_I64)
+        n = compiled.window_steps(
+            run, self.computed, remaining, self.nblocks, acc, k, self.bs, self.pool.num_free,
+            cum, emitted, context,
+        )  # fmt: skip
+        if n < 0:
             return None
+        path, padded = self._window_path(B)
+        return WindowPlan(
+            slots=run.copy(),
+            q=1 + k,
+            path=path,
+            padded_tokens=padded,
+            emitted=emitted[:n],
+            accepted=acc[:n] if k else np.zeros((n, B), dtype=_I64),
+            context=context[:n],
+            computed0=self.computed[run],
+            cum_uncapped=cum[:n],
+            num_running=B,
+            num_waiting=len(self.waiting),
+        )
+
+    def _plan_window_numpy(self, max_steps: int) -> WindowPlan | None:
+        run = self.run
+        B = len(run)
+        k, bs = self.k, self.bs
+        q = 1 + k
         comp0 = self.computed[run]
         remaining = self.maxtok[run] - self.output[run]
         # every step emits at least one token per row, so the first finish comes within the
         # smallest remaining count: no need to price steps past it
         horizon = min(max_steps, int(remaining.min()))
-        steps = np.arange(horizon, dtype=_I64)[:, None]
-        drafts = np.full((1, B), k, dtype=_I64)
-        if k:
-            acc = self.cfg.spec.accepted(
-                self.keys[run][None, :], self.spec_idx[run] + steps, drafts
-            )
-            acc = np.broadcast_to(acc, (horizon, B))
-        else:
-            acc = np.zeros((horizon, B), dtype=_I64)
+        acc = self._window_acceptance(run, horizon) if k else np.zeros((horizon, B), dtype=_I64)
         cum = np.cumsum(acc + 1, axis=0)
         fin = cum >= remaining
         any_fin = fin.any(axis=0)
@@ -849,16 +1053,7 @@ class Scheduler:
             comp_steps = comp_steps[:n]
         capped = np.minimum(cum[:n], remaining)
         emitted = np.diff(capped, axis=0, prepend=np.zeros((1, B), dtype=_I64))
-        path = "standard"
-        padded = padded_tokens(B * q, self.cfg.cuda_graph_max_tokens)
-        if self.cfg.specialized and specialized_ok(
-            np.full(B, q, dtype=_I64),
-            k,
-            self.cfg.specialized_max_padded,
-            self.cfg.specialized_max_requests_by_q,
-            self.cfg.cuda_graph_max_tokens,
-        ):
-            path = "specialized"
+        path, padded = self._window_path(B)
         return WindowPlan(
             slots=run.copy(),
             q=q,
@@ -888,6 +1083,8 @@ class Scheduler:
         """Apply the first `m` steps of a window exactly as m single steps would have.
 
         Returns (the window's rows as Reqs, in row order; the requests that finished)."""
+        if compiled.ENABLED:
+            return self._commit_window_compiled(w, m)
         s = w.slots
         k, bs = self.k, self.bs
         last_comp = w.computed0 + (w.cum_uncapped[m - 2] if m >= 2 else 0)  # before step m-1
@@ -916,6 +1113,47 @@ class Scheduler:
         fin_mask = self.output[s] >= self.maxtok[s]
         finished = self._finish(s[fin_mask]) if fin_mask.any() else []
         return reqs, finished  # type: ignore[return-value]
+
+    def _commit_window_compiled(self, w: WindowPlan, m: int) -> tuple[list[Req], list[Req]]:
+        """commit_window's array updates by compiled calls (the same state as the numpy code)."""
+        s = w.slots
+        B = len(s)
+        cum = w.cum_uncapped
+        need = np.empty(B, dtype=_I64)
+        full = np.empty(B, dtype=_I64)
+        total = compiled.window_blocks(
+            s, w.computed0, cum, m, w.q, self.k, self.bs, self.nblocks, need, full
+        )
+        if total:
+            self._alloc_rows(s, need, total)
+        self._register_rows(s, full)
+        log = self.log
+        if log is not None:  # the window's m end times were logged last (log_times)
+            counts, row = log.counts, log.n - m - log.base
+        else:
+            counts, row = _NO_LOG, -1
+        done = np.empty(B, dtype=_I64)
+        emitted, nfin = compiled.window_commit(
+            s, w.computed0, cum, w.emitted, m, self.computed, self.output, self.ntokens,
+            self.maxtok, counts, row, done,
+        )  # fmt: skip
+        c = self.counters
+        c["steps_" + w.path] += m
+        c["decode_steps_" + w.path] += m
+        c["generation_tokens"] += emitted
+        if self.k:
+            self.spec_idx[s] += m
+            c["spec_decode_num_drafts"] += m * B
+            c["spec_decode_num_draft_tokens"] += m * B * self.k
+            c["spec_decode_num_accepted_tokens"] += int(w.accepted[:m].sum())
+        slot_req = self.slot_req
+        reqs = [slot_req[x] for x in s.tolist()]
+        finished = self._finish(done[:nfin]) if nfin else []
+        return reqs, finished  # type: ignore[return-value]
+
+
+_NO_LOG = np.zeros((1, 1), dtype=np.int32)  # the emission log's place when there is none
+_NO_ROWS = np.zeros(0, dtype=_I64)  # no per-row values (e.g. no drafts accepted)
 
 
 def _ragged(

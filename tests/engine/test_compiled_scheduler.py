@@ -1,0 +1,186 @@
+"""The scheduler's compiled paths (agentab.engine.compiled) against its numpy code, op by op.
+
+Two schedulers receive the same random stream of requests, steps, decode windows and aborts,
+one with the compiled kernels (`compiled.ENABLED`), one without; after every operation their
+plans, their per-slot arrays, their block pools and emission logs must be equal. Without numba
+the kernels run as plain Python, so the comparison holds either way. The hashing kernels are
+compared with the numpy functions they stand in for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentab.engine import compiled
+from agentab.engine.hashing import (
+    PrefixHashes,
+    chain_hashes_raw,
+    output_ids_from_seed,
+    prompt_seed,
+)
+from agentab.engine.scheduler import Scheduler, SchedulerConfig
+from agentab.engine.spec_decode import SpecConfig
+
+SLOT_ARRAYS = ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached", "nhashed")
+SLOT_ARRAYS += ("spec_idx", "keys", "in_decode", "block_table", "hash_table")
+POOL_ARRAYS = ("ref", "hash", "gen", "_tkey", "_tblk")
+POOL_SCALARS = ("_head", "_entries", "num_free", "evictions", "_used", "_next_gen")
+
+
+def _state(s: Scheduler) -> tuple:
+    slots = tuple(getattr(s, name).tobytes() for name in SLOT_ARRAYS)
+    pool = tuple(getattr(s.pool, name).tobytes() for name in POOL_ARRAYS)
+    scalars = tuple(getattr(s.pool, name) for name in POOL_SCALARS)
+    log = s.log
+    assert log is not None
+    used = log.n - log.base
+    emissions = (log.base, log.n, log.times[:used].tobytes(), log.counts[:used].tobytes())
+    waiting = [r.id for r in s.waiting]
+    reqs = sorted(
+        (r.id, r.slot, r.num_output, r.cached_tokens, r.num_preemptions, r.tokens.tobytes())
+        for r in s.requests.values()
+    )
+    return (slots, pool, scalars, emissions, s.run.tolist(), waiting, reqs, s.counters)
+
+
+def _plan_fields(plan) -> tuple:
+    if plan is None:
+        return (None,)
+    out = []
+    for value in vars(plan).values():
+        out.append(value.tolist() if isinstance(value, np.ndarray) else value)
+    return tuple(out)
+
+
+def _outcome(result) -> object:
+    """Comparable form of what a scheduler call returned (requests by id)."""
+    if isinstance(result, tuple | list):
+        return [_outcome(x) for x in result]
+    if hasattr(result, "id") and hasattr(result, "tokens"):
+        return result.id
+    if isinstance(result, np.ndarray):
+        return result.tolist()
+    return result
+
+
+def _config(case: str) -> SchedulerConfig:
+    if case == "drafts":
+        spec = SpecConfig(num_draft_tokens=3, acceptance_probs=(0.9, 0.6, 0.3), seed=5)
+        return SchedulerConfig(
+            num_blocks=220, block_size=4, max_num_seqs=6, max_num_batched_tokens=40, spec=spec
+        )
+    if case == "specialized":
+        return SchedulerConfig(
+            num_blocks=400,
+            block_size=4,
+            max_num_seqs=8,
+            max_num_batched_tokens=48,
+            specialized=True,
+            specialized_max_padded=8,
+            specialized_max_requests_by_q=(8,),
+        )
+    # "pressure": few blocks, so admission blocks and running requests get preempted
+    return SchedulerConfig(num_blocks=60, block_size=4, max_num_seqs=5, max_num_batched_tokens=24)
+
+
+def _step(s: Scheduler, t: float) -> tuple:
+    """One scheduled step, applied with its end time logged."""
+    plan = s.schedule()
+    if plan.total_tokens == 0:
+        return _plan_fields(plan), None
+    s.log_times(np.array([t]))
+    return _plan_fields(plan), s.update(plan)
+
+
+def _window(s: Scheduler, steps: int, frac: float, t: float) -> tuple | None:
+    """A decode window of up to `steps` steps, of which a fraction `frac` is committed."""
+    w = s.plan_window(steps)
+    if w is None:
+        return None
+    m = min(1 + int(frac * w.num_steps), w.num_steps)
+    s.log_times(t + 0.001 * np.arange(1, m + 1))
+    return _plan_fields(w), m, s.commit_window(w, m)
+
+
+@pytest.mark.parametrize("case", ["pressure", "drafts", "specialized"])
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_scheduler_matches_numpy_op_by_op(monkeypatch, case: str, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pair = (Scheduler(_config(case)), Scheduler(_config(case)))
+    for s in pair:
+        s.collect_timelines()
+    # conversations: a new turn extends an earlier prompt (prefix hits, hash reuse)
+    contexts = [rng.integers(1, 500, size=int(rng.integers(5, 30))) for _ in range(4)]
+    t, n_req, preemptions = 0.0, 0, 0
+    for _ in range(500):
+        action = int(rng.integers(10))
+        if action < 2 and len(pair[0].requests) < 9:
+            c = int(rng.integers(len(contexts)))
+            grown = rng.integers(1, 500, size=int(rng.integers(1, 12)))
+            contexts[c] = np.concatenate([contexts[c], grown])[:60]
+            args = (f"r{n_req}", contexts[c].copy(), int(rng.integers(1, 40)))
+            n_req += 1
+            op, call = "add", lambda s, a=args: s.add(*a)
+        elif action == 2 and pair[0].requests:
+            rid = sorted(pair[0].requests)[int(rng.integers(len(pair[0].requests)))]
+            op, call = "abort", lambda s, r=rid: s.abort(r)
+        elif action < 6:
+            t += 0.01
+            op, call = "step", lambda s, t=t: _step(s, t)
+        else:
+            steps, frac = int(rng.integers(2, 9)), float(rng.random())
+            op, call = "window", lambda s, a=(steps, frac, t): _window(s, *a)
+        results = []
+        for s, on in zip(pair, (False, True), strict=True):
+            monkeypatch.setattr(compiled, "ENABLED", on)
+            results.append(_outcome(call(s)))
+        assert results[0] == results[1], op
+        assert _state(pair[0]) == _state(pair[1]), op
+        preemptions = int(pair[0].counters["num_preemptions"])
+    assert n_req > 50
+    if case == "pressure":
+        assert preemptions > 0  # the pressure path ran
+
+
+def test_hash_kernels_match_the_numpy_functions() -> None:
+    rng = np.random.default_rng(7)
+    for n in (0, 5, 16, 47, 160, 1000):
+        tokens = rng.integers(1, 32000, size=n).astype(np.int32)
+        for first, prev in ((0, 0), (3, 0x1234567890ABCDEF)):
+            keys, raws = chain_hashes_raw(tokens, 16, first, prev)
+            nb = n // 16
+            got_k = np.empty(nb, dtype=np.uint64)
+            got_r = np.empty(nb, dtype=np.uint64)
+            shifted = np.concatenate([np.zeros(first * 16, dtype=np.int32), tokens])
+            last = compiled.chain_into(
+                shifted, first, first + nb, 16, np.uint64(prev), got_k, got_r
+            )
+            assert got_k.tolist() == keys.tolist() and got_r.tolist() == raws.tolist()
+            assert int(last) == (int(raws[-1]) if nb else prev)
+        _, raws = chain_hashes_raw(tokens, 16)
+        raw = int(raws[-1]) if len(raws) else 0
+        want = output_ids_from_seed(prompt_seed(tokens, raw, (n // 16) * 16), 37)
+        buf = np.zeros(n + 37, dtype=np.int64)
+        buf[:n] = tokens
+        compiled.synthetic_output(buf, n, (n // 16) * 16, np.uint64(raw), 32000)
+        assert buf[n:].tolist() == want.tolist()
+    a = np.arange(10)
+    b = a.copy()
+    b[6] = -1
+    assert compiled.first_diff(a, b, 10) == 6 and compiled.first_diff(a, b, 6) == 6
+
+
+def test_prefix_hashes_reuse_matches_hashing_from_scratch(monkeypatch) -> None:
+    """Both paths of PrefixHashes give chain_hashes_raw's keys for prompts that share,
+    extend or part from a remembered one."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(1, 32000, size=200)
+    prompts = [base[:100], base[:180], np.concatenate([base[:50], [7, 7, 7]]), base[:16], base]
+    for on in (False, True):
+        monkeypatch.setattr(compiled, "ENABLED", on)
+        memo = PrefixHashes(16)
+        for p in prompts:
+            keys, raws = memo.hashes(p, keep=p.astype(np.int64))
+            want_keys, want_raws = chain_hashes_raw(p, 16)
+            assert keys.tolist() == want_keys.tolist() and raws.tolist() == want_raws.tolist()

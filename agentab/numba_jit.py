@@ -3,7 +3,8 @@
 numba comes with the `sim` extra; without it, or with AGENTAB_NUMBA=0, `jit` returns the
 function unchanged, so every kernel runs as the plain Python its numpy counterpart is tested
 against. `ENABLED` says which is in use; each kernel module re-exports it, so a test can switch
-one module's kernels off without touching the others.
+one module's kernels off without touching the others. `splitmix64` is the mixing step both the
+engine's block hashes and the workloads' prompt tokens are built from.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 try:
     if os.environ.get("AGENTAB_NUMBA", "1") == "0":
@@ -27,3 +30,13 @@ def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     if numba is None:
         return fn
     return numba.njit(cache=True, nogil=True)(fn)
+
+
+@jit
+def splitmix64(z: np.uint64) -> np.uint64:
+    """splitmix64's finalizer (wrapping uint64 arithmetic), as the numpy code computes it."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))

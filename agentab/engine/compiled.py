@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from agentab import numba_jit
-from agentab.numba_jit import jit
+from agentab.numba_jit import jit, splitmix64
 
 ENABLED = numba_jit.ENABLED  # this module's switch: a test may turn off its kernels alone
 
@@ -175,20 +175,11 @@ def take_live(
 
 
 # -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------
-# The constants of hashing.py: the polynomial base, the token mixing, the salt and splitmix64.
+# The constants of hashing.py: the polynomial base, the token mixing and the salt.
 _P = np.uint64(0x9FB21C651E98DF25)
 _TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
 _TOK_MUL = np.uint64(0xD6E8FEB86659FD93)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
-
-@jit
-def _mix64(z: np.uint64) -> np.uint64:
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 @jit
@@ -221,7 +212,7 @@ def chain_into(
             x = (np.uint64(tokens[base + i]) + _TOK_ADD) * _TOK_MUL
             r = r * _P + x
         raws[j - lo] = r
-        keys[j - lo] = _mix64(r ^ (np.uint64(j + 1) * _GOLDEN)) | np.uint64(1)
+        keys[j - lo] = splitmix64(r ^ (np.uint64(j + 1) * _GOLDEN)) | np.uint64(1)
     return r
 
 
@@ -234,10 +225,10 @@ def synthetic_output(
     h = raw_full
     for p in range(n_full_tokens, prompt_len):
         h = h * _P + (np.uint64(tokens[p]) + _TOK_ADD) * _TOK_MUL
-    seed = _mix64(h ^ (np.uint64(prompt_len) * _GOLDEN))
+    seed = splitmix64(h ^ (np.uint64(prompt_len) * _GOLDEN))
     m = np.uint64(vocab_size - 1)
     for i in range(len(tokens) - prompt_len):
-        z = _mix64(np.uint64(i + 1) * _GOLDEN + seed)
+        z = splitmix64(np.uint64(i + 1) * _GOLDEN + seed)
         tokens[prompt_len + i] = np.int64(z % m) + 1
 
 

@@ -15,18 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from agentab import numba_jit
-from agentab.numba_jit import jit
+from agentab.numba_jit import jit, splitmix64
 
 ENABLED = numba_jit.ENABLED  # this module's switch: a test may turn off its kernels alone
-
-
-@jit
-def _mix(z: np.uint64) -> np.uint64:
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(0xBF58476D1CE4E5B9)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 @jit
@@ -45,10 +36,10 @@ def fill_from(
     golden = np.uint64(0x9E3779B97F4A7C15)
     m = np.uint64(vocab_size - 1)
     for b in range(n_blocks - lo):
-        seed = _mix(_mix(ids[b] + np.uint64(0x632BE59BD9B4E019)) ^ key)
+        seed = splitmix64(splitmix64(ids[b] + np.uint64(0x632BE59BD9B4E019)) ^ key)
         base = (lo + b) * bs
         for j in range(bs):
-            out[base + j] = np.int32(_mix(seed + np.uint64(j + 1) * golden) % m) + 1
-    seed = _mix(last ^ np.uint64(0x8CB92BA72F3D8DD7)) ^ key
+            out[base + j] = np.int32(splitmix64(seed + np.uint64(j + 1) * golden) % m) + 1
+    seed = splitmix64(last ^ np.uint64(0x8CB92BA72F3D8DD7)) ^ key
     for p in range(n_blocks * bs, len(out)):
-        out[p] = np.int32(_mix(seed + np.uint64(p + 1) * golden) % m) + 1
+        out[p] = np.int32(splitmix64(seed + np.uint64(p + 1) * golden) % m) + 1

@@ -20,7 +20,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -30,7 +29,8 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentab.cli import main as agentab  # noqa: E402
+from bench_fidelity import run  # noqa: E402  (this directory: the same command runner)
+
 from agentab.replay.api import simulate_to_dir  # noqa: E402
 from agentab.replay.options import ReplayOptions  # noqa: E402
 from agentab.replay.records import scan_records  # noqa: E402
@@ -40,18 +40,6 @@ from tests.serving import serve_process  # noqa: E402
 WORKLOAD_CONFIG = ROOT / "benchmarks" / "fidelity" / "agentx-tiny.toml"
 SERVE = ("--engine", "local", "--preset", "tiny", "--device", "cpu", "--record-emissions")
 ASSUMED = ("spec_decode.drafter_step_us", "decode.specialized")
-
-
-def run(args: list[str], log: list[str]) -> None:
-    log.append("agentab " + shlex.join(args))
-    print(f"$ {log[-1]}", flush=True)
-    t0 = time.perf_counter()
-    try:
-        agentab(args)
-    except SystemExit as exc:
-        if exc.code not in (None, 0):
-            raise
-    print(f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
 
 
 def ttfts(run_dir: Path) -> pl.DataFrame:

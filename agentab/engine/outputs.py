@@ -59,3 +59,42 @@ class StepInputs:
     @property
     def num_rows(self) -> int:
         return len(self.context_lens)
+
+    @classmethod
+    def of_rows(
+        cls,
+        computed: np.ndarray,
+        num_new: np.ndarray,
+        block_tables: np.ndarray,
+        token_ids: np.ndarray,
+        block_size: int,
+    ) -> StepInputs:
+        """A step built by hand (checks and benchmarks): row i computes `num_new[i]` tokens after
+        its `computed[i]` cached ones, in the blocks of `block_tables[i]`; rows of one new token
+        decode."""
+        computed = np.asarray(computed, dtype=np.int64)
+        num_new = np.asarray(num_new, dtype=np.int64)
+        starts, positions, slot_mapping = flat_layout(computed, num_new, block_tables, block_size)
+        return cls(
+            token_ids=np.asarray(token_ids, dtype=np.int64),
+            positions=positions,
+            starts=starts,
+            context_lens=computed + num_new,
+            block_tables=block_tables,
+            slot_mapping=slot_mapping,
+            is_decode=num_new == 1,
+            block_size=block_size,
+        )
+
+
+def flat_layout(
+    computed: np.ndarray, num_new: np.ndarray, block_tables: np.ndarray, block_size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The flat batch of a step whose row i computes `num_new[i]` tokens after `computed[i]`:
+    each row's start in it, every token's position, and the KV slot each token writes."""
+    starts = np.zeros(len(num_new) + 1, dtype=np.int64)
+    np.cumsum(num_new, out=starts[1:])
+    row_of = np.repeat(np.arange(len(num_new)), num_new)
+    positions = np.arange(int(starts[-1]), dtype=np.int64) - starts[row_of] + computed[row_of]
+    slots = block_tables[row_of, positions // block_size] * block_size + positions % block_size
+    return starts, positions, slots

@@ -32,7 +32,7 @@ import numpy as np
 from agentab.engine import compiled
 from agentab.engine.hashing import PrefixHashes, chain_hashes, output_ids_from_seed, prompt_seed
 from agentab.engine.kv_cache import BlockPool
-from agentab.engine.outputs import StepInputs, StepOutput
+from agentab.engine.outputs import StepInputs, StepOutput, flat_layout
 from agentab.engine.paths import padded_tokens, specialized_ok
 from agentab.engine.spec_decode import SpecConfig, request_key
 from agentab.errors import AgentabError
@@ -532,44 +532,15 @@ class Scheduler:
                 self._register_rows(rows, np.minimum(comp + row_sched, self.ntokens[rows]) // bs)
         else:
             rows = row_sched = np.zeros(0, dtype=_I64)
-        new_rows: list[int] = []
-        new_sched: list[int] = []
-        if not preempted:
-            self._admit(budget, new_rows, new_sched)
-        if new_rows:
-            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
-            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
+        rows, row_sched = self._with_admitted(budget, rows, row_sched, preempted)
         comp = self.computed[rows]
         is_decode = self.in_decode[rows].copy()
         drafts = np.where(is_decode, np.maximum(comp + row_sched - self.ntokens[rows], 0), 0)
         total = int(row_sched.sum())
-        path = "standard"
-        padded = total
-        if total and is_decode.all():
-            padded = padded_tokens(total, self.cfg.cuda_graph_max_tokens)
-            if self.cfg.specialized and specialized_ok(
-                row_sched,
-                k,
-                self.cfg.specialized_max_padded,
-                self.cfg.specialized_max_requests_by_q,
-                self.cfg.cuda_graph_max_tokens,
-            ):
-                path = "specialized"
-        return StepPlan(
-            slots=rows,
-            num_sched=row_sched,
-            computed_before=comp,
-            is_decode=is_decode,
-            drafts=drafts,
-            keys=self.keys[rows],
-            spec_index=self.spec_idx[rows],
-            path=path,
-            total_tokens=total,
-            padded_tokens=padded,
-            preempted=preempted,
-            num_running=len(self.run),
-            num_waiting=len(self.waiting),
-        )
+        return self._plan(
+            rows, row_sched, comp, is_decode, drafts, self.keys[rows], self.spec_idx[rows],
+            total, bool(is_decode.all()), preempted,
+        )  # fmt: skip
 
     def _schedule_compiled(self) -> StepPlan:
         """schedule() with its per-row work in compiled calls (the same plan and state)."""
@@ -602,13 +573,7 @@ class Scheduler:
                 self._register_rows(rows, full[:n])
         else:
             rows = row_sched = _NO_ROWS
-        new_rows: list[int] = []
-        new_sched: list[int] = []
-        if not preempted:
-            self._admit(budget, new_rows, new_sched)
-        if new_rows:
-            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
-            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
+        rows, row_sched = self._with_admitted(budget, rows, row_sched, preempted)
         n = len(rows)
         comp, drafts, spec_index = (np.empty(n, dtype=_I64) for _ in range(3))
         is_decode = np.empty(n, dtype=np.bool_)
@@ -617,13 +582,47 @@ class Scheduler:
             rows, row_sched, self.computed, self.ntokens, self.in_decode, self.keys,
             self.spec_idx, comp, is_decode, drafts, keys, spec_index,
         )  # fmt: skip
+        return self._plan(
+            rows, row_sched, comp, is_decode, drafts, keys, spec_index, total, all_decode,
+            preempted,
+        )  # fmt: skip
+
+    def _with_admitted(
+        self, budget: int, rows: np.ndarray, row_sched: np.ndarray, preempted: list[str]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The running rows followed by the waiting requests admitted into what is left of the
+        token budget (none when the step preempted: pressure admits nothing new)."""
+        new_rows: list[int] = []
+        new_sched: list[int] = []
+        if not preempted:
+            self._admit(budget, new_rows, new_sched)
+        if new_rows:
+            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
+            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
+        return rows, row_sched
+
+    def _plan(
+        self,
+        rows: np.ndarray,
+        row_sched: np.ndarray,
+        comp: np.ndarray,
+        is_decode: np.ndarray,
+        drafts: np.ndarray,
+        keys: np.ndarray,
+        spec_index: np.ndarray,
+        total: int,
+        all_decode: bool,
+        preempted: list[str],
+    ) -> StepPlan:
+        """The step's plan from its per-row arrays: a pure-decode step is padded to its graph
+        size and goes to the specialized path where that path takes it."""
         path = "standard"
         padded = total
         if total and all_decode:
             padded = padded_tokens(total, self.cfg.cuda_graph_max_tokens)
             if self.cfg.specialized and specialized_ok(
                 row_sched,
-                k,
+                self.k,
                 self.cfg.specialized_max_padded,
                 self.cfg.specialized_max_requests_by_q,
                 self.cfg.cuda_graph_max_tokens,
@@ -883,10 +882,10 @@ class Scheduler:
         s = plan.slots
         n = plan.num_sched
         comp = plan.computed_before
-        starts = np.zeros(len(s) + 1, dtype=_I64)
-        np.cumsum(n, out=starts[1:])
-        row_of = np.repeat(np.arange(len(s)), n)
-        positions = np.arange(int(starts[-1]), dtype=_I64) - starts[row_of] + comp[row_of]
+        ctx = comp + n
+        width = max(1, int(self._blocks_for(int(ctx.max())))) if len(s) else 1
+        tables = self.block_table[s, :width].copy()
+        starts, positions, slot_mapping = flat_layout(comp, n, tables, self.bs)
         token_ids = np.empty(len(positions), dtype=_I64)
         prev_rows = np.full(len(positions), -1, dtype=_I64)
         for i, slot in enumerate(s.tolist()):
@@ -895,10 +894,6 @@ class Scheduler:
             token_ids[starts[i] : starts[i + 1]] = req.tokens[comp[i] : comp[i] + n[i]]
             if req.pending_row >= 0:  # its latest token is being sampled by the step in flight
                 prev_rows[starts[i + 1] - 1] = req.pending_row
-        ctx = comp + n
-        width = max(1, int(self._blocks_for(int(ctx.max())))) if len(s) else 1
-        tables = self.block_table[s, :width].copy()
-        slot_mapping = tables[row_of, positions // self.bs] * self.bs + positions % self.bs
         return StepInputs(
             token_ids=token_ids,
             positions=positions,

@@ -386,24 +386,11 @@ def hand_step(rows: list[tuple[int, int]], bases: list[int], tokens: list[np.nda
 
     bs = eng.executor.cache.block_size
     top = eng.executor.cache.num_blocks - 1
-    ctx = np.array([c + n for c, n in rows], dtype=np.int64)
-    width = int((-(-ctx // bs)).max())
-    tables = np.minimum(np.array([b + np.arange(width) for b in bases]), top).astype(np.int64)
-    new = np.array([n for _, n in rows], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(new)]).astype(np.int64)
-    row_of = np.repeat(np.arange(len(rows)), new)
     cached = np.array([c for c, _ in rows], dtype=np.int64)
-    positions = np.arange(int(starts[-1]), dtype=np.int64) - starts[row_of] + cached[row_of]
-    return StepInputs(
-        token_ids=np.concatenate(tokens).astype(np.int64),
-        positions=positions,
-        starts=starts,
-        context_lens=ctx,
-        block_tables=tables,
-        slot_mapping=tables[row_of, positions // bs] * bs + positions % bs,
-        is_decode=new == 1,
-        block_size=bs,
-    )
+    new = np.array([n for _, n in rows], dtype=np.int64)
+    width = int((-(-(cached + new) // bs)).max())
+    tables = np.minimum(np.array([b + np.arange(width) for b in bases]), top).astype(np.int64)
+    return StepInputs.of_rows(cached, new, tables, np.concatenate(tokens), bs)
 
 
 def timed_forward(eng, inputs, iters: int = 7, warmup: int = 2):

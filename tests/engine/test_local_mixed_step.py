@@ -52,21 +52,10 @@ def hand_step(rows: list[tuple[int, int]], seed: int = 0) -> StepInputs:
     for i, k in enumerate(need):
         tables[i, :k] = free[used : used + k]
         used += k
-    new = np.array([n for _, n in rows], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(new)]).astype(np.int64)
-    row_of = np.repeat(np.arange(len(rows)), new)
     cached = np.array([c for c, _ in rows], dtype=np.int64)
-    positions = np.arange(int(starts[-1]), dtype=np.int64) - starts[row_of] + cached[row_of]
-    return StepInputs(
-        token_ids=rng.integers(1, 32000, size=len(positions)).astype(np.int64),
-        positions=positions,
-        starts=starts,
-        context_lens=ctx,
-        block_tables=tables,
-        slot_mapping=tables[row_of, positions // BLOCK] * BLOCK + positions % BLOCK,
-        is_decode=new == 1,
-        block_size=BLOCK,
-    )
+    new = np.array([n for _, n in rows], dtype=np.int64)
+    tokens = rng.integers(1, 32000, size=int(new.sum())).astype(np.int64)
+    return StepInputs.of_rows(cached, new, tables, tokens, BLOCK)
 
 
 def test_the_step_splits_into_batched_decode_rows_and_prefill_chunks():

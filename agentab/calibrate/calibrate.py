@@ -248,6 +248,7 @@ def _load_for(
         max_model_len=f.max_model_len or DEFAULT_MAX_MODEL_LEN,
         block_size=f.block_size or 16,
         max_num_batched_tokens=f.max_num_batched_tokens,
+        max_num_seqs=f.max_num_seqs,
         prefill_repeats=req.prefill_repeats if path == "standard" else 0,
         seed=req.seed,
         one_prefill_step=one_prefill_step,

@@ -77,6 +77,7 @@ def build_load(
     max_model_len: int,
     block_size: int,
     max_num_batched_tokens: int | None,
+    max_num_seqs: int | None = None,
     prefill_repeats: int = 3,
     seed: int = 0,
     one_prefill_step: bool = False,
@@ -122,8 +123,10 @@ def build_load(
     points += [(n, cached) for n in news[:2] if n + cached <= max_model_len - 2]
     prefill = tuple(PrefillPhase(n, c, r) for r in range(prefill_repeats) for n, c in points)
     # mixed steps: a prompt of the second prefill length beside a quarter, half and all of the
-    # largest decode batch, decoding at the short context
-    rows = sorted({max(1, batches[-1] // 4), max(1, batches[-1] // 2), batches[-1]})
+    # largest decode batch, decoding at the short context; the prompt needs a sequence slot of
+    # its own, else it waits in the queue until the decode rows end and no mixed step is run
+    top = batches[-1] if max_num_seqs is None else min(batches[-1], max_num_seqs - 1)
+    rows = sorted({max(1, top // 4), max(1, top // 2), top})
     new = min(news[1], budget - batches[-1])
     mixed = ()
     if with_mixed:

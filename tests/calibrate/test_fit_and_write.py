@@ -259,6 +259,10 @@ def test_the_load_fits_the_engine() -> None:
         (16, 128, 511),
     ]
     assert len(load.mixed) == 9 and all(p.new + p.rows <= 2048 for p in load.mixed)
+    # the prompt of a mixed phase takes a sequence slot beside its decode rows
+    full = build_load(**sized, max_num_seqs=16)
+    assert [p.rows for p in full.mixed if p.repeat == 0] == [3, 7, 15]
+    assert [p.batch for p in full.decode][-1] == 16  # decode phases may fill every slot
     one = build_load(
         max_model_len=2048,
         block_size=128,

@@ -66,6 +66,7 @@ def calibrate(
     for path, url in _servers(req):
         f = engine_facts(url)
         _check_backend(path, f, url)
+        _check_same_engine(path, f, facts)
         if timing == "auto":
             timing = "engine" if f.engine_clock else "client"
         if timing == "engine" and not f.engine_clock:
@@ -144,6 +145,7 @@ def fit_and_write(
         f"{refit_of.get('command')}",
         timing=timing,
         urls={p: f.url for p, f in facts.items()},
+        engine_source=std.engine_source,
     )
     text = render_profile(
         name=req.name,
@@ -229,6 +231,16 @@ def _check_backend(path: str, f: EngineFacts, url: str) -> None:
             f"{flag} {url}: the server runs decode_backend {f.decode_backend!r}; the {path} "
             f"path is timed on a server running {want!r}"
         )
+
+
+def _check_same_engine(path: str, f: EngineFacts, timed: dict[str, EngineFacts]) -> None:
+    """Both decode paths of one profile must be timed on the same engine code."""
+    for other, g in timed.items():
+        if f.engine_source and g.engine_source and f.engine_source != g.engine_source:
+            raise AgentabError(
+                f"the {path} path's server ({f.url}) runs engine source {f.engine_source}, the "
+                f"{other} path's ({g.url}) {g.engine_source}: a profile describes one engine"
+            )
 
 
 def _load_for(

@@ -315,9 +315,10 @@ def fidelity(ctx: click.Context, **kw: Any) -> None:
     overrides = {
         k: kw[k] for k in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_blocks")
     }
-    engine_options = simulator_options(profile, read_report(profile), overrides)
+    report = read_report(profile)
+    engine_options = simulator_options(profile, report, overrides)
     if kw["ab_dir"] is not None:
-        _fidelity_of_recorded(ctx, kw, engine_options)
+        _fidelity_of_recorded(ctx, kw, engine_options, report)
         return
     if kw["workload"] is None or kw["url"] is None:
         raise AgentabError("give WORKLOAD and --url (replay now), or --ab DIR (a recorded A/B)")
@@ -335,6 +336,7 @@ def fidelity(ctx: click.Context, **kw: Any) -> None:
         out_dir=kw["out_dir"],
         model=kw["model"],
         progress=not kw["quiet"],
+        profile_report=report,
     )
     path = write_result(kw["out_dir"], result)
     if kw["as_json"]:
@@ -347,7 +349,10 @@ def fidelity(ctx: click.Context, **kw: Any) -> None:
 
 
 def _fidelity_of_recorded(
-    ctx: click.Context, kw: dict[str, Any], engine_options: dict[str, Any]
+    ctx: click.Context,
+    kw: dict[str, Any],
+    engine_options: dict[str, Any],
+    report: dict[str, Any] | None,
 ) -> None:
     from click.core import ParameterSource
 
@@ -369,6 +374,7 @@ def _fidelity_of_recorded(
         out_dir=kw["out_dir"],
         progress=not kw["quiet"],
         echo=echo,
+        profile_report=report,
     )
     path = write_result(kw["out_dir"], result)
     click.echo(path.read_text() if kw["as_json"] else render_table(result))

@@ -49,6 +49,9 @@ class EngineFacts:
     # the engine's own step clock on /metrics: "agentab" (agentab:step_seconds_*_total),
     # "vllm" (engine-core timestamped histograms), or None (client timing only)
     engine_clock: str | None = None
+    # agentab's engines: the digest of the engine code that served (agentab.engine.source), so
+    # a profile says which engine it describes and `fidelity` can name a change of engine
+    engine_source: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
 
@@ -105,6 +108,7 @@ def _agentab_facts(url: str, d: dict[str, Any]) -> EngineFacts:
     f.set("max_num_seqs", sched.get("max_num_seqs"), src)
     f.set("max_num_batched_tokens", sched.get("max_num_batched_tokens"), src)
     f.set("max_model_len", d.get("max_model_len"), src)
+    f.set("engine_source", d.get("engine_source"), src)
     ahead = d.get("async_scheduling")
     f.set("async_scheduling", ahead if isinstance(ahead, bool) else None, src)
     if f.engine == "agentab-local":

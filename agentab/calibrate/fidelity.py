@@ -76,8 +76,10 @@ def run_fidelity(
     out_dir: Path,
     model: str | None,
     progress: bool,
+    profile_report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Replay on each server and on the simulator; the comparison as a JSON-able dict."""
+    """Replay on each server and on the simulator; the comparison as a JSON-able dict.
+    `profile_report`: the profile's fit report (its provenance names the engine calibrated)."""
     from agentab.analysis.load import load_run
     from agentab.analysis.summary import summarize_run
     from agentab.calibrate.breakdown import read_histograms, ttft_breakdown
@@ -127,9 +129,39 @@ def run_fidelity(
         breakdown = ttft_breakdown(before, after, measured_dir, simulated_dir)
         if breakdown is not None:
             result["arms"][arm.label]["ttft_breakdown"] = breakdown
+    manifests = [
+        orjson.loads((Path(a["measured_dir"]) / "manifest.json").read_bytes())
+        for a in result["arms"].values()
+    ]
+    result["engine_source"] = engine_sources(profile_report, manifests)
     if len(arms) == 2:
         result["ab"] = ab_ratio(result["arms"])
     return result
+
+
+def engine_sources(
+    report: dict[str, Any] | None, manifests: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The engine code the profile was calibrated on beside what the measured runs ran.
+
+    agentab's engines record a digest of their code (agentab.engine.source) in /agentab/describe,
+    the calibration report and every run's manifest; a profile of another engine version may
+    still predict well, but its errors then include that change, so the table says so."""
+    provenance = (report or {}).get("provenance") or {}
+    measured = sorted({str(m["engine_source"]) for m in manifests if m.get("engine_source")})
+    return {"profile": provenance.get("engine_source"), "measured": measured}
+
+
+def engine_change_note(result: dict[str, Any]) -> str | None:
+    """One line when the profile's engine source is known and a measured run ran another."""
+    sources = result.get("engine_source") or {}
+    profile, measured = sources.get("profile"), sources.get("measured") or []
+    if not profile or not measured or measured == [profile]:
+        return None
+    return (
+        f"note: the profile was calibrated on engine source {profile}; the measured runs ran "
+        f"{', '.join(measured)}: the errors below include the change between them"
+    )
 
 
 def _pick(values: dict[str, Any], key: str, stat: str | None) -> float | None:
@@ -172,6 +204,9 @@ def ab_ratio(arms: dict[str, Any]) -> dict[str, Any]:
 def render_table(result: dict[str, Any]) -> str:
     """Markdown: one table per arm, then the A/B line."""
     lines: list[str] = []
+    note = engine_change_note(result)
+    if note:
+        lines += [note, ""]
     for label, arm in result["arms"].items():
         n = arm["requests"]
         lines.append(

@@ -20,7 +20,7 @@ import numpy as np
 
 from agentab.analysis.experiment import Experiment
 from agentab.analysis.summary import RunSummary
-from agentab.calibrate.fidelity import METRICS, ab_ratio, compare
+from agentab.calibrate.fidelity import METRICS, ab_ratio, compare, engine_sources
 from agentab.errors import AgentabError
 
 
@@ -50,8 +50,10 @@ def predict_recorded(
     out_dir: Path,
     progress: bool,
     echo: Callable[[str], None] = lambda s: None,
+    profile_report: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Simulate every completed run of `ab_dir`; measured vs simulated per arm, pooled."""
+    """Simulate every completed run of `ab_dir`; measured vs simulated per arm, pooled.
+    `profile_report`: the profile's fit report (its provenance names the engine calibrated)."""
     from agentab.analysis.ab import load_workload
     from agentab.analysis.experiment import load_experiment
     from agentab.analysis.experiment_dir import COPY
@@ -113,6 +115,9 @@ def predict_recorded(
                 for (run, _), m, s in zip(arm_runs, measured, simulated, strict=True)
             ],
         }
+    result["engine_source"] = engine_sources(
+        profile_report, [manifest for _, arm_runs in runs for _, manifest in arm_runs]
+    )
     result["ab"] = ab_ratio(result["arms"])
     return result
 

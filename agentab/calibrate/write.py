@@ -55,6 +55,7 @@ class Provenance:
     command: str
     timing: str
     urls: dict[str, str] = field(default_factory=dict)  # decode path -> server timed for it
+    engine_source: str | None = None  # agentab's engines: the digest of the engine code timed
 
 
 def _num(v: float) -> str:
@@ -158,6 +159,11 @@ def render_profile(
         f"# Engine: {provenance.engine} {provenance.version or '(version not reported)'}, "
         f"model {provenance.model}, device {provenance.device or 'not reported'}, "
         f"timed at {provenance.url}",
+        *(
+            [f"# Engine source: {provenance.engine_source} (the digest of agentab's engine code)"]
+            if provenance.engine_source
+            else []
+        ),
         f"# Timing: {provenance.timing} "
         + (
             "(the engine's own step counters)"

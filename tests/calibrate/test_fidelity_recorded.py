@@ -112,6 +112,29 @@ def test_the_profiles_async_scheduling_is_what_the_runs_are_simulated_with(
     )
 
 
+def test_a_profile_calibrated_on_other_engine_code_is_named(ab_dir: Path, tmp_path: Path, capsys):
+    """The fit report beside a profile names the engine code it timed; when the measured runs
+    ran other code, the table's first line says so (and the JSON carries both)."""
+    from agentab.engine.source import engine_source_digest
+
+    ran = engine_source_digest()  # what the simulator of the recorded A/B ran
+    profile = tmp_path / "truth.toml"
+    profile.write_text(TRUTH.read_text())
+    for calibrated_on, noted in ((ran, False), ("0123456789abcdef", True)):
+        profile.with_suffix(".fit.json").write_text(
+            json.dumps({"provenance": {"engine_source": calibrated_on}})
+        )
+        out = tmp_path / calibrated_on
+        result = fidelity_of(ab_dir, profile, out, capsys)
+        assert result["engine_source"] == {"profile": calibrated_on, "measured": [ran]}
+        first = (out / "fidelity.md").read_text().splitlines()[0]
+        note = (
+            f"note: the profile was calibrated on engine source {calibrated_on}; the measured "
+            f"runs ran {ran}: the errors below include the change between them"
+        )
+        assert (first == note) is noted, first
+
+
 def test_recorded_mode_refuses_replay_flags_and_non_ab_dirs(ab_dir: Path, tmp_path: Path, capsys):
     def error(args: list[str]) -> str:
         with pytest.raises(SystemExit) as exc:

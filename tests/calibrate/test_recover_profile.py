@@ -78,6 +78,11 @@ def test_engine_facts_are_copied_and_assumptions_are_named(calibrated: Path) -> 
         "kv_blocks": 20000,
     }
     assert report["provenance"]["engine"] == "agentab-sim"
+    # the engine code that was timed, as the server describes it
+    from agentab.engine.source import engine_source_digest
+
+    assert report["provenance"]["engine_source"] == engine_source_digest()
+    assert f"# Engine source: {engine_source_digest()} (the digest" in text
     assert report["provenance"]["command"].startswith("agentab calibrate -o ")
     assert len(report["decode"]["standard"]["residuals"]) == 10
     assert report["engine"]["standard"]["async_scheduling"] is True

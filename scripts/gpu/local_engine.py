@@ -14,6 +14,11 @@ Stages (STAGES, comma-separated; default all):
   prefill k2-tp8-shard at full depth on the standard path with the A/B's engine options: prefill
           kernels of one 8,192-token chunk (torch profiler), throughput of one 32k prompt and of
           4 prompts of 16k (chunks of 8,192 tokens), then the decode step at that batch
+  prefill_small  k2-tp8-shard at full depth on the standard path: where a short prefill step's
+          time goes (the fixed ~140 ms a 32-token prompt costs on the device): prefill steps of
+          32 and 512 new tokens after 8,192 cached, each step's host launch time against its
+          device time, and the torch profiler's CPU and CUDA view of one 32-token step (op
+          calls per layer, the ops with the most host time, the device's busy time)
   mixed   k2-tp8-shard at full depth, the standard forward (eager) on hand-built steps over a
           filled cache: (a) a prefill of 720 new tokens after 8,000 cached, (b) 15 decode rows
           of contexts 4,000-16,000, (c) both in one mixed step; device time of each (CUDA
@@ -371,6 +376,81 @@ def stage_prefill() -> None:
         )
         save()
     RESULTS["prefill"] = res
+    save()
+    free(eng)
+
+
+def stage_prefill_small() -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from agentab.engine.local import build_local_engine
+
+    rng = np.random.default_rng(11)
+    eng = build_local_engine(
+        "k2-tp8-shard",
+        "auto",
+        device="cuda",
+        kv_blocks=40960,
+        max_num_seqs=16,
+        max_num_batched_tokens=8192,
+        max_model_len=36864,
+    )
+    s, ex = eng.scheduler, eng.executor
+    layers = ex.cfg.num_layers
+    base = rng.integers(1, 32000, size=8192)
+    drive(eng, [base], 1)  # the cached prefix (and a first, warming prefill)
+
+    def one_step(new: int, tag: str) -> dict:
+        """One prefill step of `new` tokens after the cached prefix: host launch vs device."""
+        s.add(tag, np.concatenate([base, rng.integers(1, 32000, size=new)]), 1)
+        plan = s.schedule()
+        inputs = s.model_inputs(plan)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        launched = ex.launch(plan, inputs)
+        host_s = time.perf_counter() - t
+        out = ex.collect(launched)
+        wall_s = time.perf_counter() - t
+        s.update(plan, out)
+        while s.has_work():  # its one decode token, if any
+            p2 = s.schedule()
+            s.update(p2, ex.execute(p2, s.model_inputs(p2)))
+        return {
+            "new": new,
+            "cached": int(plan.computed_before.max()),
+            "host_launch_ms": host_s * 1e3,
+            "device_ms": out.device_s * 1e3,
+            "wall_ms": wall_s * 1e3,
+        }
+
+    rows = []
+    for k, new in enumerate([32, 32, 32, 512, 512, 512]):
+        rows.append(one_step(new, f"small-{k}"))
+        r = rows[-1]
+        log(
+            f"prefill {r['new']} after {r['cached']}: host launch {r['host_launch_ms']:.1f} ms, "
+            f"device {r['device_ms']:.1f} ms, wall {r['wall_ms']:.1f} ms"
+        )
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        profiled = one_step(32, "small-profiled")
+    events = prof.key_averages()
+    calls = sum(e.count for e in events if e.key.startswith("aten::"))
+    table = events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
+    (OUT / "prefill-small-profile.txt").write_text(table)
+    print(table[:6000], flush=True)
+    RESULTS["prefill_small"] = {
+        "steps": rows,
+        "profiled": profiled,
+        "aten_calls": calls,
+        "aten_calls_per_layer": calls / layers,
+        "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
+        "self_cuda_ms": sum(e.self_device_time_total for e in events) / 1e3,
+    }
+    log(
+        f"profiled 32-token prefill: {calls} aten calls ({calls / layers:.0f} per layer), "
+        f"self CPU {RESULTS['prefill_small']['self_cpu_ms']:.1f} ms, "
+        f"self CUDA {RESULTS['prefill_small']['self_cuda_ms']:.1f} ms"
+    )
     save()
     free(eng)
 

@@ -207,6 +207,24 @@ def test_prefill_attention_equals_the_absorbed_form():
             torch.testing.assert_close(got[i], want, rtol=1e-10, atol=1e-12)
 
 
+def test_the_forwards_rope_is_the_references_bit_for_bit():
+    """The standard forward rotates with cos and sin computed once per step and shaped to
+    broadcast; the values are `reference.apply_rope`'s exactly, for per-head queries and for
+    the shared key part, in bf16 as on the GPU."""
+    from agentab.engine.local.forward import _rope
+    from agentab.kernels.config import PRESETS
+    from agentab.kernels.reference import apply_rope, rope_cos_sin
+
+    cfg = PRESETS["tiny"]
+    gen = torch.Generator().manual_seed(3)
+    positions = torch.arange(100, 133)
+    cos, sin = rope_cos_sin(cfg, positions)
+    q = torch.randn(33, cfg.n_heads, cfg.qk_rope, generator=gen).to(torch.bfloat16)
+    k = torch.randn(33, cfg.qk_rope, generator=gen).to(torch.bfloat16)
+    assert torch.equal(_rope(q, cos[:, None], sin[:, None]), apply_rope(q, cos, sin).to(q.dtype))
+    assert torch.equal(_rope(k, cos, sin), apply_rope(k, cos, sin).to(k.dtype))
+
+
 def test_a_step_observer_sees_every_step_of_the_measured_loop():
     """Step records (the engine trace) of a real model scheduled one step ahead: one per step,
     each naming its rows, also for the step that finishes a request."""

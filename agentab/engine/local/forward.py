@@ -20,7 +20,8 @@ the manifest labels it `cpu-torch`, never as the fused decoder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,6 +115,31 @@ class DeviceBatch:
     block_size: int
     decode: DecodeRows | None  # the one-token rows, attended in one batched call
     prefill_rows: list[int]  # the rows of several tokens (prefill chunks), attended one by one
+    # what every layer of the step reads the same (the rotary angles of its positions, a
+    # prefill row's context slots), computed once on first use: an eager step is bound by its
+    # host launches, and recomputing these in each of 61 layers was a tenth of them
+    _memo: dict[Any, torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def rope(self, cfg: LayerConfig, heads: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the step's positions, (tokens, 1, half) for per-head queries when
+        `heads`, else (tokens, half)."""
+        key = ("rope", cfg.qk_rope, cfg.rope_theta)
+        if key not in self._memo:
+            cos, sin = reference.rope_cos_sin(cfg, self.positions)
+            self._memo[key] = (cos, sin)
+            self._memo[(*key, "heads")] = (cos[:, None], sin[:, None])
+        return self._memo[(*key, "heads") if heads else key]  # type: ignore[return-value]
+
+    def context_slots(self, row: int) -> torch.Tensor:
+        """The cache slots of a prefill row's whole context (its cached prefix and this chunk)."""
+        key = ("slots", row)
+        if key not in self._memo:
+            self._memo[key] = PagedLatentCache.slots(
+                self.block_tables[row], self.context_lens[row], self.block_size
+            )
+        return self._memo[key]  # type: ignore[return-value]
 
     @staticmethod
     def of(
@@ -175,7 +201,10 @@ def greedy(
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return reference.apply_rope(x, cos, sin).to(x.dtype)
+    """`reference.apply_rope` (halves rotated in fp32) in fewer host calls: cos and sin come
+    shaped to broadcast (`DeviceBatch.rope`)."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
 
 
 def standard_attention(
@@ -195,9 +224,8 @@ def standard_attention(
     q_c = F.rms_norm(q_c, (cfg.q_lora,), w.q_a_norm.to(dt), eps)
     kv_c = F.rms_norm(kv_c, (kvl,), w.kv_a_norm.to(dt), eps)
     q = F.linear(q_c, w.w_q_b.to(dt)).view(t, nh, cfg.qk_head)
-    cos, sin = reference.rope_cos_sin(cfg, b.positions)
-    q_pe = _rope(q[..., cfg.qk_nope :], cos, sin)
-    k_pe = _rope(k_pe, cos, sin)
+    q_pe = _rope(q[..., cfg.qk_nope :], *b.rope(cfg, heads=True))
+    k_pe = _rope(k_pe, *b.rope(cfg, heads=False))
     kv[b.slot_mapping] = torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype)
     o = rows_attention(cfg, w, q[..., : cfg.qk_nope], q_pe, kv, b)
     return x + tp.all_reduce(F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt)))
@@ -226,8 +254,8 @@ def rows_attention(
         tok = b.decode.tokens
         o[tok] = decode_rows_attention(cfg, w, q_nope[tok], q_pe[tok], kv, b.decode)
     for i in b.prefill_rows:
-        first, last, n_ctx = b.starts[i], b.starts[i + 1], b.context_lens[i]
-        ctx = kv[PagedLatentCache.slots(b.block_tables[i], n_ctx, b.block_size)].to(dt)
+        first, last = b.starts[i], b.starts[i + 1]
+        ctx = kv[b.context_slots(i)].to(dt)
         o[first:last] = prefill_attention(cfg, w, q_nope[first:last], q_pe[first:last], ctx)
     return o
 
@@ -295,6 +323,10 @@ def prefill_attention(
     v = F.pad(torch.einsum("lc,hvc->hlv", c, w.w_uv.to(dt)), (0, cfg.qk_head - cfg.v_head))
     qh = torch.cat([q_nope, q_pe], dim=-1).transpose(0, 1)  # (n_heads, n, qk_head)
     step = query_slice or (n if ctx.is_cuda else PREFILL_QUERY_SLICE)
+    if step >= n:  # one slice (the GPU's case): no output buffer to copy into
+        with sdpa_kernel(FUSED_SDPA if ctx.is_cuda else ANY_SDPA):
+            o = _sdpa(qh, k, v, cfg.softmax_scale)
+        return o[..., : cfg.v_head].transpose(0, 1)
     out = torch.empty(nh, n, cfg.v_head, device=ctx.device, dtype=dt)
     for lo in range(0, n, step):
         hi = min(lo + step, n)

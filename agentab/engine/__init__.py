@@ -8,13 +8,14 @@ local torch engine. `build_simulator` returns an `Engine` running on asyncio's c
 from agentab.engine.core import Engine
 from agentab.engine.profile import HardwareProfile, load_profile
 from agentab.engine.sim import build_simulator
-from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
+from agentab.engine.types import EngineRequest, FinalUsage, PromptPrefix, TokenEvent
 
 __all__ = [
     "Engine",
     "EngineRequest",
     "FinalUsage",
     "HardwareProfile",
+    "PromptPrefix",
     "TokenEvent",
     "build_simulator",
     "load_profile",

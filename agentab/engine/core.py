@@ -233,7 +233,9 @@ class Engine:
         Raises `EngineFailed` if the engine's step loop has died (now or while streaming)."""
         if self._failure is not None:
             self._raise_failure()
-        req = self.scheduler.add(request.request_id, request.prompt_token_ids, request.max_tokens)
+        req = self.scheduler.add(
+            request.request_id, request.prompt_token_ids, request.max_tokens, request.prefix
+        )
         ch = _Channel()
         req.sink = ch
         self._channels.add(ch)
@@ -267,7 +269,9 @@ class Engine:
         a dead step loop)."""
         if self._failure is not None:
             self._raise_failure()
-        req = self.scheduler.add(request.request_id, request.prompt_token_ids, request.max_tokens)
+        req = self.scheduler.add(
+            request.request_id, request.prompt_token_ids, request.max_tokens, request.prefix
+        )
         tl = Timeline(asyncio.get_running_loop().create_future(), req, self.scheduler)
         req.sink = tl
         self._channels.add(tl)

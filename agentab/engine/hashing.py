@@ -16,9 +16,15 @@ continues this one.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from agentab.engine import compiled
+
+if TYPE_CHECKING:
+    from agentab.engine.types import PromptPrefix
 
 _MASK = (1 << 64) - 1
 _P = 0x9FB21C651E98DF25  # odd base of the within-block polynomial
@@ -117,55 +123,52 @@ class PrefixHashes:
     last, so hashing every prompt from its first token costs O(context) per request, most of a
     long simulation's hashing. Each entry remembers one prompt (its tokens, block keys and raw
     values) under the bytes of its first block; a new prompt with the same first block is
-    compared with it, and only the blocks after the common prefix are hashed. The keys are those
-    of `chain_hashes` exactly (the chain is resumed from the raw value where the prefixes part).
-    Entries are evicted least recently used first.
+    compared with it, and only the blocks after the common prefix are hashed. A prompt that
+    comes with a `PromptPrefix` naming a remembered base skips the comparison too (the client
+    says how much it shares); its keys are remembered under its own `key` for the next one.
+    The keys are those of `chain_hashes` exactly (the chain is resumed from the raw value where
+    the prefixes part), whichever way the shared part was found. Entries are evicted least
+    recently used first.
     """
 
     def __init__(self, block_size: int, max_entries: int = 256) -> None:
-        from collections import OrderedDict
-
         self.block_size = block_size
         self.max_entries = max_entries
         self._memo: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+        self._by_key: OrderedDict[object, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def hashes(
-        self, prompt: np.ndarray, keep: np.ndarray | None = None
+        self,
+        prompt: np.ndarray,
+        keep: np.ndarray | None = None,
+        prefix: PromptPrefix | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """(keys, raw values) of the prompt's full blocks, as `chain_hashes_raw(prompt, bs)`.
 
         `keep`: an array that starts with the prompt's tokens and that the caller will not
-        change (the scheduler's own token buffer); it is remembered instead of a copy."""
+        change (the scheduler's own token buffer); it is remembered instead of a copy.
+        `prefix`: the client's statement of what the prompt shares with an earlier one."""
         bs = self.block_size
         n_full = len(prompt) // bs
         if n_full == 0:
             return chain_hashes_raw(prompt, bs)
         tag = prompt[:bs].tobytes()
-        entry = self._memo.get(tag)
-        same = 0  # full blocks shared with the remembered prompt
-        if entry is not None:
-            old_tokens, old_keys, old_raw = entry
-            n = min(len(old_keys), n_full) * bs
-            if compiled.ENABLED:
-                same = compiled.first_diff(old_tokens, prompt, n) // bs
-            else:
-                diff = np.flatnonzero(old_tokens[:n] != prompt[:n])
-                same = (int(diff[0]) if len(diff) else n) // bs
+        same, base = self._shared_blocks(prompt, n_full, tag, prefix)
         if compiled.ENABLED:
             keys = np.empty(n_full, dtype=np.uint64)
             raw = np.empty(n_full, dtype=np.uint64)
             prev = np.uint64(0)
             if same:
-                assert entry is not None
-                keys[:same] = entry[1][:same]
-                raw[:same] = entry[2][:same]
+                assert base is not None
+                keys[:same] = base[0][:same]
+                raw[:same] = base[1][:same]
                 prev = raw[same - 1]
             compiled.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
         elif same == 0:
             keys, raw = chain_hashes_raw(prompt, bs)
         else:
-            assert entry is not None
-            old_tokens, old_keys, old_raw = entry
+            assert base is not None
+            old_keys, old_raw = base
             if same == n_full:
                 keys, raw = old_keys[:same], old_raw[:same]
             else:
@@ -176,11 +179,37 @@ class PrefixHashes:
                 raw = np.concatenate([old_raw[:same], rest_raw])
         # the caller's prompt may change after this call; `keep` will not
         tokens = keep[: n_full * bs] if keep is not None else prompt[: n_full * bs].copy()
-        self._memo[tag] = (tokens, keys, raw)
-        self._memo.move_to_end(tag)
-        if len(self._memo) > self.max_entries:
-            self._memo.popitem(last=False)
+        _remember(self._memo, tag, (tokens, keys, raw), self.max_entries)
+        if prefix is not None:
+            _remember(self._by_key, prefix.key, (keys, raw), self.max_entries)
         return keys, raw
+
+    def _shared_blocks(
+        self, prompt: np.ndarray, n_full: int, tag: bytes, prefix: PromptPrefix | None
+    ) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
+        """(full blocks whose keys are known, the (keys, raw values) holding them)."""
+        if prefix is not None and prefix.base is not None:
+            known = self._by_key.get(prefix.base)
+            if known is not None:  # the client's word: no comparison
+                return min(prefix.shared_tokens // self.block_size, len(known[0]), n_full), known
+        entry = self._memo.get(tag)
+        if entry is None:
+            return 0, None
+        old_tokens, old_keys, old_raw = entry
+        n = min(len(old_keys), n_full) * self.block_size
+        if compiled.ENABLED:
+            same = compiled.first_diff(old_tokens, prompt, n) // self.block_size
+        else:
+            diff = np.flatnonzero(old_tokens[:n] != prompt[:n])
+            same = (int(diff[0]) if len(diff) else n) // self.block_size
+        return same, (old_keys, old_raw)
+
+
+def _remember(memo: OrderedDict, key: object, value: object, max_entries: int) -> None:
+    memo[key] = value
+    memo.move_to_end(key)
+    if len(memo) > max_entries:
+        memo.popitem(last=False)
 
 
 def _mixed_tokens(token_ids: np.ndarray) -> np.ndarray:

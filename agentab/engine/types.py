@@ -12,16 +12,37 @@ import numpy as np
 
 
 @dataclass(frozen=True, slots=True, eq=False)
+class PromptPrefix:
+    """What an in-process client knows of a prompt: which earlier prompt it starts with.
+
+    Why: a multi-turn conversation resends its whole context each turn, so finding by
+    comparison which blocks a prompt shares with an earlier one (to reuse their prefix-cache
+    keys) costs a pass over ~30k tokens per request, while the client that built the prompt
+    from its predecessor already knows. `key` names this prompt (any object, compared by
+    identity); its first `shared_tokens` ids are exactly those of the prompt named `base`.
+    The engine trusts the claim, so only a client that built the prompt that way may make
+    it (the replay's in-process target); the engine hashes the same keys either way, and
+    without the base's keys at hand (never seen, or forgotten) it compares as usual.
+    """
+
+    key: object
+    base: object | None = None
+    shared_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class EngineRequest:
     """One completion request: its prompt token ids and how many tokens to generate.
 
     The engine always generates exactly `max_tokens` tokens (no stop strings): traces record
-    output lengths, and replay asks for exactly those.
+    output lengths, and replay asks for exactly those. `prefix` is an in-process client's
+    statement of the prompt shared with an earlier one (see PromptPrefix); HTTP has none.
     """
 
     request_id: str
     prompt_token_ids: np.ndarray
     max_tokens: int
+    prefix: PromptPrefix | None = None
 
 
 @dataclass(slots=True)

@@ -96,10 +96,11 @@ def build_manifest(
     )
     if manifest_extra:
         manifest.update(manifest_extra)
-    from agentab.replay.targets.http import redact_url
-
     for key in ("url", "server_url"):  # credentials in a URL never reach the run dir
         if isinstance(manifest.get(key), str):
+            # imported here: the HTTP target pulls in aiohttp, which an in-process run never needs
+            from agentab.replay.targets.http import redact_url
+
             manifest[key] = redact_url(manifest[key])
     return manifest
 

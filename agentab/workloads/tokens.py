@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -136,6 +137,8 @@ class PromptTokens:
     prompt that began with the same hash id, if any (subagents of one type share their system
     prompt). The result is exactly `prompt_token_ids(...)`, whatever entry it started from (the
     common prefix is always checked); entries are evicted least recently used first.
+    `build` also says which earlier prompt a new one starts with, and for how many tokens,
+    so that an in-process engine need not compare the two again (engine.types.PromptPrefix).
     """
 
     def __init__(self, vocab_size: int = 32000, max_entries: int = 256) -> None:
@@ -145,18 +148,22 @@ class PromptTokens:
 
         self.vocab_size = vocab_size
         self.max_entries = max_entries
-        self._memo: OrderedDict[tuple[object, ...], tuple[tuple[int, ...], np.ndarray]] = (
+        self._memo: OrderedDict[tuple[object, ...], tuple[tuple[int, ...], np.ndarray, object]] = (
             OrderedDict()
         )
         self._by_first: dict[tuple[object, ...], tuple[object, ...]] = {}
 
     def token_ids(self, session: Session, request: Request, salt: int | None = None) -> np.ndarray:
+        return self.build(session, request, salt).ids
+
+    def build(self, session: Session, request: Request, salt: int | None = None) -> BuiltPrompt:
+        """The prompt's ids and which earlier prompt of this builder they start with."""
         n = request.in_tokens
         bs = session.block_size
         key = session_key(session)
         hash_ids = request.hash_ids
         n_blocks = min(len(hash_ids), n // bs)
-        ids = hash_ids[:n_blocks]
+        ids = hash_ids if n_blocks == len(hash_ids) else hash_ids[:n_blocks]
         tag = (int(key), bs, salt, self.vocab_size)
         chain = (*tag, request.agent_id)
         memo = self._memo
@@ -173,7 +180,8 @@ class PromptTokens:
         rest = np.fromiter(ids[same:], dtype=np.uint64, count=n_blocks - same)
         _fill_from(out, same, rest, hash_ids, n_blocks, bs, key, self.vocab_size)
         _apply_salt(out, salt, self.vocab_size)
-        memo[chain] = (ids, out)
+        name = object()
+        memo[chain] = (ids, out, name)
         memo.move_to_end(chain)
         if len(memo) > self.max_entries:
             memo.popitem(last=False)
@@ -181,13 +189,28 @@ class PromptTokens:
             if len(self._by_first) > 4 * self.max_entries:
                 self._by_first.clear()
             self._by_first[first] = chain
-        return out
+        if not same:
+            return BuiltPrompt(out, name, None, 0)
+        assert entry is not None
+        return BuiltPrompt(out, name, entry[2], same * bs)
+
+
+class BuiltPrompt(NamedTuple):
+    """A prompt from `PromptTokens.build`: `ids`, a name for it (`key`, an object compared by
+    identity) and, when it was built from an earlier prompt, that prompt's name (`base`) and
+    how many leading ids the two share (`shared_tokens`, whole blocks)."""
+
+    ids: np.ndarray
+    key: object
+    base: object | None
+    shared_tokens: int
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """Length of the common leading run of two hash-id tuples."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case: one extends the other
+    # the usual case: one extends the other (slice only the longer one: each slice is a copy)
+    if (a == b[:n]) if len(a) == n else (a[:n] == b):
         return n
     x = np.fromiter(a[:n], dtype=np.uint64, count=n)
     y = np.fromiter(b[:n], dtype=np.uint64, count=n)

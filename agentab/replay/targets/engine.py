@@ -19,7 +19,7 @@ import asyncio
 from typing import Any
 
 from agentab.engine.core import Timeline
-from agentab.engine.types import EngineRequest
+from agentab.engine.types import EngineRequest, PromptPrefix
 from agentab.replay.metrics import engine_samples
 from agentab.replay.targets.base import Outcome, RequestSpec
 from agentab.workloads.tokens import PromptTokens
@@ -66,8 +66,11 @@ class EngineTarget:
 
     async def send(self, spec: RequestSpec, out: Outcome) -> None:
         loop = asyncio.get_running_loop()
-        ids = self._prompts.token_ids(spec.session, spec.request, salt=spec.salt)
-        req = EngineRequest(spec.request_id, ids, spec.max_tokens)
+        # the prompt is built from its agent's previous one: the engine is told how much the
+        # two share instead of finding it by comparison (PromptPrefix)
+        built = self._prompts.build(spec.session, spec.request, salt=spec.salt)
+        prefix = PromptPrefix(built.key, built.base, built.shared_tokens)
+        req = EngineRequest(spec.request_id, built.ids, spec.max_tokens, prefix)
         out.sent = sent = loop.time()
         timeline: Timeline | None = None
         shift = self.output_s

@@ -8,7 +8,9 @@ Figures (400 generated AgentX-style sessions, seed 42, profile gb300-tp16-kimi-k
 
 Each figure is the wall time of `agentab.replay.simulate_to_dir` (what `agentab simulate` runs
 after loading the workload), in a fresh process pinned to one core (`taskset -c CPU`), for this
-tree and for a temporary `git worktree` of `--base`, alternating base and new `--repeats` times;
+tree and for a temporary `git worktree` of `--base`, alternating base and new `--repeats` times,
+after one small untimed simulation in each tree (a fresh worktree has no numba cache yet, and its
+first case would count the compiling);
 the printed ratio is base / new of the medians, of CPU time (process time, which a busy shared
 machine inflates less than wall time) and of wall time. The record hashes of both trees are compared
 too (benchmarks/sim_fingerprint.py covers more workloads).
@@ -44,6 +46,9 @@ CASES: dict[str, tuple[dict, dict, float]] = {
     ),
     "100k": ({"decode_backend": "auto"}, {"duration_s": None, "max_requests": 100_000}, 30.0),
 }
+# untimed, once per tree before the cases: fills numba's on-disk cache of every compiled kernel
+WARM = ({"decode_backend": "auto", "num_draft_tokens": 2, "acceptance_probs": PROBS[:2]},
+        {"duration_s": 60.0}, 0.0)  # fmt: skip
 
 
 def worker(case: str, out: Path) -> None:
@@ -51,8 +56,8 @@ def worker(case: str, out: Path) -> None:
     from agentab.replay import ReplayOptions, simulate_to_dir
     from agentab.workloads.generator import generate, load_config
 
-    engine, replay, _goal = CASES[case]
-    wl = generate(load_config("agentx-coding"), 400, 42)
+    engine, replay, _goal = WARM if case == "warm" else CASES[case]
+    wl = generate(load_config("agentx-coding"), 8 if case == "warm" else 400, 42)
     opts = ReplayOptions(concurrency=64, seed=42, **replay)
     wall, cpu = time.perf_counter(), time.process_time()
     simulate_to_dir(
@@ -90,7 +95,7 @@ def main() -> int:
     ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--cpu", default="1", help="Core to pin to ('' for none).")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=[*CASES, "warm"], help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -102,6 +107,9 @@ def main() -> int:
     base = base_tree(args.base, tmp) if args.base else None
     differ = 0
     try:
+        for tree in (base, ROOT):
+            if tree is not None:
+                run(tree, "warm", tmp / "warm", args.cpu)
         print(f"{'case':<20} {'requests':>8} {'goal':>5} {'cpu s':>7} {'wall s':>7}", end="")
         base_head = f" {'base cpu':>8} {'base wall':>9} {'cpu x':>6} {'wall x':>6}  records"
         print(base_head if base else "")

@@ -5,8 +5,9 @@ Figures, each a fresh process pinned to one core (`taskset -c CPU`), this tree a
 - `compare`: `agentab compare A B --json` of two synthetic run dirs of `--requests` records
   each (benchmarks/bench_analysis.py's records: 1..16 chunks, 2% errors, ~4,000 sessions),
   10,000 resamples. Goal: <= 15 s for 1M vs 1M.
-- `import`: loading 400 generated sessions (~100k requests) written as AgentX JSONL, and its
-  content hash (what every command that records the workload computes). Goal: <= 2.5 s.
+- `import`: loading 400 generated sessions (~100k requests) written as AgentX JSONL as the
+  commands that replay a trace load it (`freeze=True`), and its content hash (what every
+  command that records the workload computes). Goal: <= 2.5 s.
 - `report`: `agentab report RUN` of a run dir of `--report-requests` records in part files of
   10,000 rows (as a long replay leaves its records), with 1..`--report-chunks` chunks each
   (default 1..1020: ~510 on average, as AgentX-style outputs give; 510M chunk times for 1M
@@ -59,10 +60,14 @@ def child(tree: Path, args: list[str], cpu: str | None, stdout: Path) -> dict:
 
 
 def import_worker(path: str) -> None:
+    import inspect
+
     from agentab.workloads.io import load
 
+    # as the commands that replay a trace load it (trees that predate `freeze` load without)
+    kw = {"freeze": True} if "freeze" in inspect.signature(load).parameters else {}
     wall, cpu = time.perf_counter(), time.process_time()
-    wl = load(path)
+    wl = load(path, **kw)
     digest = wl.content_hash
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     print(json.dumps({"wall": wall, "cpu": cpu, "hash": digest, "requests": wl.num_requests()}))

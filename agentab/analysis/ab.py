@@ -60,7 +60,7 @@ def load_workload(experiment: Experiment):  # -> agentab.workloads.Workload
     if "path" in spec:
         from agentab.workloads import load
 
-        return load(spec["path"], spec["format"])
+        return load(spec["path"], spec["format"], freeze=True)  # lives for the whole A/B
     from agentab.workloads.generator import apply_overrides, generate, load_config
 
     gen = spec["generate"]

@@ -329,7 +329,7 @@ def fidelity(ctx: click.Context, **kw: Any) -> None:
     if kw["b_url"]:
         arms.append(Arm("B", kw["b_url"], kw["b_decode_backend"]))
     result = run_fidelity(
-        load(kw["workload"], kw["fmt"]),
+        load(kw["workload"], kw["fmt"], freeze=True),
         arms=arms,
         engine_options=engine_options,
         replay=replay,

@@ -126,7 +126,7 @@ def trace(
     from agentab.engine.sim import build_simulator
     from agentab.workloads import load
 
-    workload = load(workload_path, fmt)
+    workload = load(workload_path, fmt, freeze=True)
     sessions = workload.sessions[:max_sessions] if max_sessions is not None else workload.sessions
     eng = build_simulator(
         profile,

@@ -145,7 +145,7 @@ def _options(kw: dict[str, Any]) -> ReplayOptions:
 def _load(kw: dict[str, Any]) -> Any:
     from agentab.workloads import load
 
-    return load(kw["workload"], kw["fmt"], block_size=kw["block_size"])
+    return load(kw["workload"], kw["fmt"], block_size=kw["block_size"], freeze=True)
 
 
 def _extra(kw: dict[str, Any]) -> dict[str, Any] | None:

@@ -186,3 +186,22 @@ def test_unknown_field_warning_is_one_stderr_line(
         f"agentab: warning: {tmp_path / 'extra.json'}: session 'join-1': request 0: "
         "ignoring unknown field 'x_cost'"
     ]
+
+
+def test_a_frozen_load_leaves_the_workload_to_no_collection() -> None:
+    """`freeze=True` (the commands whose workload lives as long as the process) moves what the
+    load built to the collector's permanent generation; the default leaves the collector's
+    state as it was. Either way the workload is the same and the collector is on again."""
+    import gc
+
+    path = DATA / "joins.json"
+    assert gc.isenabled()
+    before = gc.get_freeze_count()
+    plain = load(path)
+    assert gc.get_freeze_count() == before and gc.isenabled()
+    try:
+        frozen = load(path, freeze=True)
+        assert gc.get_freeze_count() > before and gc.isenabled()
+        assert frozen.content_hash == plain.content_hash
+    finally:
+        gc.unfreeze()  # give the test process's objects back to the collector

@@ -8,6 +8,7 @@ component fails the test instead, so CI can never pass by skipping them.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import shutil
@@ -97,3 +98,13 @@ def chromium_path() -> str:
     if path is None:
         pytest.fail("chromium not found")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _thaw_frozen_objects():
+    """Commands run in-process freeze what was alive when they loaded a trace (a command's
+    process ends with its run; this one goes on): hand those objects back to the collector
+    after each test, so fixtures that die later in reference cycles are still reclaimed."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()

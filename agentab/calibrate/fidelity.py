@@ -80,7 +80,7 @@ def run_fidelity(
 ) -> dict[str, Any]:
     """Replay on each server and on the simulator; the comparison as a JSON-able dict.
     `profile_report`: the profile's fit report (its provenance names the engine calibrated)."""
-    from agentab.analysis.load import load_run
+    from agentab.analysis.load import load_run, read_manifest
     from agentab.analysis.summary import summarize_run
     from agentab.calibrate.breakdown import read_histograms, ttft_breakdown
     from agentab.replay.api import replay_to_dir, simulate_to_dir
@@ -129,10 +129,7 @@ def run_fidelity(
         breakdown = ttft_breakdown(before, after, measured_dir, simulated_dir)
         if breakdown is not None:
             result["arms"][arm.label]["ttft_breakdown"] = breakdown
-    manifests = [
-        orjson.loads((Path(a["measured_dir"]) / "manifest.json").read_bytes())
-        for a in result["arms"].values()
-    ]
+    manifests = [read_manifest(Path(a["measured_dir"])) for a in result["arms"].values()]
     result["engine_source"] = engine_sources(profile_report, manifests)
     if len(arms) == 2:
         result["ab"] = ab_ratio(result["arms"])

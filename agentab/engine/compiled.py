@@ -175,11 +175,12 @@ def take_live(
 
 
 # -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------
-# The constants of hashing.py: the polynomial base, the token mixing and the salt.
-_P = np.uint64(0x9FB21C651E98DF25)
-_TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
-_TOK_MUL = np.uint64(0xD6E8FEB86659FD93)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+# The hash's constants, which hashing.py's numpy code uses too: the odd base of the within-block
+# polynomial, the token mixing and the per-block salt.
+HASH_BASE = np.uint64(0x9FB21C651E98DF25)
+TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
+TOK_MUL = np.uint64(0xD6E8FEB86659FD93)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @jit
@@ -209,10 +210,10 @@ def chain_into(
     for j in range(lo, hi):
         base = j * bs
         for i in range(bs):
-            x = (np.uint64(tokens[base + i]) + _TOK_ADD) * _TOK_MUL
-            r = r * _P + x
+            x = (np.uint64(tokens[base + i]) + TOK_ADD) * TOK_MUL
+            r = r * HASH_BASE + x
         raws[j - lo] = r
-        keys[j - lo] = splitmix64(r ^ (np.uint64(j + 1) * _GOLDEN)) | np.uint64(1)
+        keys[j - lo] = splitmix64(r ^ (np.uint64(j + 1) * GOLDEN)) | np.uint64(1)
     return r
 
 
@@ -224,11 +225,11 @@ def synthetic_output(
     prompt tokens[:prompt_len], then hashing.output_ids_from_seed)."""
     h = raw_full
     for p in range(n_full_tokens, prompt_len):
-        h = h * _P + (np.uint64(tokens[p]) + _TOK_ADD) * _TOK_MUL
-    seed = splitmix64(h ^ (np.uint64(prompt_len) * _GOLDEN))
+        h = h * HASH_BASE + (np.uint64(tokens[p]) + TOK_ADD) * TOK_MUL
+    seed = splitmix64(h ^ (np.uint64(prompt_len) * GOLDEN))
     m = np.uint64(vocab_size - 1)
     for i in range(len(tokens) - prompt_len):
-        z = splitmix64(np.uint64(i + 1) * _GOLDEN + seed)
+        z = splitmix64(np.uint64(i + 1) * GOLDEN + seed)
         tokens[prompt_len + i] = np.int64(z % m) + 1
 
 

@@ -27,10 +27,8 @@ if TYPE_CHECKING:
     from agentab.engine.types import PromptPrefix
 
 _MASK = (1 << 64) - 1
-_P = 0x9FB21C651E98DF25  # odd base of the within-block polynomial
-_TOK_ADD = np.uint64(0x2545F4914F6CDD1D)
-_TOK_MUL = np.uint64(0xD6E8FEB86659FD93)
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_P = int(compiled.HASH_BASE)  # odd base of the within-block polynomial (a Python int: pow())
+_TOK_ADD, _TOK_MUL, _GOLDEN = compiled.TOK_ADD, compiled.TOK_MUL, compiled.GOLDEN
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)

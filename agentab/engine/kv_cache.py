@@ -26,8 +26,6 @@ vectorized passes, short).
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from agentab.engine import compiled
@@ -244,13 +242,6 @@ class BlockPool:
             self._qgens[:kept] = gens[live]
         self._head = 0
         self._entries = kept
-
-    @property
-    def _queue(self) -> deque[tuple[np.ndarray, np.ndarray]]:
-        """The queue's entries from the buffer's start to its tail, as one (ids, gens) chunk
-        whose first `_head` entries were consumed (for tests and debugging)."""
-        tail = self._head + self._entries
-        return deque([(self._qids[:tail], self._qgens[:tail])])
 
     def usage(self) -> float:
         """Fraction of blocks held by requests (vLLM's kv_cache_usage_perc, as a fraction)."""

@@ -795,9 +795,9 @@ class Scheduler:
             verified = drafts > 0
             if verified.any():
                 self.spec_idx[ds[verified]] += 1
-                c["spec_decode_num_drafts"] += int(np.count_nonzero(verified))
-                c["spec_decode_num_draft_tokens"] += int(drafts.sum())
-                c["spec_decode_num_accepted_tokens"] += int(acc[verified].sum())
+                self._count_verified(
+                    int(np.count_nonzero(verified)), int(drafts.sum()), int(acc[verified].sum())
+                )
         pre = ~dec
         if pre.any():
             done = pre & (comp >= self.ntokens[s])
@@ -840,12 +840,8 @@ class Scheduler:
             self.computed, self.ntokens, self.output, self.maxtok, self.in_decode,
             self.spec_idx, counts_log, log_row, rows, counts, starts, done,
         )  # fmt: skip
-        c = self.counters
-        if verified:
-            c["spec_decode_num_drafts"] += verified
-            c["spec_decode_num_draft_tokens"] += drafts
-            c["spec_decode_num_accepted_tokens"] += acc_sum
-        c["generation_tokens"] += emitted
+        self._count_verified(verified, drafts, acc_sum)
+        self.counters["generation_tokens"] += emitted
         slot_req = self.slot_req
         rows = rows[:n]
         reqs = [slot_req[x] for x in s[rows].tolist()]
@@ -1101,15 +1097,7 @@ class Scheduler:
         emitted = w.emitted[:m].sum(axis=0)
         self.output[s] += emitted
         self.ntokens[s] += emitted
-        c = self.counters
-        c["steps_" + w.path] += m
-        c["decode_steps_" + w.path] += m
-        c["generation_tokens"] += int(emitted.sum())
-        if k:
-            self.spec_idx[s] += m
-            c["spec_decode_num_drafts"] += m * len(s)
-            c["spec_decode_num_draft_tokens"] += m * len(s) * k
-            c["spec_decode_num_accepted_tokens"] += int(w.accepted[:m].sum())
+        self._count_window(w, m, int(emitted.sum()))
         log = self.log
         if log is not None:  # the window's m end times were logged last (log_times)
             row = log.n - m - log.base
@@ -1142,19 +1130,32 @@ class Scheduler:
             s, w.computed0, cum, w.emitted, m, self.computed, self.output, self.ntokens,
             self.maxtok, counts, row, done,
         )  # fmt: skip
+        self._count_window(w, m, emitted)
+        slot_req = self.slot_req
+        reqs = [slot_req[x] for x in s.tolist()]
+        finished = self._finish(done[:nfin]) if nfin else []
+        return reqs, finished  # type: ignore[return-value]
+
+    def _count_window(self, w: WindowPlan, m: int, emitted: int) -> None:
+        """The counters of the first `m` steps of a window (each a pure-decode verify step of
+        every row when drafting) and the rows' verify counters."""
         c = self.counters
         c["steps_" + w.path] += m
         c["decode_steps_" + w.path] += m
         c["generation_tokens"] += emitted
         if self.k:
-            self.spec_idx[s] += m
-            c["spec_decode_num_drafts"] += m * B
-            c["spec_decode_num_draft_tokens"] += m * B * self.k
-            c["spec_decode_num_accepted_tokens"] += int(w.accepted[:m].sum())
-        slot_req = self.slot_req
-        reqs = [slot_req[x] for x in s.tolist()]
-        finished = self._finish(done[:nfin]) if nfin else []
-        return reqs, finished  # type: ignore[return-value]
+            self.spec_idx[w.slots] += m
+            rows = m * len(w.slots)
+            self._count_verified(rows, rows * self.k, int(w.accepted[:m].sum()))
+
+    def _count_verified(self, rows: int, drafts: int, accepted: int) -> None:
+        """vLLM's spec-decode counters: `rows` verify rows with `drafts` draft tokens in all, of
+        which `accepted` were accepted."""
+        if rows:
+            c = self.counters
+            c["spec_decode_num_drafts"] += rows
+            c["spec_decode_num_draft_tokens"] += drafts
+            c["spec_decode_num_accepted_tokens"] += accepted
 
 
 _NO_LOG = np.zeros((1, 1), dtype=np.int32)  # the emission log's place when there is none

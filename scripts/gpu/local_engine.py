@@ -328,19 +328,21 @@ def stage_serve() -> None:
     save()
 
 
+# the engine options of the A/Bs (examples/local-k2-h200.toml's [engine] table)
+AB_ENGINE = {
+    "device": "cuda",
+    "kv_blocks": 40960,
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 8192,
+    "max_model_len": 36864,
+}
+
+
 def stage_prefill() -> None:
     from agentab.engine.local import build_local_engine
 
     rng = np.random.default_rng(7)
-    eng = build_local_engine(
-        "k2-tp8-shard",
-        "auto",
-        device="cuda",
-        kv_blocks=40960,
-        max_num_seqs=16,
-        max_num_batched_tokens=8192,
-        max_model_len=36864,
-    )
+    eng = build_local_engine("k2-tp8-shard", "auto", **AB_ENGINE)
     res = {}
     from torch.profiler import ProfilerActivity, profile
 
@@ -386,15 +388,7 @@ def stage_prefill_small() -> None:
     from agentab.engine.local import build_local_engine
 
     rng = np.random.default_rng(11)
-    eng = build_local_engine(
-        "k2-tp8-shard",
-        "auto",
-        device="cuda",
-        kv_blocks=40960,
-        max_num_seqs=16,
-        max_num_batched_tokens=8192,
-        max_model_len=36864,
-    )
+    eng = build_local_engine("k2-tp8-shard", "auto", **AB_ENGINE)
     s, ex = eng.scheduler, eng.executor
     layers = ex.cfg.num_layers
     base = rng.integers(1, 32000, size=8192)

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _state(pool: BlockPool) -> tuple:
-    queue = [(ids.tolist(), gens.tolist()) for ids, gens in pool._queue]
+    tail = pool._head + pool._entries  # the free queue's buffer up to its tail
+    queue = (pool._qids[:tail].tolist(), pool._qgens[:tail].tolist())
     arrays = (pool.ref, pool.hash, pool.gen, pool._tkey, pool._tblk)
     scalars = (pool._head, pool._entries, pool.num_free, pool.evictions, pool._used)
     return (*(a.tobytes() for a in arrays), scalars, queue, pool._table_size)

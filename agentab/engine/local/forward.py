@@ -118,19 +118,15 @@ class DeviceBatch:
     # what every layer of the step reads the same (the rotary angles of its positions, a
     # prefill row's context slots), computed once on first use: an eager step is bound by its
     # host launches, and recomputing these in each of 61 layers was a tenth of them
-    _memo: dict[Any, torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = field(
-        default_factory=dict, repr=False, compare=False
-    )
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def rope(self, cfg: LayerConfig, heads: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the step's positions, (tokens, 1, half) for per-head queries when
         `heads`, else (tokens, half)."""
-        key = ("rope", cfg.qk_rope, cfg.rope_theta)
-        if key not in self._memo:
+        if "rope" not in self._memo:  # one model config per step: every layer's is the same
             cos, sin = reference.rope_cos_sin(cfg, self.positions)
-            self._memo[key] = (cos, sin)
-            self._memo[(*key, "heads")] = (cos[:, None], sin[:, None])
-        return self._memo[(*key, "heads") if heads else key]  # type: ignore[return-value]
+            self._memo["rope"] = ((cos, sin), (cos[:, None], sin[:, None]))
+        return self._memo["rope"][heads]  # type: ignore[index]
 
     def context_slots(self, row: int) -> torch.Tensor:
         """The cache slots of a prefill row's whole context (its cached prefix and this chunk)."""
@@ -323,17 +319,15 @@ def prefill_attention(
     v = F.pad(torch.einsum("lc,hvc->hlv", c, w.w_uv.to(dt)), (0, cfg.qk_head - cfg.v_head))
     qh = torch.cat([q_nope, q_pe], dim=-1).transpose(0, 1)  # (n_heads, n, qk_head)
     step = query_slice or (n if ctx.is_cuda else PREFILL_QUERY_SLICE)
-    if step >= n:  # one slice (the GPU's case): no output buffer to copy into
-        with sdpa_kernel(FUSED_SDPA if ctx.is_cuda else ANY_SDPA):
-            o = _sdpa(qh, k, v, cfg.softmax_scale)
-        return o[..., : cfg.v_head].transpose(0, 1)
-    out = torch.empty(nh, n, cfg.v_head, device=ctx.device, dtype=dt)
-    for lo in range(0, n, step):
-        hi = min(lo + step, n)
-        seen = total - n + hi  # keys visible to the slice's last query
-        with sdpa_kernel(FUSED_SDPA if ctx.is_cuda else ANY_SDPA):
+    slices = []
+    with sdpa_kernel(FUSED_SDPA if ctx.is_cuda else ANY_SDPA):
+        for lo in range(0, n, step):
+            hi = min(lo + step, n)
+            seen = total - n + hi  # keys visible to the slice's last query
             o = _sdpa(qh[:, lo:hi], k[:, :seen], v[:, :seen], cfg.softmax_scale)
-        out[:, lo:hi] = o[..., : cfg.v_head]
+            slices.append(o[..., : cfg.v_head])
+    # one slice (the GPU's case) needs no copy into an output buffer
+    out = slices[0] if len(slices) == 1 else torch.cat(slices, dim=1)
     return out.transpose(0, 1)
 
 

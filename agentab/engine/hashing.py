@@ -227,7 +227,7 @@ def prompt_seed(prompt_token_ids: np.ndarray, raw_full: int, n_full_tokens: int)
     for x in tail:
         h = (h * _P + x) & _MASK
     n = len(prompt_token_ids)
-    z = mix64(np.array([h ^ ((n * 0x9E3779B97F4A7C15) & _MASK)], dtype=np.uint64))
+    z = mix64(np.array([h ^ ((n * int(_GOLDEN)) & _MASK)], dtype=np.uint64))
     return int(z[0])
 
 

@@ -192,7 +192,12 @@ def _gc_frozen(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
     request (docs/replay.md: the same ~3,000 objects after 1,000 or 12,000 requests, RSS flat),
     so only `_YoungGuard` collects, and only if young objects pile up. On the virtual clock
     pauses cost no accuracy and long simulations keep the automatic GC.
+
+    A freeze made before the run (a command's frozen load: its workload lives as long as the
+    process) is left in place at the end; unfreezing would hand the workload back to every
+    later collection, e.g. those of an A/B's next run.
     """
+    frozen_before = gc.get_freeze_count() > 0
     gc.collect()
     gc.freeze()
     paused = not is_virtual(loop) and gc.isenabled()
@@ -207,7 +212,8 @@ def _gc_frozen(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
             guard.cancel()
         if paused:
             gc.enable()
-        gc.unfreeze()
+        if not frozen_before:
+            gc.unfreeze()
 
 
 def _status(stats: RunStats, replay: ReplayOptions) -> str:

@@ -1,8 +1,8 @@
 """Why the first specialized layer graph timed in a process reads faster at batch 1.
 
-`uv_tail.py` timed the same production layer (batch 1, context 4096) first and again last in
-one process: 92.1 / 91.9 / 92.1 us against 95.8 / 95.7 / 95.7 us in three device calls, while
-batch 2 and 4 read the same both times. Two explanations predict different things here:
+`uv_tail.py` times the same production layer (batch 1, context 4096) first and again last in
+one process, and the two figures differ at batch 1 only (NOTES.md, 2026-12-02). Two
+explanations predict different things here:
 - the GPU's state (clocks, temperature, power) after a stretch of work: a graph timed again
   later reads slower, whichever graph it is, and the SM clock falls with it;
 - where the step's buffers landed (the first graph's allocations are the first in the process):

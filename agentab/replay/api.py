@@ -59,12 +59,13 @@ def run_to_dir(
         line_interval_s()  # a bad AGENTAB_PROGRESS_INTERVAL_S fails before the run dir exists
     if replay.prompt_salt is None:
         replay = dataclasses.replace(replay, prompt_salt=new_prompt_salt())
-    plan = build_plan(workload, replay)
-    if workload.num_requests() == 0:
-        raise AgentabError(f"{workload.source or 'workload'}: no requests to replay")
-    run_dir = prepare_run_dir(out_dir)
-    coro = _run(workload, target, plan, run_dir, replay, manifest_extra, progress, label)
-    stats, _manifest = run_virtual(coro) if virtual else run_real(coro)
+    with _inputs_frozen():
+        plan = build_plan(workload, replay)
+        if workload.num_requests() == 0:
+            raise AgentabError(f"{workload.source or 'workload'}: no requests to replay")
+        run_dir = prepare_run_dir(out_dir)
+        coro = _run(workload, target, plan, run_dir, replay, manifest_extra, progress, label)
+        stats, _manifest = run_virtual(coro) if virtual else run_real(coro)
     _raise_if_failed(stats, replay, run_dir)
     return run_dir
 
@@ -178,6 +179,30 @@ class _YoungGuard:
 
     def cancel(self) -> None:
         self._handle.cancel()
+
+
+@contextlib.contextmanager
+def _inputs_frozen() -> Iterator[None]:
+    """Keep the cyclic GC off the workload (and whatever else exists) from the moment a run is
+    asked for, not only once it starts (`_gc_frozen`).
+
+    Why: a workload that its loader did not freeze (one generated in-process, or passed to the
+    library API) is still in the collector's oldest generation. Building the plan and the
+    manifest's content hash allocates enough for the automatic GC to start full collections,
+    each traversing every request's hash-id tuple: two of ~0.3 s each before a 100k-request
+    simulation had begun. Only the young generations are collected before the freeze (a full
+    collection would traverse the workload once more); garbage already in the oldest one is
+    frozen with it and reclaimed after the unfreeze at the end. A freeze made before (a frozen
+    load) is left in place, as `_gc_frozen` leaves it, and the garbage is collected in full
+    first, since nothing unfreezes it later (the collection skips the frozen workload)."""
+    frozen_before = gc.get_freeze_count() > 0
+    gc.collect(2 if frozen_before else 1)
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if not frozen_before:
+            gc.unfreeze()
 
 
 @contextlib.contextmanager

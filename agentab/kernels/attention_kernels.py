@@ -10,17 +10,6 @@ triton_interpreter.patch()
 
 
 @triton.jit
-def _tile_base(cache, b, offs_n, mn, block_table, s_bt, s_cb, s_cs, PAGE: tl.constexpr):
-    """Row pointers (BLOCK_N, 1) of tokens `offs_n` of sequence b in the cache."""
-    if PAGE > 0:  # paged cache: token n lives in block block_table[b, n // PAGE]
-        blk = tl.load(block_table + b * s_bt + offs_n // PAGE, mask=mn, other=0)
-        row = blk.to(tl.int64) * PAGE + offs_n % PAGE
-        return cache + row[:, None] * s_cs
-    else:
-        return cache + b * s_cb + offs_n[:, None] * s_cs
-
-
-@triton.jit
 def split_kernel(
     q_lat, q_pe, cache, pos, part_o, part_ml, scale, split_len, block_table, split_len_ptr,
     s_qb, s_qh, s_pb, s_ph, s_cb, s_cs, s_ob, s_os, s_oh, s_mb, s_ms, s_bt,
@@ -50,7 +39,12 @@ def split_kernel(
     for s0 in range(start, end, BLOCK_N):
         offs_n = s0 + tl.arange(0, BLOCK_N)
         mn = offs_n < end
-        base = _tile_base(cache, b, offs_n, mn, block_table, s_bt, s_cb, s_cs, PAGE)
+        if PAGE > 0:  # paged cache: token n lives in block block_table[b, n // PAGE]
+            blk = tl.load(block_table + b * s_bt + offs_n // PAGE, mask=mn, other=0)
+            row = blk.to(tl.int64) * PAGE + offs_n % PAGE
+            base = cache + row[:, None] * s_cs
+        else:
+            base = cache + b * s_cb + offs_n[:, None] * s_cs
         c = tl.load(base + offs_c[None, :], mask=mn[:, None], other=0.0)
         kp = tl.load(base + KVL + offs_r[None, :], mask=mn[:, None], other=0.0)
         qk = tl.dot(ql, tl.trans(c)) + tl.dot(qp, tl.trans(kp))

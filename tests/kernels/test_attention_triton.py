@@ -8,14 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from agentab.kernels.attention import (  # noqa: E402
-    PagedKV,
-    mla_decode_torch,
-    mla_decode_triton,
-    split_plan,
-)
+from agentab.kernels.attention import mla_decode_torch, mla_decode_triton, split_plan  # noqa: E402
 from agentab.kernels.config import PRESETS  # noqa: E402
 from agentab.kernels.weights import init_state  # noqa: E402
+from tests.kernels.paged_cache import scatter_into_blocks  # noqa: E402
 
 TINY = PRESETS["tiny"]
 
@@ -48,25 +44,9 @@ def test_the_paged_cache_reads_the_same_tokens() -> None:
     batch, ctx, bs = 3, 70, 16
     q_lat, q_pe = _queries(batch, seed=5)
     dense = init_state(TINY, batch, ctx, seed=7, ragged=True)
-    blocks = -(-(ctx + 1) // bs)
-    table = torch.randperm(batch * blocks, generator=torch.Generator().manual_seed(3))
-    table = table.view(batch, blocks)
-    slots = torch.zeros(batch * blocks * bs, TINY.kv_width, dtype=torch.bfloat16)
-    idx = torch.arange(ctx + 1)
-    where = table[:, idx // bs] * bs + idx % bs
-    slots[where.flatten()] = dense.cache.reshape(-1, TINY.kv_width)
+    paged = scatter_into_blocks(TINY, dense, bs, seed=3)
     pos = dense.positions
-    new = where[torch.arange(batch), pos.long()]
-    paged = PagedKV(
-        cache=slots,
-        block_table=table.int(),
-        new_slots=new,
-        positions_and_slots=torch.stack([pos, new.int()]),
-        block_size=bs,
-        max_len=ctx + 1,
-        split_len=torch.tensor([split_plan(batch, int(pos.max()) + 1)[1]], dtype=torch.int32),
-    )
-    got = mla_decode_triton(TINY, q_lat, q_pe, slots, pos, paged)
+    got = mla_decode_triton(TINY, q_lat, q_pe, paged.cache, pos, paged)
     want = mla_decode_torch(
         TINY, q_lat.double(), q_pe.double(), dense.cache.double(), pos, torch.float64
     )

@@ -9,10 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from agentab.kernels.attention import PagedKV, mla_decode_torch, paged_splits, split_plan  # noqa: E402
+from agentab.kernels.attention import mla_decode_torch, paged_splits, split_plan  # noqa: E402
 from agentab.kernels.config import PRESETS  # noqa: E402
 from agentab.kernels.weights import init_state  # noqa: E402
 from benchmarks.kernels.research.attention_uv import mla_decode_uv  # noqa: E402
+from tests.kernels.paged_cache import scatter_into_blocks  # noqa: E402
 
 TINY = PRESETS["tiny"]
 
@@ -54,27 +55,11 @@ def test_fused_value_projection_on_a_paged_cache_with_a_longer_grid() -> None:
     engine's graph), the split length read on the device: the same step as the dense math."""
     batch, ctx, bs, max_len = 3, 70, 16, 4096
     q_lat, q_pe, w_uv, dense = _inputs(batch, ctx, seed=7)
-    blocks = -(-(ctx + 1) // bs)
-    table = torch.randperm(batch * blocks, generator=torch.Generator().manual_seed(3))
-    table = table.view(batch, blocks)
-    slots = torch.zeros(batch * blocks * bs, TINY.kv_width, dtype=torch.bfloat16)
-    idx = torch.arange(ctx + 1)
-    where = table[:, idx // bs] * bs + idx % bs
-    slots[where.flatten()] = dense.cache.reshape(-1, TINY.kv_width)
+    paged = scatter_into_blocks(TINY, dense, bs, seed=3, max_len=max_len)
     pos = dense.positions
-    new = where[torch.arange(batch), pos.long()]
-    paged = PagedKV(
-        cache=slots,
-        block_table=torch.nn.functional.pad(table, (0, max_len // bs - blocks)).int(),
-        new_slots=new,
-        positions_and_slots=torch.stack([pos, new.int()]),
-        block_size=bs,
-        max_len=max_len,
-        split_len=torch.tensor([split_plan(batch, int(pos.max()) + 1)[1]], dtype=torch.int32),
-    )
     assert paged_splits(batch, max_len) > split_plan(batch, ctx + 1)[0]
     out = torch.full((batch, TINY.n_heads * TINY.v_head), float("nan"), dtype=torch.bfloat16)
-    mla_decode_uv(TINY, q_lat, q_pe, slots, pos, w_uv, out, paged=paged)
+    mla_decode_uv(TINY, q_lat, q_pe, paged.cache, pos, w_uv, out, paged=paged)
     want = _expected(q_lat, q_pe, w_uv, dense.cache, pos)
     assert not out.isnan().any()
     err = (out.double() - want).abs().max() / want.abs().max()

@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import secrets
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,19 @@ from agentab.calibrate.write import (
     render_profile,
     unidentified_fields,
     write_outputs,
+    write_report,
 )
 from agentab.clock import run_real
 from agentab.errors import AgentabError
 
 DEFAULT_MAX_MODEL_LEN = 4096  # the load's own cap when a server states none
+
+
+def fresh_seed() -> int:
+    """A seed no earlier run is likely to have used: a server keeps the prompts of every
+    calibration it served in its prefix cache, and a load that repeats them times cached
+    prompts as if they were computed (the prefill points collapse to the uncached tail)."""
+    return secrets.randbits(63)
 
 
 @dataclass(frozen=True)
@@ -47,7 +56,7 @@ class CalibrateRequest:
     contexts: tuple[int, int] | None
     steps: int
     prefill_repeats: int
-    seed: int
+    seed: int | None  # None: a fresh seed for this run (fresh_seed)
     gpu_count: int | None
     tp: int | None
     allow_assumed: tuple[str, ...]
@@ -63,6 +72,8 @@ def calibrate(
     facts: dict[str, EngineFacts] = {}
     loads: dict[str, CalibrationLoad] = {}
     timing = req.timing
+    if req.seed is None:
+        req = replace(req, seed=fresh_seed())
     for path, url in _servers(req):
         f = engine_facts(url)
         _check_backend(path, f, url)
@@ -120,18 +131,6 @@ def fit_and_write(
     std = facts["standard"]
     if "specialized" in measured:  # prefill and KV come from the standard server only
         measured["specialized"] = replace(measured["specialized"], prefill=[])
-    budget = std.max_num_batched_tokens or 10**9
-    fit = fit_all(
-        measured,
-        timing=timing,
-        graph_max=std.cuda_graph_max_tokens or 1,
-        max_num_batched_tokens=budget,
-    )
-    kv_blocks, kv_tag = _capacity(std, measured["standard"])
-    gpu_count = req.gpu_count or std.gpu_count
-    gpu_tag = "[U]" if req.gpu_count else "[E]"
-    facts_for_missing = replace(std, gpu_count=gpu_count)
-    missing = unidentified_fields(fit, facts_for_missing, kv_blocks)
     provenance = Provenance(
         engine=std.engine,
         version=std.version,
@@ -147,30 +146,62 @@ def fit_and_write(
         urls={p: f.url for p, f in facts.items()},
         engine_source=std.engine_source,
     )
-    text = render_profile(
-        name=req.name,
-        fit=fit,
-        facts=facts_for_missing,
-        provenance=provenance,
-        kv_blocks=kv_blocks,
-        kv_blocks_tag=kv_tag,
-        gpu_count=gpu_count,
-        gpu_tag=gpu_tag,
-        tp=req.tp or std.tp,
-        allowed=req.allow_assumed,
-    )
-    scheduler = {
-        "max_num_seqs": std.max_num_seqs,
-        "max_num_batched_tokens": std.max_num_batched_tokens,
-        "block_size": std.block_size,
-        "kv_blocks": kv_blocks,
+    # what --refit reads back; the fit's parts join it once they exist
+    report: dict[str, Any] = {
+        "provenance": asdict(provenance),
+        "engine": {path: f.to_dict() for path, f in facts.items()},
+        "load": loads,
+        "timing": timing,
     }
-    report = fit_report(fit, facts, provenance, loads, missing, scheduler)
-    if refit_of is not None:
-        report["refit_of"] = refit_of
-    report["measurements"] = {p: m for p, m in measured.items()}
+    try:
+        fit = fit_all(
+            measured,
+            timing=timing,
+            graph_max=std.cuda_graph_max_tokens or 1,
+            max_num_batched_tokens=std.max_num_batched_tokens or 10**9,
+        )
+        kv_blocks, kv_tag = _capacity(std, measured["standard"])
+        gpu_count = req.gpu_count or std.gpu_count
+        gpu_tag = "[U]" if req.gpu_count else "[E]"
+        facts_for_missing = replace(std, gpu_count=gpu_count)
+        missing = unidentified_fields(fit, facts_for_missing, kv_blocks)
+        scheduler = {
+            "max_num_seqs": std.max_num_seqs,
+            "max_num_batched_tokens": std.max_num_batched_tokens,
+            "block_size": std.block_size,
+            "kv_blocks": kv_blocks,
+        }
+        report = fit_report(fit, facts, provenance, loads, missing, scheduler)
+        text = render_profile(
+            name=req.name,
+            fit=fit,
+            facts=facts_for_missing,
+            provenance=provenance,
+            kv_blocks=kv_blocks,
+            kv_blocks_tag=kv_tag,
+            gpu_count=gpu_count,
+            gpu_tag=gpu_tag,
+            tp=req.tp or std.tp,
+            allowed=req.allow_assumed,
+        )
+    except AgentabError as exc:  # the minutes of timing are not lost with the profile
+        kept = write_report(req.out, _with_measurements(report, measured, refit_of))
+        raise AgentabError(
+            f"{exc}; no profile written, the measurements are kept in {kept} "
+            f"(`agentab calibrate --refit {kept} -o {req.out}` fits them again)"
+        ) from None
+    report = _with_measurements(report, measured, refit_of)
     profile_path, report_path = write_outputs(req.out, text, report)
     return profile_path, report_path, _summary(fit)
+
+
+def _with_measurements(
+    report: dict[str, Any], measured: dict[str, Measurements], refit_of: dict[str, Any] | None
+) -> dict[str, Any]:
+    if refit_of is not None:
+        report["refit_of"] = refit_of
+    report["measurements"] = dict(measured)
+    return report
 
 
 def refit(req: CalibrateRequest, report_path: Path) -> tuple[Path, Path, str]:
@@ -246,6 +277,7 @@ def _check_same_engine(path: str, f: EngineFacts, timed: dict[str, EngineFacts])
 def _load_for(
     req: CalibrateRequest, path: str, f: EngineFacts, *, one_prefill_step: bool
 ) -> CalibrationLoad:
+    assert req.seed is not None, "calibrate() chooses the seed before the first load"
     batches = req.batches
     if path == "specialized":  # only the batches the path serves (pure decode, q = 1)
         batches = tuple(b for b in batches if b <= SPECIALIZED_MAX_PADDED)

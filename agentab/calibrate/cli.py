@@ -120,7 +120,14 @@ def _engine_options(path: Path) -> dict[str, Any]:
 @click.option(
     "--prefill-repeats", type=int, default=3, show_default=True, help="Requests per prefill point."
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Prompt generator seed.")
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Prompt generator seed, to send the same prompts again [default: a fresh one each run, "
+    "recorded in the fit report, so no prompt an earlier calibration left in the server's "
+    "prefix cache is hit].",
+)
 @click.option("--gpu-count", type=int, default=None, help="GPUs of the engine, if it does not say.")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel degree, if it does not say.")
 @click.option(

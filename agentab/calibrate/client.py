@@ -155,9 +155,10 @@ async def run_load(
         # largest decode batch for a whole phase, and the longest prefill
         biggest = max(load.decode, key=lambda p: (p.batch, p.context))
         warm = unique_prompts(rng, biggest.batch, biggest.context, vocab_size)
-        await asyncio.gather(
+        warmed = await asyncio.gather(
             *(_send(target, LoadRequest(rid("warmup"), p.tolist(), biggest.steps)) for p in warm)
         )
+        _check_prompts_fresh(url, load.seed, warmed, biggest.context)
         if load.prefill:
             longest = max(p.new + p.cached for p in load.prefill)
             prompt = unique_prompts(rng, 1, longest, vocab_size)[0].tolist()
@@ -183,6 +184,20 @@ async def run_load(
     finally:
         await target.close()
     return out
+
+
+def _check_prompts_fresh(url: str, seed: int, warmed: list[Outcome], length: int) -> None:
+    """Refuse a load whose prompts the server has cached already: an earlier calibration with
+    the same seed sent them, and every prefill point would time a cache hit (the fit would
+    price prefill as its fixed cost alone). The warm-up is the load's first request, so this
+    costs no measured phase."""
+    cached = max((o.cached_tokens or 0) for o in warmed)
+    if cached > 0:
+        raise AgentabError(
+            f"{url}: the server's prefix cache already holds the prompts of calibration seed "
+            f"{seed} ({cached} of a warm-up prompt's {length} tokens were cached): an earlier "
+            "calibration sent them; leave --seed out (a fresh seed each run) or restart the server"
+        )
 
 
 async def _decode_attempts(

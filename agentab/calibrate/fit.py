@@ -20,6 +20,10 @@ What a timed load identifies, and what it cannot:
   mixed-step rule, pricing a step by its token count alone, cannot say). Client-side, it
   also holds the request's own latency outside the engine (HTTP, the frontend, streaming the
   first token back), which the simulator then charges to the prefill step.
+  The prefill points are fitted for relative error, each weighted by 1 / its measured time: a
+  timed request's noise grows with its length (a pause, a busier core), and unweighted, a few
+  percent of the longest prompt's time outweighs the whole of the shortest one's, which is the
+  point that pins the table's value; that value then swings with the noise, below zero at times.
 - mixed: a step that computes a prompt of `new` tokens beside `rows` decode rows costs what
   the terms above price for it (the table at T = new + rows, the rows' KV read, the prompt's
   rates) plus `rows * mixed_decode_row_us`: an engine that attends a mixed step's decode rows
@@ -229,7 +233,9 @@ def fit_prefill(
     with_context = len({r[3] for r in x}) > 1
     if not with_context:
         xa = xa[:, :3]
-    coef, stderr = _lstsq(xa, ya, nonneg=list(range(xa.shape[1])))
+    # relative errors (module docstring): weight each point by 1 / its measured time
+    weight = 1.0 / np.array(list(points.values()))
+    coef, stderr = _lstsq(xa * weight[:, None], ya * weight, nonneg=list(range(xa.shape[1])))
     fitted = xa @ coef
     residuals = [
         {

@@ -301,15 +301,23 @@ def _frontend(lines: list[str], fit: Fit) -> None:
 
 def write_outputs(path: Path, text: str, report: dict[str, Any]) -> tuple[Path, Path]:
     """The profile and its report (`NAME.fit.json`), each written whole or not at all."""
-    report_path = path.with_suffix(".fit.json")
-    for target, data in (
-        (report_path, orjson.dumps(report, option=orjson.OPT_INDENT_2, default=_default)),
-        (path, text.encode()),
-    ):
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(target)
+    report_path = write_report(path, report)
+    _write_whole(path, text.encode())
     return path, report_path
+
+
+def write_report(profile_path: Path, report: dict[str, Any]) -> Path:
+    """The fit report beside the profile (`NAME.fit.json`); alone when no profile can be
+    written, so `--refit` can fit its measurements again."""
+    report_path = profile_path.with_suffix(".fit.json")
+    _write_whole(report_path, orjson.dumps(report, option=orjson.OPT_INDENT_2, default=_default))
+    return report_path
+
+
+def _write_whole(target: Path, data: bytes) -> None:
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(target)
 
 
 def fit_report(

@@ -185,7 +185,9 @@ def fit_and_write(
             allowed=req.allow_assumed,
         )
     except AgentabError as exc:  # the minutes of timing are not lost with the profile
-        kept = write_report(req.out, _with_measurements(report, measured, refit_of))
+        kept = req.out.with_suffix(".fit.json")
+        if refit_of is None or Path(refit_of["report"]).resolve() != kept.resolve():
+            write_report(req.out, _with_measurements(report, measured, refit_of))
         raise AgentabError(
             f"{exc}; no profile written, the measurements are kept in {kept} "
             f"(`agentab calibrate --refit {kept} -o {req.out}` fits them again)"

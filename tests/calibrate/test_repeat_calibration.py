@@ -50,6 +50,13 @@ def test_a_second_calibration_of_one_server_times_fresh_prompts(
         assert report["load"]["standard"]["seed"] == 5
         assert len(report["measurements"]["standard"]["decode"]) == 4  # 2 batches x 2 contexts
 
+        # a refit that fails the same way leaves the report it read as it was
+        before = kept.read_bytes()
+        with pytest.raises(SystemExit):
+            main(["calibrate", "--refit", str(kept), "-o", str(first)])
+        assert "no profile written" in capsys.readouterr().err
+        assert kept.read_bytes() == before and not first.exists()
+
         # the kept measurements fit again into a profile, timing nothing
         refit = tmp_path / "refit.toml"
         main(["calibrate", "--refit", str(kept), "-o", str(refit), *allowed()])

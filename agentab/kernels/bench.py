@@ -42,7 +42,13 @@ def bench_path(
     """Time one path at one batch size; returns us/layer, kernels/layer, touched experts."""
     import torch
 
-    from agentab.kernels.harness import capture, kernel_names, kernel_times, time_replays
+    from agentab.kernels.harness import (
+        capture,
+        kernel_names,
+        kernel_times,
+        layer_chain,
+        time_replays,
+    )
     from agentab.kernels.paths import make_path
     from agentab.kernels.weights import init_state
 
@@ -56,15 +62,7 @@ def bench_path(
     paths = [make_path(name, cfg, w, context, batch) for w in layers]
     build_s = time.time() - t0
 
-    def step() -> list[Any]:
-        h, outs = x, []
-        for p, s in zip(paths, states, strict=True):
-            o = p.step(h, s)
-            outs.append(o)
-            h = o.out
-        return outs
-
-    graph, outs = capture(step)
+    graph, outs = capture(layer_chain(x, paths, states))
     t = time_replays(graph, iters=iters)
     names = kernel_names(lambda: paths[0].step(x, states[0]))
     breakdown = None

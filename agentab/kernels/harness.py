@@ -15,6 +15,21 @@ from typing import Any
 import torch
 
 
+def layer_chain(x: torch.Tensor, paths: list[Any], states: list[Any]) -> Callable[[], list[Any]]:
+    """One step through stacked layers, each path with its own state, each layer's output the
+    next one's input (the module docstring says why several); returns every layer's output."""
+
+    def step() -> list[Any]:
+        h, outs = x, []
+        for p, s in zip(paths, states, strict=True):
+            o = p.step(h, s)
+            outs.append(o)
+            h = o.out
+        return outs
+
+    return step
+
+
 def capture(fn: Callable[[], Any], warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Run fn `warmup` times on a side stream (compiles, autotunes), then capture it."""
     side = torch.cuda.Stream()

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from agentab.kernels.config import get_preset
-from agentab.kernels.harness import capture, time_replays
+from agentab.kernels.harness import capture, layer_chain, time_replays
 from agentab.kernels.specialized import SpecializedPath
 from agentab.kernels.weights import init_state, init_weights
 
@@ -51,15 +51,7 @@ def _graph(cfg: Any, weights: list, batch: int) -> tuple[Any, Any]:
     states = [init_state(cfg, batch, CONTEXT, 10 * i + batch, dev) for i in range(LAYERS)]
     paths = [SpecializedPath(cfg, w, CONTEXT, batch, CONTEXT + 1) for w in weights]
 
-    def step() -> list[Any]:
-        h, outs = x, []
-        for p, s in zip(paths, states, strict=True):
-            o = p.step(h, s)
-            outs.append(o)
-            h = o.out
-        return outs
-
-    graph, _ = capture(step)
+    graph, _ = capture(layer_chain(x, paths, states))
     return graph, (x, states, paths)  # the inputs stay alive with the graph
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from agentab.kernels.config import get_preset
-from agentab.kernels.harness import capture, kernel_names, time_replays
+from agentab.kernels.harness import capture, kernel_names, layer_chain, time_replays
 from agentab.kernels.specialized import SpecializedPath
 from agentab.kernels.weights import init_state, init_weights
 from benchmarks.kernels.research.attention_uv import mla_decode_uv
@@ -69,15 +69,7 @@ def _time(cls: type, cfg: Any, weights: list, batch: int) -> tuple[dict, int, to
     paths = [cls(cfg, w, CONTEXT, batch, CONTEXT + 1) for w in weights]
     first = [s.clone() for s in states]
 
-    def step() -> list[Any]:
-        h, outs = x, []
-        for p, s in zip(paths, states, strict=True):
-            o = p.step(h, s)
-            outs.append(o)
-            h = o.out
-        return outs
-
-    graph, _outs = capture(step)
+    graph, _outs = capture(layer_chain(x, paths, states))
     t = time_replays(graph, iters=200)
     n_kernels = len(kernel_names(lambda: paths[0].step(x, first[0])))
     out = paths[0].step(x, first[0]).out.float().clone()

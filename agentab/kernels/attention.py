@@ -109,12 +109,6 @@ class PagedKV:
     split_len: torch.Tensor  # (1,) int32
 
 
-def _kernels() -> tuple:
-    from agentab.kernels import attention_kernels as k
-
-    return k.split_kernel, k.combine_kernel
-
-
 @dataclass
 class Partials:
     """The split kernel's per-split outputs and how the splits were laid out."""
@@ -135,7 +129,8 @@ def split_partials(
     paged: PagedKV | None = None,
 ) -> Partials:
     """The split kernel alone: each split's unnormalised output and softmax statistics."""
-    split_kernel = _kernels()[0]
+    from agentab.kernels.attention_kernels import split_kernel  # Triton only where it runs
+
     b, nh, kvl = q_lat.shape
     block_n, _min_tiles, warps, stages = split_config()
     if paged is None:
@@ -170,7 +165,8 @@ def mla_decode_triton(
     paged: PagedKV | None = None,
 ) -> torch.Tensor:
     """Split-KV flash decoding on the GPU; two kernels (split, combine)."""
-    combine_kernel = _kernels()[1]
+    from agentab.kernels.attention_kernels import combine_kernel
+
     b, nh, kvl = q_lat.shape
     p = split_partials(cfg, q_lat, q_pe, cache, positions, paged)
     out = torch.empty(b, nh, kvl, device=q_lat.device, dtype=torch.bfloat16)

@@ -192,11 +192,22 @@ def _inputs_frozen() -> Iterator[None]:
     each traversing every request's hash-id tuple: two of ~0.3 s each before a 100k-request
     simulation had begun. Only the young generations are collected before the freeze (a full
     collection would traverse the workload once more); garbage already in the oldest one is
-    frozen with it and reclaimed after the unfreeze at the end. A freeze made before (a frozen
-    load) is left in place, as `_gc_frozen` leaves it, and the garbage is collected in full
-    first, since nothing unfreezes it later (the collection skips the frozen workload)."""
+    frozen with it and reclaimed after the unfreeze at the end. After a freeze made before (a
+    frozen load) the garbage is collected in full first, since nothing unfreezes it later (the
+    collection skips the frozen workload)."""
+    with _frozen(young_only=True):
+        yield
+
+
+@contextlib.contextmanager
+def _frozen(*, young_only: bool) -> Iterator[None]:
+    """Collect, then move every live object to the collector's permanent generation; at the end
+    hand back what this froze. A freeze made before (a command's frozen load: its workload
+    lives as long as the process) is left in place; unfreezing would hand the workload back to
+    every later collection, e.g. those of an A/B's next run. `young_only`: collect only the
+    young generations first, unless a freeze made before means the garbage would stay."""
     frozen_before = gc.get_freeze_count() > 0
-    gc.collect(2 if frozen_before else 1)
+    gc.collect(1 if young_only and not frozen_before else 2)
     gc.freeze()
     try:
         yield
@@ -218,27 +229,21 @@ def _gc_frozen(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
     so only `_YoungGuard` collects, and only if young objects pile up. On the virtual clock
     pauses cost no accuracy and long simulations keep the automatic GC.
 
-    A freeze made before the run (a command's frozen load: its workload lives as long as the
-    process) is left in place at the end; unfreezing would hand the workload back to every
-    later collection, e.g. those of an A/B's next run.
+    A freeze made before the run is left in place at the end (`_frozen`).
     """
-    frozen_before = gc.get_freeze_count() > 0
-    gc.collect()
-    gc.freeze()
-    paused = not is_virtual(loop) and gc.isenabled()
-    guard = None
-    if paused:
-        gc.disable()
-        guard = _YoungGuard(loop)
-    try:
-        yield
-    finally:
-        if guard is not None:
-            guard.cancel()
+    with _frozen(young_only=False):
+        paused = not is_virtual(loop) and gc.isenabled()
+        guard = None
         if paused:
-            gc.enable()
-        if not frozen_before:
-            gc.unfreeze()
+            gc.disable()
+            guard = _YoungGuard(loop)
+        try:
+            yield
+        finally:
+            if guard is not None:
+                guard.cancel()
+            if paused:
+                gc.enable()
 
 
 def _status(stats: RunStats, replay: ReplayOptions) -> str:

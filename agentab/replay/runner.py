@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,7 +136,7 @@ class Runner:
         self._cancel_reason = ""
         self._idle_since = 0.0
         self._arrivals: Any = None
-        self._signals: list[signal.Signals] = []
+        self._signals: _RunSignals | None = None
         self._warmup_open = 0  # warmup requests not yet finished
         self.end_t = math.inf  # no dispatch due after this (the window's end, once it opened)
 
@@ -210,25 +211,16 @@ class Runner:
     def _install_signals(self) -> None:
         if not self.handle_signals:
             return
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self.loop.add_signal_handler(sig, self._on_signal, sig)
-                self._signals.append(sig)
-            except (ValueError, RuntimeError, NotImplementedError):
-                pass  # not the main thread: the caller handles signals
+        signals = _RunSignals(self.loop, self._on_signal)
+        if signals.install():
+            self._signals = signals
 
     def _remove_signals(self) -> None:
-        for sig in self._signals:
-            self.loop.remove_signal_handler(sig)
-        self._signals = []
+        if self._signals is not None:
+            self._signals.uninstall()
+            self._signals = None
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        # The run stops at once; what remains is writing the run dir (records, manifest,
-        # closing the HTTP session), which a second signal must not cut short: it is noted,
-        # and only a third one ends the process where it stands (the user insists).
-        self._remove_signals()
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, _SignalWhileFinishing())
         self.stats.signal = int(sig)
         self.abort("interrupted", f"interrupted by {sig.name}")
 
@@ -499,17 +491,57 @@ class Runner:
         )
 
 
-class _SignalWhileFinishing:
-    """The handler of SIGINT / SIGTERM once a run is stopping: the first repeat is ignored
-    with a line on stderr, the next one gets the default action."""
+class _RunSignals:
+    """SIGINT / SIGTERM while a run is on.
 
-    def __init__(self) -> None:
+    The first signal stops the run (on the loop); what remains is writing the run dir
+    (records, manifest, closing the HTTP session), which a second signal must not cut short:
+    it is noted on stderr, and only a third one ends the process where it stands (the user
+    insists). This one Python-level handler serves the whole run and, once signalled, stays
+    until the process ends: swapping handlers after the first signal would leave an instant
+    in which a signal already pending gets Python's default one (KeyboardInterrupt) and
+    abandons the run dir.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, on_first: Callable[[signal.Signals], None]
+    ) -> None:
+        self.loop = loop
+        self.on_first = on_first
         self.seen = 0
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def install(self) -> bool:
+        """False off the main thread, where signals are the caller's to handle."""
+        try:
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self)
+        except ValueError:
+            self._restore()
+            return False
+        return True
+
+    def uninstall(self) -> None:
+        """At the run's end: an unsignalled run gives the handlers back; a signalled one keeps
+        this handler so the run dir can still be written."""
+        if self.seen == 0:
+            self._restore()
+
+    def _restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
     def __call__(self, signum: int, frame: object) -> None:
         self.seen += 1
         if self.seen == 1:
+            # The handler runs between two bytecodes of the main thread; the loop acts on it at
+            # its next iteration (and is woken if it waits in select).
+            self.loop.call_soon_threadsafe(self.on_first, signal.Signals(signum))
+        elif self.seen == 2:
             sys.stderr.write("agentab: finishing the run dir; signal once more to abandon it\n")
-            return
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)

@@ -185,12 +185,13 @@ def test_sigterm_records_in_flight_as_cancelled(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gap_s", [0.001, 0.05])
+@pytest.mark.parametrize("gap_s", [0.0, 0.0002, 0.001, 0.05])
 def test_two_sigints_in_a_row_still_finish_the_run_dir(tmp_path: Path, gap_s: float) -> None:
-    """A user who presses Ctrl-C twice: the second one arrives while the first is being
-    handled (records flushed, sessions closed) or after. The run dir must still end
-    `interrupted`, with no traceback and no unclosed HTTP session. (A signal that comes after
-    everything is written may still end the process by the default action: status -SIGINT.)"""
+    """A user who presses Ctrl-C twice: the second one arrives before the loop has acted on the
+    first (gaps of 0-1 ms; a repeat pending while handlers were swapped would meet Python's
+    default one), while the first is being handled (records flushed, sessions closed) or after. The run dir must still end `interrupted`, with no traceback and no unclosed HTTP
+    session. (A signal that comes after everything is written may still end the process by the
+    default action: status -SIGINT.)"""
     wl = _workload(tmp_path / "wl.jsonl", turns=50, out=50)
     out = tmp_path / "run"
     with FaultServer(
@@ -208,6 +209,6 @@ def test_two_sigints_in_a_row_still_finish_the_run_dir(tmp_path: Path, gap_s: fl
                 proc.kill()
     assert proc.returncode in (128 + signal.SIGINT, -signal.SIGINT), stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["status"] == "interrupted"
+    assert manifest["status"] == "interrupted", stderr
     assert "Traceback" not in stderr and "Unclosed client session" not in stderr
     assert "interrupted by SIGINT; 4 in-flight request(s) recorded as cancelled" in stderr

@@ -175,7 +175,11 @@ class Runner:
             self._after_change(None)
             await self._done
         finally:
-            self._remove_signals()
+            missed = self._remove_signals()
+            if missed is not None:
+                # The signal came as the run ended and the loop closed before acting on it;
+                # the user still asked to stop, so the run ends interrupted (the command stops).
+                self._on_signal(missed)
             if self._handle is not None:
                 self._handle.cancel()
         return self.stats
@@ -215,12 +219,17 @@ class Runner:
         if signals.install():
             self._signals = signals
 
-    def _remove_signals(self) -> None:
-        if self._signals is not None:
-            self._signals.uninstall()
-            self._signals = None
+    def _remove_signals(self) -> signal.Signals | None:
+        """Gives the handlers back; returns a signal that came but was not acted on."""
+        signals, self._signals = self._signals, None
+        if signals is None:
+            return None
+        signals.uninstall()
+        return signals.first if self.stats.signal is None else None
 
     def _on_signal(self, sig: signal.Signals) -> None:
+        if self.stats.signal is not None:
+            return
         self.stats.signal = int(sig)
         self.abort("interrupted", f"interrupted by {sig.name}")
 
@@ -511,6 +520,7 @@ class _RunSignals:
         self.loop = loop
         self.on_first = on_first
         self.seen = 0
+        self.first: signal.Signals | None = None
         self._previous: dict[signal.Signals, Any] = {}
 
     def install(self) -> bool:
@@ -539,7 +549,8 @@ class _RunSignals:
         if self.seen == 1:
             # The handler runs between two bytecodes of the main thread; the loop acts on it at
             # its next iteration (and is woken if it waits in select).
-            self.loop.call_soon_threadsafe(self.on_first, signal.Signals(signum))
+            self.first = signal.Signals(signum)
+            self.loop.call_soon_threadsafe(self.on_first, self.first)
         elif self.seen == 2:
             sys.stderr.write("agentab: finishing the run dir; signal once more to abandon it\n")
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,7 +14,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from agentab.replay import scan_records
+from agentab.errors import AgentabError
+from agentab.replay import ReplayOptions, scan_records
+from agentab.replay.api import run_to_dir
+from agentab.replay.targets.base import Outcome, RequestSpec
+from agentab.replay.targets.recorded import RecordedTarget
 from agentab.workloads import save
 from agentab.workloads.model import Request, Session, Workload
 
@@ -189,9 +194,10 @@ def test_sigterm_records_in_flight_as_cancelled(tmp_path: Path) -> None:
 def test_two_sigints_in_a_row_still_finish_the_run_dir(tmp_path: Path, gap_s: float) -> None:
     """A user who presses Ctrl-C twice: the second one arrives before the loop has acted on the
     first (gaps of 0-1 ms; a repeat pending while handlers were swapped would meet Python's
-    default one), while the first is being handled (records flushed, sessions closed) or after. The run dir must still end `interrupted`, with no traceback and no unclosed HTTP
-    session. (A signal that comes after everything is written may still end the process by the
-    default action: status -SIGINT.)"""
+    default one), while the first is being handled (records flushed, sessions closed) or after.
+    The run dir must still end `interrupted`, with no traceback and no unclosed HTTP session.
+    (A signal that comes after everything is written may still end the process by the default
+    action: status -SIGINT.)"""
     wl = _workload(tmp_path / "wl.jsonl", turns=50, out=50)
     out = tmp_path / "run"
     with FaultServer(
@@ -212,3 +218,53 @@ def test_two_sigints_in_a_row_still_finish_the_run_dir(tmp_path: Path, gap_s: fl
     assert manifest["status"] == "interrupted", stderr
     assert "Traceback" not in stderr and "Unclosed client session" not in stderr
     assert "interrupted by SIGINT; 4 in-flight request(s) recorded as cancelled" in stderr
+
+
+class _SignalAtTheLastAnswer(RecordedTarget):
+    """Recorded timing; sends SIGINT to this process as the last request's answer is handed
+    back, so the signal is handled after the run has finished but before it has returned."""
+
+    def __init__(self, requests: int) -> None:
+        super().__init__()
+        self.left = requests
+
+    async def send(self, spec: RequestSpec, out: Outcome) -> None:
+        await super().send(spec, out)
+        self.left -= 1
+        if self.left == 0:
+            asyncio.get_running_loop().call_soon(os.kill, os.getpid(), signal.SIGINT)
+
+
+def test_a_signal_as_the_run_ends_is_not_lost(tmp_path: Path) -> None:
+    """The handler runs between two bytecodes, and the loop acts on it one iteration later; a
+    signal handled in the loop's last iteration must still end the run (and so the command)
+    as interrupted, and leave Python's handler as it was before the run for what comes next."""
+    wl = Workload(
+        (Session("s0", 16, tuple(Request(t=0.0, in_tokens=50, out_tokens=4, hash_ids=(1,),
+                                         api_time=0.01) for _ in range(3))),)
+    )  # fmt: skip
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    options = ReplayOptions(start_window=(0.0, 0.0), warmup_requests=0, duration_s=None, passes=1)
+    with pytest.raises(AgentabError, match="interrupted by SIGINT; 0 in-flight") as err:
+        run_to_dir(
+            wl, _SignalAtTheLastAnswer(3), replay=options, out_dir=tmp_path / "run",
+            virtual=True, progress=False,
+        )  # fmt: skip
+    assert err.value.exit_code == 128 + signal.SIGINT
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "interrupted"
+    assert manifest["stats"]["finished"] == 3 and manifest["stats"]["cancelled"] == 0
+    # A signalled run keeps its handler (the run dir is written under it); it only notes repeats.
+    assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def test_an_unsignalled_run_gives_the_handlers_back(tmp_path: Path) -> None:
+    request = Request(t=0.0, in_tokens=50, out_tokens=4, hash_ids=(1,))
+    wl = Workload((Session("s0", 16, (request,)),))
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    options = ReplayOptions(start_window=(0.0, 0.0), warmup_requests=0, duration_s=None, passes=1)
+    run_to_dir(wl, RecordedTarget(), replay=options, out_dir=tmp_path / "run", virtual=True,
+               progress=False)  # fmt: skip
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

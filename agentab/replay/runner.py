@@ -524,10 +524,15 @@ class _RunSignals:
         self._previous: dict[signal.Signals, Any] = {}
 
     def install(self) -> bool:
-        """False off the main thread, where signals are the caller's to handle."""
+        """False off the main thread, where signals are the caller's to handle.
+
+        A signal the process was started with ignored stays ignored (a job started in the
+        background by a script, or under `nohup`, is meant to be immune to the terminal's
+        Ctrl-C; Python itself installs no KeyboardInterrupt then)."""
         try:
             for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self)
         except ValueError:
             self._restore()
             return False

@@ -45,11 +45,24 @@ def _workload(path: Path, *, turns: int, out: int) -> Path:
     return path
 
 
-def _replay(wl: Path, url: str, out: Path) -> subprocess.Popen[str]:
+# `python -m agentab` in a process that was started with SIGINT ignored, as a shell script's
+# background job (`agentab ... &`) or a `nohup` one is.
+_SIGINT_IGNORED = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "from agentab.cli import main; main(sys.argv[1:])"
+)
+
+
+def _replay(
+    wl: Path, url: str, out: Path, *, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
+    python = (
+        [sys.executable, "-c", _SIGINT_IGNORED]
+        if sigint_ignored
+        else [sys.executable, "-m", "agentab"]
+    )
     cmd = [
-        sys.executable,
-        "-m",
-        "agentab",
+        *python,
         "replay",
         str(wl),
         "--url",
@@ -268,3 +281,28 @@ def test_an_unsignalled_run_gives_the_handlers_back(tmp_path: Path) -> None:
     run_to_dir(wl, RecordedTarget(), replay=options, out_dir=tmp_path / "run", virtual=True,
                progress=False)  # fmt: skip
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.slow
+def test_a_process_started_with_sigint_ignored_keeps_ignoring_it(tmp_path: Path) -> None:
+    """The terminal's Ctrl-C is not meant for a background job: it does not stop the run, and
+    SIGTERM still does, with the run dir finished as for any interrupt."""
+    wl = _workload(tmp_path / "wl.jsonl", turns=50, out=50)
+    out = tmp_path / "run"
+    with FaultServer(
+        token_interval_s=0.005, hold_after=lambda rid: 3 if node_of(rid) == 2 else 0
+    ) as srv:
+        proc = _replay(wl, srv.url, out, sigint_ignored=True)
+        try:
+            _wait_for(lambda: len(srv.held) == 4)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert proc.poll() is None
+            proc.send_signal(signal.SIGTERM)
+            _stdout, stderr = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "interrupted by SIGTERM; 4 in-flight request(s) recorded as cancelled" in stderr
+    assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"

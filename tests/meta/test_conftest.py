@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,28 @@ def test_no_first_party_import_is_skipped() -> None:
         if pattern.search(path.read_text())
     ]
     assert offenders == []
+
+
+# The extras the README's test command does not install (`pip install -e '.[dev]'`).
+_EXTRAS = ("torch", "triton", "cutlass", "numba", "safetensors")
+_COLLECT_WITHOUT_EXTRAS = (
+    "import sys\n"
+    f"for name in {_EXTRAS!r}:\n"
+    "    sys.modules[name] = None  # importing it raises ImportError, as where it is absent\n"
+    "import pytest\n"
+    "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests']))\n"
+)
+
+
+def test_the_suite_collects_without_the_optional_extras() -> None:
+    """CI installs every extra, so a test module that imports torch (or a module of ours that
+    does) without skipping would break the README's test command on a fresh machine unseen."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _COLLECT_WITHOUT_EXTRAS],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "error" not in proc.stdout.splitlines()[-1], proc.stdout[-3000:]

@@ -157,7 +157,7 @@ def _simulator(kw: dict[str, Any]) -> Any:
 
 
 def _local_engine(kw: dict[str, Any]) -> Any:
-    from agentab.engine.local import build_local_engine
+    from agentab.engine.local.build import build_local_engine
 
     if kw["preset"] is None:
         raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentab.engine.local import build_local_engine  # noqa: E402
+from agentab.engine.local.build import build_local_engine  # noqa: E402
 from agentab.engine.source import engine_source_digest  # noqa: E402
 from agentab.errors import AgentabError  # noqa: E402
 

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agentab.engine.local import build_local_engine  # noqa: E402
+from agentab.engine.local.build import build_local_engine  # noqa: E402
 from agentab.errors import AgentabError  # noqa: E402
 
 from .test_local_engine import prompt, run  # noqa: E402

@@ -59,24 +59,43 @@ def test_no_first_party_import_is_skipped() -> None:
 
 # The extras the README's test command does not install (`pip install -e '.[dev]'`).
 _EXTRAS = ("torch", "triton", "cutlass", "numba", "safetensors")
-_COLLECT_WITHOUT_EXTRAS = (
+_WITHOUT_EXTRAS = (
     "import sys\n"
     f"for name in {_EXTRAS!r}:\n"
     "    sys.modules[name] = None  # importing it raises ImportError, as where it is absent\n"
-    "import pytest\n"
-    "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests']))\n"
 )
 
 
-def test_the_suite_collects_without_the_optional_extras() -> None:
-    """CI installs every extra, so a test module that imports torch (or a module of ours that
-    does) without skipping would break the README's test command on a fresh machine unseen."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _COLLECT_WITHOUT_EXTRAS],
+def _run_without_extras(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _WITHOUT_EXTRAS + script],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_the_suite_collects_without_the_optional_extras() -> None:
+    """CI installs every extra, so a test module that imports torch (or a module of ours that
+    does) without skipping would break the README's test command on a fresh machine unseen."""
+    proc = _run_without_extras(
+        "import pytest\n"
+        "sys.exit(pytest.main(['--collect-only', '-q', '-p', 'no:cacheprovider', 'tests']))\n"
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "error" not in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
+
+
+def test_every_example_experiment_parses_without_the_optional_extras() -> None:
+    """Checking an experiment file (a local-engine one included) is configuration work: it must
+    not need torch, which only the machine that runs the engine has."""
+    proc = _run_without_extras(
+        "from pathlib import Path\n"
+        "from agentab.analysis.experiment import load_experiment\n"
+        "for path in sorted(Path('examples').glob('*.toml')):\n"
+        "    load_experiment(path)\n"
+        "print(sorted(n for n, m in sys.modules.items() if m and n.split('.')[0] == 'torch'))\n"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"

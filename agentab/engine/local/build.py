@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentab.engine.core import Engine
-from agentab.engine.local.config import ModelConfig, model_config
+from agentab.engine.local.config import OPTIONS, ModelConfig, model_config
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.paths import check_engine_args
@@ -19,18 +19,6 @@ from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.source import engine_source_digest
 from agentab.errors import AgentabError
 
-OPTIONS = (
-    "num_layers",
-    "weight_sets",
-    "kv_blocks",
-    "block_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "seed",
-    "device",
-    "max_model_len",
-    "tp",
-)
 CPU_KV_BLOCKS = 4096  # 65,536 tokens of 16; on the GPU, what memory allows
 GPU_MEMORY_FRACTION = 0.9
 GPU_RESERVE_BYTES = 8 << 30  # graphs' pools, activations, per-batch-size kernel buffers

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentab.engine.local.build import OPTIONS
+from agentab.engine.local.config import OPTIONS
 from agentab.engine.vllm.process import ServerProcess, free_port
 from agentab.engine.vllm.server import RunningServer
 from agentab.errors import AgentabError

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # the local engine serves a torch model
+
 from agentab.cli import main
 from agentab.engine.profile import load_profile
 

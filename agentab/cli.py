@@ -23,7 +23,7 @@ COMMANDS: dict[str, str] = {
     "serve": "agentab.engine.server_cli:serve",
     "simulate": "agentab.replay.cli:simulate",
     "replay": "agentab.replay.cli:replay",
-    "ab": "agentab.analysis.cli:ab",
+    "ab": "agentab.experiments.cli:ab",
     "report": "agentab.analysis.cli:report",
     "compare": "agentab.analysis.cli:compare",
     "export": "agentab.analysis.cli:export",

@@ -142,13 +142,13 @@ def main() -> int:
     ap.add_argument("--write", type=Path, help="Write the profile with the last term here.")
     args = ap.parse_args()
 
-    from agentab.analysis.ab import load_workload
-    from agentab.analysis.experiment import load_experiment
-    from agentab.analysis.experiment_dir import COPY
     from agentab.calibrate.fidelity import simulator_options
     from agentab.calibrate.recorded import recorded_runs
     from agentab.calibrate.write import read_report
     from agentab.engine.profile import load_profile
+    from agentab.experiments.ab import load_workload
+    from agentab.experiments.experiment import load_experiment
+    from agentab.experiments.experiment_dir import COPY
 
     experiment = load_experiment(args.ab_dir / COPY)
     runs = [r for _arm, arm_runs in recorded_runs(args.ab_dir, experiment) for r in arm_runs]

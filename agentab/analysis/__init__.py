@@ -6,6 +6,6 @@
 - `guard`: refuse comparisons whose manifests differ in anything but the decode backend.
 - `sample`, `bootstrap`, `intervals`, `compare`: pooled B/A ratios with session-bootstrap and
   run-level confidence intervals, and verdicts.
-- `markdown`, `html`: the reports; `experiment`, `ab`: experiment files and `agentab ab`.
+- `markdown`, `html`: the reports. Experiment files and `agentab ab` live in agentab.experiments.
 See docs/analysis.md.
 """

@@ -43,7 +43,7 @@ def _command_line(ctx: click.Context) -> str:
 
 def _engine_options(path: Path) -> dict[str, Any]:
     """The [engine] table of an experiment of kind local: the options its arms' servers get."""
-    from agentab.analysis.experiment import load_experiment
+    from agentab.experiments.experiment import load_experiment
 
     experiment = load_experiment(path)
     if experiment.engine_kind != "local":

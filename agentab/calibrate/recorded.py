@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from agentab.analysis.experiment import Experiment
 from agentab.analysis.summary import RunSummary
 from agentab.calibrate.fidelity import METRICS, ab_ratio, compare, engine_sources
 from agentab.errors import AgentabError
+from agentab.experiments.experiment import Experiment
 
 
 def recorded_runs(
@@ -29,9 +29,9 @@ def recorded_runs(
 ) -> list[tuple[str, list[tuple[Path, dict[str, Any]]]]]:
     """Each arm (in the experiment's order) with its completed runs and their manifests, in
     repeat order, where `agentab ab` puts them."""
-    from agentab.analysis.ab import arm_run_dir
-    from agentab.analysis.experiment_dir import is_complete
     from agentab.analysis.load import read_manifest
+    from agentab.experiments.ab import arm_run_dir
+    from agentab.experiments.experiment_dir import is_complete
 
     arms = []
     for arm in experiment.arms:
@@ -54,11 +54,11 @@ def predict_recorded(
 ) -> dict[str, Any]:
     """Simulate every completed run of `ab_dir`; measured vs simulated per arm, pooled.
     `profile_report`: the profile's fit report (its provenance names the engine calibrated)."""
-    from agentab.analysis.ab import load_workload
-    from agentab.analysis.experiment import load_experiment
-    from agentab.analysis.experiment_dir import COPY
     from agentab.analysis.load import load_run
     from agentab.analysis.summary import summarize_run
+    from agentab.experiments.ab import load_workload
+    from agentab.experiments.experiment import load_experiment
+    from agentab.experiments.experiment_dir import COPY
     from agentab.replay.api import simulate_to_dir
     from agentab.replay.options import ReplayOptions
 

@@ -10,8 +10,8 @@ from agentab.analysis.compare import BETTER, SAME, WITHHELD, WORSE, compare_runs
 from agentab.analysis.frontier import point_verdict
 from agentab.analysis.load import load_run
 from agentab.analysis.recommend import PointVerdict, recommend
-from agentab.analysis.sweep import guard_sweep
 from agentab.errors import AgentabError
+from agentab.experiments.sweep import guard_sweep
 
 from .rundirs import manifest, synthetic_records, write_run
 

@@ -92,7 +92,7 @@ def test_every_example_experiment_parses_without_the_optional_extras() -> None:
     not need torch, which only the machine that runs the engine has."""
     proc = _run_without_extras(
         "from pathlib import Path\n"
-        "from agentab.analysis.experiment import load_experiment\n"
+        "from agentab.experiments.experiment import load_experiment\n"
         "for path in sorted(Path('examples').glob('*.toml')):\n"
         "    load_experiment(path)\n"
         "print(sorted(n for n, m in sys.modules.items() if m and n.split('.')[0] == 'torch'))\n"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agentab.analysis.experiment import load_experiment
-from agentab.analysis.experiment_dir import is_complete
 from agentab.errors import AgentabError
+from agentab.experiments.experiment import load_experiment
+from agentab.experiments.experiment_dir import is_complete
 
 SWEEP = """\
 name = "tiny-sweep"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agentab.analysis.experiment import load_experiment
 from agentab.errors import AgentabError
+from agentab.experiments.experiment import load_experiment
 
 VALID = """\
 name = "t"

@@ -9,7 +9,7 @@ every run, so running the experiment again against warm servers does not start o
 prompts, while a resumed run gets the salt of the other arm of its repeat.
 
 Running the same command on the same experiment dir runs only the runs that are missing (a dir
-of another experiment is refused; `agentab.analysis.experiment_dir`), so a long A/B can be
+of another experiment is refused; `agentab.experiments.experiment_dir`), so a long A/B can be
 completed in several sittings (`--max-runs`).
 
 Layout of the experiment dir:
@@ -32,19 +32,19 @@ from typing import Any
 import orjson
 
 from agentab.analysis.compare import Comparison, compare_runs
-from agentab.analysis.experiment import Arm, Experiment
-from agentab.analysis.experiment_dir import (
+from agentab.analysis.html import write_html
+from agentab.analysis.load import load_run
+from agentab.analysis.markdown import comparison_markdown
+from agentab.analysis.summary import summarize_run, write_summary
+from agentab.errors import AgentabError
+from agentab.experiments.experiment import Arm, Experiment
+from agentab.experiments.experiment_dir import (
     check_same_engine_code,
     clear_unfinished,
     experiment_salt,
     is_complete,
     prepare_dir,
 )
-from agentab.analysis.html import write_html
-from agentab.analysis.load import load_run
-from agentab.analysis.markdown import comparison_markdown
-from agentab.analysis.summary import summarize_run, write_summary
-from agentab.errors import AgentabError
 from agentab.replay import replay_to_dir, simulate_to_dir
 
 Log = Callable[[str], None]

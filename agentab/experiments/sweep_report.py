@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from agentab.analysis.experiment import Experiment
 from agentab.analysis.frontier import HEADLINE, THROUGHPUT, point_json, point_verdict
 from agentab.analysis.html import COLORS, html_table, md_inline, report_page
 from agentab.analysis.markdown import DEFINITIONS, fmt, markdown_table, setup_lines
 from agentab.analysis.recommend import Recommendation, recommend
-from agentab.analysis.sweep import SweepPoint
+from agentab.experiments.experiment import Experiment
+from agentab.experiments.sweep import SweepPoint
 
 TABLE_HEADER = [
     "point",

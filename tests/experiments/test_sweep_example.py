@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_html import _chromium_args
+from tests.analysis.test_html import _chromium_args
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sweep-gb300-tp16.toml"
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ the same sessions, lane start points and salts. Every (point, arm, repeat) is it
     report.md / report.html               the sweep report (recommendation first, then plots)
 
 Resume: running the same command on the same experiment dir runs only what is missing
-(`agentab.analysis.experiment_dir` says when a run counts as done).
+(`agentab.experiments.experiment_dir` says when a run counts as done).
 
 The guard sees the whole sweep before any point is analysed: the manifests of every arm-A run
 against every arm-B run, with only the swept option masked, so one confounded point (a server
@@ -30,21 +30,21 @@ from typing import Any
 
 import orjson
 
-from agentab.analysis.ab import Log, check_before_running, load_workload, run_arm, stderr_line
 from agentab.analysis.compare import Comparison, compare_runs
-from agentab.analysis.experiment import Experiment, Sweep
-from agentab.analysis.experiment_dir import (
+from agentab.analysis.guard import check, manifest_differences
+from agentab.analysis.load import Run, load_run
+from agentab.analysis.markdown import comparison_markdown
+from agentab.analysis.summary import SUMMARY_FILE, summarize_run, write_summary
+from agentab.errors import AgentabError
+from agentab.experiments.ab import Log, check_before_running, load_workload, run_arm, stderr_line
+from agentab.experiments.experiment import Experiment, Sweep
+from agentab.experiments.experiment_dir import (
     check_same_engine_code,
     clear_unfinished,
     experiment_salt,
     is_complete,
     prepare_dir,
 )
-from agentab.analysis.guard import check, manifest_differences
-from agentab.analysis.load import Run, load_run
-from agentab.analysis.markdown import comparison_markdown
-from agentab.analysis.summary import SUMMARY_FILE, summarize_run, write_summary
-from agentab.errors import AgentabError
 
 
 @dataclass(frozen=True)

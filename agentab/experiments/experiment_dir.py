@@ -15,9 +15,9 @@ from pathlib import Path
 
 import orjson
 
-from agentab.analysis.experiment import Experiment
 from agentab.analysis.load import MANIFEST
 from agentab.errors import AgentabError
+from agentab.experiments.experiment import Experiment
 from agentab.replay.options import new_prompt_salt
 
 COPY = "experiment.toml"

@@ -1,22 +1,28 @@
-"""How often the A/B verdict is wrong (A/A false positives) and how often it finds a known
-effect (power), on real simulator runs; printed, never asserted.
+"""How often the A/B verdict is wrong, how often it finds a known effect, and whether its interval
+covers the truth: the tool's own design and estimator on simulated engines with real-engine
+timing noise. Printed, and written as JSON with --json; never asserted in tests.
 
-A/A: both sides are the same arm (`auto`, gb300-tp16-kimi-k3, spec decode as in the example
-experiment); each repeat of side B uses other replay and engine seeds than side A's, so the two
-sides differ by every source of noise the simulator has (lane start points, co-scheduled
-sessions, spec-decode acceptance draws). Runs are labelled with their repeat, so the comparison
-pairs them by repeat as `agentab ab` does. A pair is a false positive when the headline verdict
-(P90 interactivity) is "better" or "worse"; the rate over the printed table's metrics is shown
-beside it. Goal: <= 5% at concurrency 1 and 8.
+The design is `agentab ab`'s: repeat k of both arms replays one plan (replay seed and prompt
+salt shared, engine seed shared, so spec-decode acceptance draws are the same too); repeats
+differ by plan seed. Each arm's engine draws its own timing noise (agentab.engine.noise:
+log-normal per step, `--step-noise`, and per run, `--run-noise`), so the two arms of one plan
+differ as two runs of a real engine do: step times, which batches form, how far each lane gets
+in the window. The estimator is `compare_runs`, exactly what `agentab ab` reports.
 
-Power: the same B runs with every inter-chunk gap shortened by the effect (ITL / 1.05, so P90
-interactivity is exactly 5% higher, TTFT unchanged), against the same A runs.
+- A/A pair: both arms `auto`, noise seeds differ. A false positive is a "better" or "worse"
+  headline verdict.
+- Known effect e: the same pair with arm B's inter-chunk gaps divided by (1 + e) (ITL / (1 + e),
+  TTFT unchanged), so B/A of P90 interactivity is exactly (1 + e) times the A/A ratio, whose
+  expectation is 1 by symmetry. Power: the share of "better" (e > 0) or "worse" (e < 0)
+  verdicts; coverage: the share of intervals that contain 1 + e.
+- Sequential (`--sequential`): the same pairs replayed block by block (one repeat per arm a
+  block, each with its own plan), `ab --until-decided`'s stopping rule applied after each block;
+  the budget to a verdict is counted in blocks.
 
-Single runs: the first repeat of each pair alone. The verdict must be "no verdict"; the share of
-pairs whose session-bootstrap CI excludes 1 shows why.
-
-    python benchmarks/bench_verdicts.py [--pairs 20] [--repeats 3] [--concurrency 1 8]
-        [--duration 1:3600,8:900] [--workers 2]
+    python benchmarks/bench_verdicts.py [--aa-pairs 100] [--effect-pairs 50]
+        [--effects 0.03 0.05 0.10 -0.05] [--repeats 3] [--concurrency 1 8]
+        [--duration 1:3600,8:900] [--step-noise 0.02] [--run-noise 0.005] [--workers 2]
+        [--json benchmarks/results/verdicts.json]
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import shutil
+import statistics
+import sys
 import tempfile
 import time
-from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
+import orjson
 import polars as pl
 
 ENGINE = {
@@ -38,132 +47,196 @@ ENGINE = {
     "num_draft_tokens": 7,
     "acceptance_probs": [0.9, 0.82, 0.74, 0.66, 0.58, 0.5, 0.42],
 }
+HEADLINE = "p90_interactivity_tok_s"
 
 
-RUN_LIMIT_S = 300
-"""Wall-clock limit of one simulated run; a run that exceeds it is replaced (see `simulate`)."""
-
-
-def _alarm(signum: int, frame: object) -> None:
-    raise TimeoutError(f"simulated run exceeded {RUN_LIMIT_S} s of wall time")
-
-
-def simulate(job: tuple[Path, Path, int, int, float, int]) -> tuple[Path, list[str]]:
-    """One run of the A/A arm into `out`; repeat `repeat`, seeds `seed`.
-
-    A run whose engine fails (an exception inside the engine's step loop leaves the replay
-    waiting, so a wall-clock alarm ends it) is replaced by one with the next seed, and the
-    failure is returned so the summary can count it.
-    """
-    import signal
-
+def simulate_pair(job: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """Both arms of `repeats` repeats of one pair: [(summary A_k, summary B_k), ...]."""
+    from agentab.analysis.load import load_run
+    from agentab.analysis.summary import summarize_run
     from agentab.replay import simulate_to_dir
     from agentab.replay.options import ReplayOptions
     from agentab.workloads import load
 
-    workload_path, out, seed, concurrency, duration_s, repeat = job
-    workload = load(workload_path)
-    failures: list[str] = []
-    signal.signal(signal.SIGALRM, _alarm)
-    for attempt in range(5):
-        s = seed + 1_000_000 * attempt
-        replay = ReplayOptions(
-            concurrency=concurrency, duration_s=duration_s, warmup_requests=2, seed=s
-        )
-        target = out if attempt == 0 else out.with_name(f"{out.name}-retry{attempt}")
-        signal.alarm(RUN_LIMIT_S)
-        try:
-            path = simulate_to_dir(
-                workload,
-                engine_options={**ENGINE, "seed": s},
-                replay=replay,
-                out_dir=target,
-                manifest_extra={"arm": "auto", "repeat": repeat},
-                progress=False,
-            )
-            return path, failures
-        except Exception as exc:  # the engine's failure, recorded and replaced
-            failures.append(f"seed {s}: {type(exc).__name__}: {str(exc)[:100]}")
-        finally:
-            signal.alarm(0)
-        shutil.rmtree(target, ignore_errors=True)
-    raise RuntimeError(f"{out}: five seeds failed: {failures}")
-
-
-def with_effect(run: Path, out: Path, effect: float) -> Path:
-    """A copy of `run` whose chunks after the first arrive `1 + effect` times sooner."""
-    from agentab.replay.records import RECORD_SCHEMA, RECORDS_DIR, PartWriter, scan_records
-
-    records = scan_records(run).collect()
-    first = pl.col("chunk_times_s").list.first()
-    faster = records.with_columns(
-        chunk_times_s=pl.col("chunk_times_s").list.eval(
-            pl.element().first() + (pl.element() - pl.element().first()) / (1.0 + effect)
-        )
-    )
-    assert faster.select(first).equals(records.select(first))
-    out.mkdir(parents=True)
-    shutil.copyfile(run / "manifest.json", out / "manifest.json")
-    with PartWriter(out / RECORDS_DIR, RECORD_SCHEMA) as writer:
-        writer.add_many(faster.to_dicts())
+    workload = load(job["workload"])
+    root = Path(job["root"])
+    out = []
+    try:
+        for k in range(job["repeats"]):
+            plan_seed = job["seed"] + 1_000 * k
+            summaries = []
+            for arm in ("a", "b"):
+                noise_seed = 7_919 * plan_seed + (0 if arm == "a" else 1)
+                run_dir = simulate_to_dir(
+                    workload,
+                    engine_options={
+                        **ENGINE,
+                        "seed": plan_seed,
+                        "step_noise": job["step_noise"],
+                        "run_noise": job["run_noise"],
+                        "noise_seed": noise_seed,
+                    },
+                    replay=ReplayOptions(
+                        concurrency=job["concurrency"],
+                        duration_s=job["duration_s"],
+                        warmup_requests=2,
+                        seed=plan_seed,
+                        prompt_salt="bench",
+                    ),
+                    out_dir=root / arm / f"run-{k}",
+                    manifest_extra={"arm": "auto", "repeat": k},
+                    progress=False,
+                )
+                summaries.append(summarize_run(load_run(run_dir)))
+            out.append((summaries[0], summaries[1]))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return out
 
 
-def judge(job: tuple[list[Path], list[Path], int]) -> dict[str, object]:
-    """Compare B against A; the headline's verdict and CIs, and every table metric's verdict."""
-    from agentab.analysis.compare import compare_runs
-    from agentab.analysis.load import load_run
-    from agentab.analysis.markdown import TABLE_METRICS
+def with_effect(summary: Any, effect: float) -> Any:
+    """The run as if its decode were 1 + effect times as fast: ITL / (1 + e), TTFT unchanged."""
+    from agentab.analysis.summary import RunSummary
 
-    a, b, resamples = job
-    result = compare_runs([load_run(p) for p in a], [load_run(p) for p in b], resamples=resamples)
-    head = result.metrics["p90_interactivity_tok_s"]
+    f = 1.0 + effect
+    requests = summary.requests.with_columns(
+        itl_s=pl.col("itl_s") / f,
+        interactivity_tok_s=pl.col("interactivity_tok_s") * f,
+        decode_s=pl.col("decode_s") / f,
+        e2e_s=pl.col("ttft_s") + pl.col("decode_s") / f,
+    )
+    return RunSummary(summary.run, requests, summary.values, summary.sessions)
+
+
+def judge(pairs: list[tuple[Any, Any]], effect: float, resamples: int, seed: int) -> dict:
+    from agentab.analysis.compare import compare_summaries
+
+    a = [p[0] for p in pairs]
+    b = [with_effect(p[1], effect) if effect else p[1] for p in pairs]
+    result = compare_summaries(a, b, resamples=resamples, seed=seed)
+    head = result.metrics[HEADLINE]
     return {
         "verdict": head.verdict,
         "ratio": head.ratio,
-        "ci": (head.ci_low, head.ci_high),
-        "ci_sessions": head.ci_sessions,
-        "table": [result.metrics[name].verdict for name in TABLE_METRICS],
-        "sessions": (result.size_a.sessions, result.size_b.sessions),
+        "ci": [head.ci_low, head.ci_high],
+        "detectable": head.detectable,
+        "run_variance": head.run_variance,
+        "matched_dropped": None if result.matching is None else result.matching.dropped_share,
+        "sessions": [result.size_a.sessions, result.size_b.sessions],
+        "requests": [result.size_a.itl_requests, result.size_b.itl_requests],
     }
 
 
-def rate(results: list[dict[str, object]], verdicts: set[str]) -> str:
-    hits = sum(r["verdict"] in verdicts for r in results)
-    return f"{hits}/{len(results)} = {hits / len(results):.1%}"
+def pair_task(job: dict[str, Any]) -> dict[str, Any]:
+    """Simulate one pair and judge it as A/A and under every effect (fixed design), and, with
+    sequential blocks, as `ab --until-decided` would stop on it."""
+    pairs = simulate_pair(job)
+    fixed = pairs[: job["fixed_repeats"]]
+    out: dict[str, Any] = {"pair": job["pair"], "fixed": {}, "sequential": {}}
+    for effect in job["effects"]:
+        out["fixed"][str(effect)] = judge(fixed, effect, job["resamples"], job["seed"])
+    if job["sequential"]:
+        from agentab.analysis.sequential import sequential_decision
+
+        for effect in job["sequential_effects"]:
+            blocks = [(a, with_effect(b, effect) if effect else b) for a, b in pairs]
+            out["sequential"][str(effect)] = sequential_decision(
+                blocks, resamples=job["resamples"], seed=job["seed"]
+            ).to_json()
+    return out
 
 
-def table_rate(results: list[dict[str, object]]) -> str:
-    verdicts = [v for r in results for v in r["table"]]  # type: ignore[attr-defined]
-    judged = [v for v in verdicts if v != "n/a"]
-    hits = sum(v in ("better", "worse") for v in judged)
-    return f"{hits}/{len(judged)} = {hits / len(judged):.1%}"
+def _span(pairs: list[list[int]]) -> list[int]:
+    return [min(min(p) for p in pairs), max(max(p) for p in pairs)]
+
+
+def summarize(results: list[dict[str, Any]], effect: float, key: str = "fixed") -> dict:
+    rows = [r[key][str(effect)] for r in results if str(effect) in r[key]]
+    if not rows:
+        return {}
+    if key == "fixed":
+        decided = {"better", "worse"}
+        hits = sum(r["verdict"] in decided for r in rows)
+        right = sum(r["verdict"] == ("better" if effect > 0 else "worse") for r in rows)
+        truth = 1.0 + effect
+        covered = sum(r["ci"][0] is not None and r["ci"][0] <= truth <= r["ci"][1] for r in rows)
+        mdes = [r["detectable"] for r in rows if r["detectable"] is not None]
+        return {
+            "pairs": len(rows),
+            "false_positive_rate" if effect == 0 else "power": (hits if effect == 0 else right)
+            / len(rows),
+            "coverage": covered / len(rows),
+            "equivalent": sum(r["verdict"] == "equivalent" for r in rows) / len(rows),
+            "median_detectable": statistics.median(mdes) if mdes else None,
+            "median_ratio": statistics.median(r["ratio"] for r in rows) / truth,
+            "median_dropped": statistics.median(
+                r["matched_dropped"] for r in rows if r["matched_dropped"] is not None
+            ),
+            "sessions": [
+                min(min(r["sessions"]) for r in rows),
+                max(max(r["sessions"]) for r in rows),
+            ],
+            "requests": [
+                min(min(r["requests"]) for r in rows),
+                max(max(r["requests"]) for r in rows),
+            ],
+        }
+    decided = [r for r in rows if r["verdict"] in ("better", "worse", "equivalent")]
+    wrong = sum(
+        (r["verdict"] in ("better", "worse"))
+        if effect == 0
+        else r["verdict"] != ("better" if effect > 0 else "worse")
+        for r in decided
+    )
+    return {
+        "pairs": len(rows),
+        "decided": len(decided) / len(rows),
+        "error_rate": wrong / len(rows),
+        "median_blocks": statistics.median(r["blocks"] for r in rows),
+        "verdicts": {v: sum(r["verdict"] == v for r in rows) for v in {r["verdict"] for r in rows}},
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--pairs", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--aa-pairs", type=int, default=100)
+    ap.add_argument("--effect-pairs", type=int, default=50)
+    ap.add_argument("--effects", type=float, nargs="+", default=[0.03, 0.05, 0.10, -0.05])
+    ap.add_argument("--repeats", type=int, default=3, help="repeats per arm (fixed design)")
     ap.add_argument("--sessions", type=int, default=60)
-    ap.add_argument(
-        "--duration",
-        default="1:3600,8:900",
-        help="Profiling window per concurrency, CONC:SECONDS,... (one lane plays about two "
-        "sessions per 900 s, so concurrency 1 needs AgentX's full hour to reach the minimum "
-        "sample of 10 sessions per arm over 3 repeats)",
-    )
+    ap.add_argument("--duration", default="1:3600,8:900", help="CONC:SECONDS,... per run")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    ap.add_argument("--effect", type=float, default=0.05)
+    ap.add_argument("--step-noise", type=float, default=0.02)
+    ap.add_argument("--run-noise", type=float, default=0.005)
     ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument("--sequential", action="store_true", help="also measure --until-decided")
+    ap.add_argument("--max-blocks", type=int, default=6, help="sequential: most blocks")
+    ap.add_argument(
+        "--block-fraction",
+        type=float,
+        default=1 / 3,
+        help="sequential: a block's window as a fraction of a fixed-design run's",
+    )
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
-    # Workers are spawned, not forked: polars' thread pool does not survive a fork.
 
     from agentab.workloads import save
     from agentab.workloads.generator import generate, load_config
 
     windows = {int(c): float(w) for c, w in (x.split(":") for x in args.duration.split(","))}
     started = time.monotonic()
+    report: dict[str, Any] = {
+        "command": " ".join(["python", *sys.argv]),
+        "engine": ENGINE,
+        "step_noise": args.step_noise,
+        "run_noise": args.run_noise,
+        "repeats": args.repeats,
+        "sessions": args.sessions,
+        "resamples": args.resamples,
+        "concurrency": {},
+    }
+    effects = [0.0, *args.effects]
     with (
         tempfile.TemporaryDirectory() as tmp,
         ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool,
@@ -172,66 +245,62 @@ def main() -> None:
         workload = root / "workload.jsonl"
         save(generate(load_config("agentx-coding"), args.sessions, 42), workload)
         print(
-            f"{args.pairs} pairs x {args.repeats} repeats per side, {args.sessions} generated "
-            f"sessions, windows {args.duration} (concurrency:s), {args.resamples} bootstrap "
-            "resamples, "
-            f"effect {args.effect:.0%}"
+            f"{args.aa_pairs} A/A pairs, {args.effect_pairs} pairs per effect "
+            f"{', '.join(f'{e:+.0%}' for e in args.effects)}; {args.repeats} repeats per arm; "
+            f"{args.sessions} generated sessions; windows {args.duration}; step noise "
+            f"{args.step_noise}, run noise {args.run_noise}; {args.resamples} resamples",
+            flush=True,
         )
         for c in args.concurrency:
-            jobs, names = [], []
-            for i in range(args.pairs):
-                for side, offset in (("a", 0), ("b", 50)):
-                    for k in range(args.repeats):
-                        seed = 100_000 * c + 100 * i + offset + k
-                        out = root / f"c{c}" / f"pair-{i}" / side / f"run-{k}"
-                        jobs.append((workload, out, seed, c, windows[c], k))
-                        names.append((i, side))
-            done = list(pool.map(simulate, jobs))
-            failed = [f for _, fails in done for f in fails]
-            sides: dict[tuple[int, str], list[Path]] = {}
-            for key, (path, _) in zip(names, done, strict=True):
-                sides.setdefault(key, []).append(path)
-            for i in range(args.pairs):
-                sides[i, "b+"] = [
-                    with_effect(p, p.parent.parent / "b+" / p.name, args.effect)
-                    for p in sides[i, "b"]
-                ]
-            pairs = range(args.pairs)
-            aa = list(
-                pool.map(judge, [(sides[i, "a"], sides[i, "b"], args.resamples) for i in pairs])
-            )
-            ab = list(
-                pool.map(judge, [(sides[i, "a"], sides[i, "b+"], args.resamples) for i in pairs])
-            )
-            one = list(
-                pool.map(
-                    judge, [(sides[i, "a"][:1], sides[i, "b"][:1], args.resamples) for i in pairs]
+            pairs = max(args.aa_pairs, args.effect_pairs)
+            jobs = []
+            for i in range(pairs):
+                fixed_effects = [0.0] if i >= args.effect_pairs else effects
+                if i >= args.aa_pairs:
+                    fixed_effects = args.effects
+                seq = args.sequential and i < args.effect_pairs
+                jobs.append(
+                    {
+                        "workload": str(workload),
+                        "root": str(root / f"c{c}" / f"pair-{i}"),
+                        "pair": i,
+                        "seed": 100_000 * c + 17 * i,
+                        "concurrency": c,
+                        "duration_s": windows[c] * (args.block_fraction if seq else 1.0),
+                        "repeats": args.max_blocks if seq else args.repeats,
+                        "fixed_repeats": args.repeats,
+                        "step_noise": args.step_noise,
+                        "run_noise": args.run_noise,
+                        "effects": fixed_effects,
+                        "resamples": args.resamples,
+                        "sequential": seq,
+                        "sequential_effects": [0.0, 0.10],
+                    }
                 )
-            )
-            excl = sum(
-                r["ci_sessions"] is not None
-                and not (r["ci_sessions"][0] <= 1.0 <= r["ci_sessions"][1])
-                for r in one
-            )
-            sessions = [s for r in aa for s in r["sessions"]]  # type: ignore[attr-defined]
-            print(f"concurrency {c} ({min(sessions)}-{max(sessions)} sessions per side):")
-            print(f"  runs whose engine failed and were replaced by the next seed: {len(failed)}")
-            for failure in failed:
-                print(f"    {failure}")
-            print(f"  A/A false-positive rate (headline verdict): {rate(aa, {'better', 'worse'})}")
-            print(f"  A/A false-positive rate (all table metrics): {table_rate(aa)}")
-            print(f"  A/A verdicts: {dict(Counter(r['verdict'] for r in aa))}")
-            print(f"  power at +{args.effect:.0%} (headline 'better'): {rate(ab, {'better'})}")
-            shift = sorted(x["ratio"] / y["ratio"] for x, y in zip(ab, aa, strict=True))  # type: ignore[operator]
-            print(
-                f"  A/B verdicts: {dict(Counter(r['verdict'] for r in ab))}; the effect as "
-                f"measured (A/B ratio / A/A ratio): {shift[0]:.4f} - {shift[-1]:.4f}"
-            )
-            print(
-                f"  single runs: verdicts {dict(Counter(r['verdict'] for r in one))}; the session "
-                f"bootstrap CI alone excluded 1 in {excl}/{len(one)}"
-            )
-    print(f"done in {time.monotonic() - started:.0f} s")
+            results = []
+            t0 = time.monotonic()
+            for n, fut in enumerate(as_completed([pool.submit(pair_task, j) for j in jobs]), 1):
+                results.append(fut.result())
+                if n % 10 == 0 or n == len(jobs):
+                    print(
+                        f"  c{c}: {n}/{len(jobs)} pairs ({time.monotonic() - t0:.0f} s)", flush=True
+                    )
+            per: dict[str, Any] = {"window_s": windows[c], "fixed": {}, "sequential": {}}
+            for e in effects:
+                per["fixed"][f"{e:+.2f}"] = summarize(results, e)
+            if args.sequential:
+                for e in (0.0, 0.10):
+                    per["sequential"][f"{e:+.2f}"] = summarize(results, e, "sequential")
+            report["concurrency"][str(c)] = per
+            print(f"concurrency {c} ({windows[c]:g} s windows):")
+            for name, row in per["fixed"].items():
+                print(f"  fixed {name}: {row}")
+            for name, row in per["sequential"].items():
+                print(f"  sequential {name}: {row}")
+    report["wall_s"] = round(time.monotonic() - started, 1)
+    print(f"done in {report['wall_s']:.0f} s")
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
 
 
 if __name__ == "__main__":

@@ -1,24 +1,26 @@
-"""Compare arm B against arm A: the guard, pooled metrics, bootstrap CIs of B/A, verdicts.
+"""Compare arm B against arm A: the guard, pooled metrics, intervals of B/A, verdicts.
 
-The statistics, in one place:
+The statistics, in one place (docs/analysis.md, "How sure a verdict is"):
 - Point estimates pool each arm's repeats (see `sample.py`).
-- The CI of each ratio B/A is a percentile bootstrap over sessions, paired: one resample draws
-  session ids with replacement from every session either arm played, and the same draw weighs
-  both arms, because both arms replayed the same workload (same sessions) and pairing removes
-  the between-session variance from the ratio. 10,000 resamples, seeded, 95% by default.
-- Run-level interval: with two or more runs per arm, a Student t interval of B/A from the
-  per-run values (paired by repeat when both arms ran the same repeats, else Welch), because
-  sessions of one run share that run's load and the session bootstrap cannot see run-to-run
-  noise (see `intervals.py` for the A/A measurements that showed it). The reported CI is the
-  envelope of the two; with one run per arm it is the session CI alone, and the report says so.
-- Verdict at that level: the CI entirely above 1 means B is higher, entirely below means lower;
-  whether higher is "better" depends on the metric (latencies and error rate: lower is better).
-  A CI that contains 1 is "no significant difference".
-- No verdict at all (`sample.py`'s `withheld_because`) with fewer than two runs per arm, since
-  then nothing measures run-to-run noise, or below the minimum sample of MIN_SESSIONS sessions
-  and MIN_REQUESTS measured requests per arm; the interval is still shown.
-- Beside it, the run-to-run spread: the metric's value in each run and the B/A ratio of each
-  repeat pair, so timing noise between runs is visible next to the sampling CI.
+- Paired design (an `ab` experiment: both arms ran the same repeats, repeat k of both arms
+  replayed one plan): the per-request metrics compare the requests both arms of each repeat
+  completed (`matching.py`); throughputs and the error rate keep every request.
+- The interval of each ratio B/A starts from a percentile bootstrap over sessions, paired: one
+  resample draws session ids with replacement from every session either arm played, and the
+  same draw weighs both arms in every repeat. It is widened by the run-level variance the
+  repeats show beyond their own sampling (`intervals.paired_interval`); with one run per arm
+  there is no interval, and no verdict.
+- Runs that did not replay one plan in pairs (`compare` of arbitrary run sets with two or more
+  runs a side): the envelope of the session bootstrap and Welch's t interval over the per-run
+  values.
+- Verdict: the interval entirely above 1 means B is higher, entirely below means lower; whether
+  higher is "better" depends on the metric (latencies and error rate: lower is better). An
+  interval inside the equivalence margin (default +-3%) is "equivalent"; any other interval
+  that contains 1 is "no significant difference".
+- Every interval comes with the smallest change it could detect at 80% power (`detectable`):
+  how large an effect the comparison could have seen, whatever the verdict.
+- No verdict at all (`sample.py`'s `withheld_because`) below the minimum sample.
+- Beside it, the run-to-run spread: each repeat's value per arm and each repeat pair's B/A.
 """
 
 from __future__ import annotations
@@ -37,10 +39,18 @@ from agentab.analysis.guard import (
     manifest_differences,
     noted_differences,
 )
-from agentab.analysis.intervals import repeat_ratio_interval
+from agentab.analysis.intervals import (
+    DETECT_POWER,
+    detectable_change,
+    paired_interval,
+    repeat_ratio_interval,
+    z_quantile,
+)
 from agentab.analysis.load import Run
+from agentab.analysis.matching import Matching, match_requests
 from agentab.analysis.sample import (
     METRICS,
+    PER_REQUEST,
     ArmSample,
     Metric,
     SampleSize,
@@ -54,7 +64,11 @@ from agentab.analysis.summary import RunSummary, summarize_run
 
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_CONFIDENCE = 0.95
+DEFAULT_EQUIVALENCE_MARGIN = 0.03
+REPEAT_RESAMPLES = 2_000
+"""Resamples of each repeat alone: only their variance enters the run-level estimate."""
 BETTER, WORSE, SAME, UNDEFINED = "better", "worse", "no significant difference", "n/a"
+EQUIVALENT = "equivalent"
 WITHHELD = "no verdict"
 
 
@@ -76,6 +90,8 @@ class MetricResult:
     ci_repeats: tuple[float, float] | None = None
     n_a: int = 0  # requests of arm A that enter this metric
     n_b: int = 0
+    detectable: float | None = None  # +- change of B/A found with 80% power (a fraction)
+    run_variance: float | None = None  # run-level variance of a repeat's log ratio
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -87,8 +103,11 @@ class MetricResult:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "verdict": self.verdict,
+            "detectable_change": self.detectable,
+            "detectable_power": DETECT_POWER,
             "ci_sessions": None if self.ci_sessions is None else list(self.ci_sessions),
             "ci_repeats": None if self.ci_repeats is None else list(self.ci_repeats),
+            "run_variance": self.run_variance,
             "higher_is_better": self.metric.higher_is_better,
             "unit": self.metric.unit,
             "label": self.metric.label,
@@ -119,6 +138,8 @@ class Comparison:
     size_b: SampleSize
     withheld: list[str] = field(default_factory=list)  # why no metric has a verdict
     incomplete: list[str] = field(default_factory=list)  # unfinished runs (--allow-incomplete)
+    matching: Matching | None = None  # paired design: the requests both arms completed
+    equivalence_margin: float = DEFAULT_EQUIVALENCE_MARGIN
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -138,6 +159,8 @@ class Comparison:
                 "sessions": self.sessions,
             },
             "repeat_interval": self.repeat_pairing,
+            "matched_requests": None if self.matching is None else self.matching.to_json(),
+            "equivalence_margin": self.equivalence_margin,
             "sample": {"a": self.size_a.to_json(), "b": self.size_b.to_json()},
             "verdict_withheld": self.withheld,
             "runs": {
@@ -160,33 +183,100 @@ def _lookup(values: dict[str, Any], name: str) -> float | None:
     return _finite(value) if isinstance(value, int | float) else None
 
 
-def verdict(metric: Metric, ci_low: float | None, ci_high: float | None) -> str:
-    """better / worse / no significant difference, from where the CI of B/A lies against 1."""
+def verdict(
+    metric: Metric, ci_low: float | None, ci_high: float | None, margin: float = 0.0
+) -> str:
+    """better / worse when the CI of B/A excludes 1; equivalent when it lies inside
+    [1/(1+margin), 1+margin]; else no significant difference."""
     if ci_low is None or ci_high is None:
         return UNDEFINED
     if ci_low > 1.0:
         return BETTER if metric.higher_is_better else WORSE
     if ci_high < 1.0:
         return WORSE if metric.higher_is_better else BETTER
+    if margin > 0.0 and ci_low >= 1.0 / (1.0 + margin) and ci_high <= 1.0 + margin:
+        return EQUIVALENT
     return SAME
 
 
-def bootstrap_ratios(
-    a: ArmSample, b: ArmSample, sessions: int, *, resamples: int, seed: int, paired: bool = True
-) -> dict[str, np.ndarray]:
-    """B/A of every metric for each of `resamples` paired session resamples."""
+@dataclass
+class _Sides:
+    """Both arms' samples for one population: pooled, and (paired designs) each repeat."""
+
+    a: ArmSample
+    b: ArmSample
+    repeats: list[tuple[ArmSample, ArmSample]] = field(default_factory=list)
+
+
+def _log_ratio(va: np.ndarray, vb: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(vb) - np.log(va)
+
+
+def bootstrap_log_ratios(
+    populations: dict[str, _Sides],
+    sessions: int,
+    *,
+    resamples: int,
+    seed: int,
+    repeat_resamples: int = REPEAT_RESAMPLES,
+) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, list[dict[str, np.ndarray]]]]:
+    """log(B/A) of every metric for each paired session resample, per population, and the same
+    for each repeat alone over the first `repeat_resamples` resamples (their variance is all
+    the run-level estimate needs)."""
     rng = np.random.default_rng(seed)
-    n_max = max(len(v) for s in (a, b) for v in s.values.values())
-    per_row = 2 * work_per_row(n_max, sessions, 4)
-    chunks: dict[str, list[np.ndarray]] = {m.name: [] for m in METRICS}
+    n_max = max(
+        len(v)
+        for sides in populations.values()
+        for s in (sides.a, sides.b)
+        for v in s.values.values()
+    )
+    per_row = 2 * len(populations) * work_per_row(n_max, sessions, 4)
+    pooled: dict[str, dict[str, list[np.ndarray]]] = {
+        key: {m.name: [] for m in METRICS} for key in populations
+    }
+    per_repeat: dict[str, list[dict[str, list[np.ndarray]]]] = {
+        key: [{m.name: [] for m in METRICS} for _ in sides.repeats]
+        for key, sides in populations.items()
+    }
+    done = 0
     for rows in batches(resamples, per_row):
         weights = resample_weights(rng, rows, sessions)
-        wb = weights if paired else resample_weights(rng, rows, sessions)
-        va, vb = a.evaluate(weights), b.evaluate(wb)
-        for m in METRICS:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                chunks[m.name].append(vb[m.name] / va[m.name])
-    return {name: np.concatenate(parts) for name, parts in chunks.items()}
+        for key, sides in populations.items():
+            va, vb = sides.a.evaluate(weights), sides.b.evaluate(weights)
+            for m in METRICS:
+                pooled[key][m.name].append(_log_ratio(va[m.name], vb[m.name]))
+            take = min(rows, repeat_resamples - done)
+            if take <= 0:
+                continue
+            w = weights[:take]
+            for k, (ra, rb) in enumerate(sides.repeats):
+                ea, eb = ra.evaluate(w), rb.evaluate(w)
+                for m in METRICS:
+                    per_repeat[key][k][m.name].append(_log_ratio(ea[m.name], eb[m.name]))
+        done += rows
+    return (
+        {k: {m: np.concatenate(v) for m, v in d.items()} for k, d in pooled.items()},
+        {
+            k: [{m: np.concatenate(v) for m, v in d.items()} for d in reps]
+            for k, reps in per_repeat.items()
+        },
+    )
+
+
+def bootstrap_ratios(
+    a: ArmSample, b: ArmSample, sessions: int, *, resamples: int, seed: int
+) -> dict[str, np.ndarray]:
+    """B/A of every metric for each of `resamples` paired session resamples."""
+    pooled, _ = bootstrap_log_ratios(
+        {"all": _Sides(a, b)}, sessions, resamples=resamples, seed=seed
+    )
+    return {name: np.exp(logs) for name, logs in pooled["all"].items()}
+
+
+def _repeat_variance(logs: np.ndarray) -> float:
+    finite = logs[np.isfinite(logs)]
+    return float(finite.var(ddof=1)) if finite.size >= 20 else math.nan
 
 
 def compare_summaries(
@@ -197,6 +287,7 @@ def compare_summaries(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     confidence: float = DEFAULT_CONFIDENCE,
+    equivalence_margin: float = DEFAULT_EQUIVALENCE_MARGIN,
 ) -> Comparison:
     """Guard, then pool, bootstrap and judge every metric of METRICS."""
     allow = tuple(allow_diff)
@@ -208,35 +299,83 @@ def compare_summaries(
     arm_a, arm_b = _arm_name(runs_a), _arm_name(runs_b)
     if arm_a == arm_b:  # an A/A comparison: keep the two sides apart in the report
         arm_a, arm_b = f"{arm_a} (A)", f"{arm_b} (B)"
-    sample_a = build_sample(arm_a, runs_a, index)
-    sample_b = build_sample(arm_b, runs_b, index)
-    ones = np.ones((1, index.height), dtype=np.int64)
-    point_a, point_b = sample_a.evaluate(ones), sample_b.evaluate(ones)
-    ratios = bootstrap_ratios(sample_a, sample_b, index.height, resamples=resamples, seed=seed)
     pairing, runs_a, runs_b = repeat_pairing(runs_a, runs_b)
-    size_a, size_b = sample_size(runs_a, sample_a), sample_size(runs_b, sample_b)
+    matched = match_requests(runs_a, runs_b) if pairing == "paired" else None
+    full = _Sides(build_sample(arm_a, runs_a, index), build_sample(arm_b, runs_b, index))
+    populations = {"all": full}
+    if matched is not None:
+        frames_a, frames_b, _ = matched
+        populations["matched"] = _Sides(
+            build_sample(arm_a, runs_a, index, frames_a),
+            build_sample(arm_b, runs_b, index, frames_b),
+        )
+    if pairing == "paired":
+        for key, sides in populations.items():
+            for k, (ra, rb) in enumerate(zip(runs_a, runs_b, strict=True)):
+                fa = None if key == "all" else [matched[0][k]]  # type: ignore[index]
+                fb = None if key == "all" else [matched[1][k]]  # type: ignore[index]
+                sides.repeats.append(
+                    (build_sample(arm_a, [ra], index, fa), build_sample(arm_b, [rb], index, fb))
+                )
+    boot, boot_repeats = bootstrap_log_ratios(
+        populations, index.height, resamples=resamples, seed=seed
+    )
+    ones = np.ones((1, index.height), dtype=np.int64)
+    points = {k: (s.a.evaluate(ones), s.b.evaluate(ones)) for k, s in populations.items()}
+    repeat_points = {
+        k: [(ra.evaluate(ones), rb.evaluate(ones)) for ra, rb in s.repeats]
+        for k, s in populations.items()
+    }
+    size_a, size_b = sample_size(runs_a, full.a), sample_size(runs_b, full.b)
     withheld = withheld_because(size_a, size_b)
     results = {}
     for m in METRICS:
-        a, b = _finite(point_a[m.name][0]), _finite(point_b[m.name][0])
+        key = "matched" if m.name in PER_REQUEST and "matched" in populations else "all"
+        sides = populations[key]
+        pa, pb = points[key]
+        a, b = _finite(pa[m.name][0]), _finite(pb[m.name][0])
         ratio = b / a if a and b is not None else None
-        runs_a_values = [_lookup(s.values, m.name) for s in runs_a]
-        runs_b_values = [_lookup(s.values, m.name) for s in runs_b]
+        if repeat_points[key]:
+            runs_a_values = [_finite(ea[m.name][0]) for ea, _ in repeat_points[key]]
+            runs_b_values = [_finite(eb[m.name][0]) for _, eb in repeat_points[key]]
+        else:
+            runs_a_values = [_lookup(s.values, m.name) for s in runs_a]
+            runs_b_values = [_lookup(s.values, m.name) for s in runs_b]
         pairs = [
             (vb / va) if va and vb is not None else None
             for va, vb in zip(runs_a_values, runs_b_values, strict=False)
         ]
-        lo, hi = (_finite(x) for x in percentile_ci(ratios[m.name], confidence))
+        logs = boot[key][m.name]
+        lo, hi = (_finite(x) for x in percentile_ci(np.exp(logs), confidence))
         ci_sessions = (lo, hi) if ratio is not None and lo is not None and hi is not None else None
         ci_repeats = None
         if pairing != "none" and ratio is not None:
             ci_repeats = repeat_ratio_interval(
                 runs_a_values, runs_b_values, paired=pairing == "paired", confidence=confidence
             )
-        bounds = [ci for ci in (ci_sessions, ci_repeats) if ci is not None]
-        low = min(ci[0] for ci in bounds) if bounds else None
-        high = max(ci[1] for ci in bounds) if bounds else None
-        judged = verdict(m, low, high)
+        low = high = se = run_var = None
+        if ratio is not None and pairing == "paired" and all(v is not None for v in pairs):
+            interval = paired_interval(
+                math.log(ratio),
+                logs,
+                np.log(np.asarray(pairs, dtype=np.float64)),
+                np.array([_repeat_variance(r[m.name]) for r in boot_repeats[key]]),
+                confidence,
+            )
+            if interval is not None:
+                low, high, se, run_var = (
+                    interval.low,
+                    interval.high,
+                    interval.se,
+                    interval.run_variance,
+                )
+        elif pairing == "welch" and ci_sessions is not None:
+            bounds = [ci for ci in (ci_sessions, ci_repeats) if ci is not None]
+            low, high = min(ci[0] for ci in bounds), max(ci[1] for ci in bounds)
+            se = (math.log(high) - math.log(low)) / (2 * z_quantile(0.5 + confidence / 2))
+        judged = verdict(m, low, high, equivalence_margin)
+        if ratio is not None and low is None:
+            judged = WITHHELD  # one run per arm: no interval, so no verdict
         results[m.name] = MetricResult(
             m,
             a,
@@ -250,8 +389,10 @@ def compare_summaries(
             pairs,
             ci_sessions,
             ci_repeats,
-            sample_a.count(m),
-            sample_b.count(m),
+            sides.a.count(m),
+            sides.b.count(m),
+            detectable=_finite(detectable_change(se, confidence)) if se is not None else None,
+            run_variance=run_var,
         )
     return Comparison(
         arm_a=arm_a,
@@ -270,6 +411,8 @@ def compare_summaries(
         size_a=size_a,
         size_b=size_b,
         withheld=withheld,
+        matching=None if matched is None else matched[2],
+        equivalence_margin=equivalence_margin,
     )
 
 
@@ -306,6 +449,7 @@ def compare_runs(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     confidence: float = DEFAULT_CONFIDENCE,
+    equivalence_margin: float = DEFAULT_EQUIVALENCE_MARGIN,
     allow_incomplete: bool = False,
 ) -> Comparison:
     """Refuse unfinished runs and confounded ones on the manifests first (cheap), then
@@ -325,6 +469,7 @@ def compare_runs(
         resamples=resamples,
         seed=seed,
         confidence=confidence,
+        equivalence_margin=equivalence_margin,
     )
     comparison.incomplete = incomplete
     return comparison

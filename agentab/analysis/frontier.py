@@ -73,6 +73,7 @@ def point_json(point: int | float, comparison: Comparison) -> dict[str, Any]:
         "ci_low": r.ci_low,
         "ci_high": r.ci_high,
         "verdict": r.verdict,
+        "detectable_change": r.detectable,
         "verdict_withheld": comparison.withheld,
         "runs_per_arm": [len(comparison.runs_a), len(comparison.runs_b)],
     }

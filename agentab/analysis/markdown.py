@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentab.analysis.caveats import simulator_caveats
-from agentab.analysis.compare import WITHHELD, Comparison, MetricResult
+from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
 from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, SPREAD_KEYS, STAT_KEYS, RunSummary
@@ -154,18 +154,9 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         f"- Bootstrap: {comparison.resamples:,} paired session resamples, seed "
         f"{comparison.seed}, {100 * comparison.confidence:.0f}% CI.",
     ]
-    if comparison.repeat_pairing == "none":
-        lines.append(
-            "- **One run per arm**: the CIs cover session sampling only, not run-to-run "
-            "variation, which A/A runs of the simulator at concurrency 8 showed to be larger, "
-            "so no metric gets a verdict; use `repeats >= 3`."
-        )
-    else:
-        how = "paired by repeat" if comparison.repeat_pairing == "paired" else "Welch, unpaired"
-        lines.append(
-            "- CI = envelope of the session bootstrap and a t interval over the runs "
-            f"({how}); both are in comparison.json."
-        )
+    lines.append(f"- {interval_method(comparison)}")
+    if comparison.matching is not None:
+        lines.append(f"- Paired design: {comparison.matching.describe()}.")
     manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
     lines += [f"- {line}" for line in simulator_caveats(manifests)]
     lines += [f"- {line}" for line in header]
@@ -174,11 +165,46 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
     return lines
 
 
+def interval_method(comparison: Comparison) -> str:
+    """How the intervals were made, in one sentence (the same words in every report)."""
+    margin = f"{100 * comparison.equivalence_margin:g}%"
+    if comparison.repeat_pairing == "none":
+        return (
+            "**One run per arm**: run-to-run noise is not measured, so there is no interval "
+            "and no verdict (the session bootstrap's spread is in comparison.json as "
+            "`ci_sessions`); use `repeats >= 3`."
+        )
+    if comparison.repeat_pairing == "paired":
+        return (
+            "Interval: paired session bootstrap over both arms and every repeat, widened by the "
+            "run-level variance the repeats show; 'equivalent' = the interval lies within "
+            f"+-{margin}; 'could detect' = the smallest change found with 80% power."
+        )
+    return (
+        "Interval: envelope of the session bootstrap and a Welch t interval over the runs "
+        "(the runs did not replay one plan in pairs); 'equivalent' = within "
+        f"+-{margin}; 'could detect' = the smallest change found with 80% power."
+    )
+
+
+def detectable_text(result: MetricResult) -> str:
+    """'could detect +-X%' for one metric ('–' without an interval)."""
+    if result.detectable is None:
+        return "–"
+    return f"+-{100 * result.detectable:.1f}%"
+
+
 def verdict_text(comparison: Comparison, result: MetricResult) -> str:
     """The verdict, why it is withheld when it is, and the sample it rests on."""
     said = f"**{result.verdict}**"
+    if result.verdict == EQUIVALENT:
+        said += f" (no difference larger than +-{100 * comparison.equivalence_margin:g}%)"
     if comparison.withheld and result.verdict == WITHHELD:
         said += ": " + "; ".join(comparison.withheld)
+    elif result.verdict == WITHHELD and comparison.repeat_pairing == "none":
+        said += ": one run per arm; use repeats >= 3"
+    if result.detectable is not None:
+        said += f"; this comparison could detect a change of {detectable_text(result)} (80% power)"
     return f"{said} (A: {comparison.size_a.describe()}; B: {comparison.size_b.describe()})"
 
 
@@ -208,6 +234,7 @@ def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) ->
                 _ratio(r.ratio),
                 "–" if r.ci_low is None else f"{_ratio(r.ci_low)} – {_ratio(r.ci_high)}",
                 r.verdict,
+                detectable_text(r),
                 f"{r.n_a:,} / {r.n_b:,}",
                 _spread(r.runs_a, unit),
                 _spread(r.runs_b, unit),
@@ -225,6 +252,7 @@ TABLE_HEADER = [
     "B/A",
     "95% CI",
     "verdict",
+    "could detect",
     "n (A / B)",
     "A per run",
     "B per run",

@@ -1,7 +1,8 @@
 """The sweep's one-line recommendation, derived from each point's CI of B/A P90 interactivity.
 
 Each point is classed by its verdict: B significantly better (the CI lies above 1), worse (below
-1), not significantly different (the CI contains 1), or no verdict (the minimum-sample rules of
+1), equivalent (the CI lies inside the equivalence margin), not significantly different (any
+other CI that contains 1), or no verdict (the minimum-sample rules of
 `sample.py` withheld it, or the ratio is undefined). A point without a verdict is neither better
 nor worse. Consecutive points of one class form a segment, and the line names each segment with
 the range of its CIs, e.g.
@@ -19,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agentab.analysis.compare import BETTER, SAME, WORSE
+from agentab.analysis.compare import BETTER, EQUIVALENT, SAME, WORSE
 
 NONE = "no verdict"
-CLASSES = (BETTER, WORSE, SAME, NONE)
+CLASSES = (BETTER, WORSE, EQUIVALENT, SAME, NONE)
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class PointVerdict:
 
     @property
     def cls(self) -> str:
-        return self.verdict if self.verdict in (BETTER, WORSE, SAME) else NONE
+        return self.verdict if self.verdict in (BETTER, WORSE, EQUIVALENT, SAME) else NONE
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ def _what(seg: list[PointVerdict], subject: str) -> str:
         return f"{subject} lowers P90 interactivity by {_percent_range(seg)}"
     if cls == SAME:
         return "the difference is not significant"
+    if cls == EQUIVALENT:
+        return "the two are equivalent (every interval within the equivalence margin)"
     reasons = list(dict.fromkeys(r for p in seg if p.why for r in p.why.split("; ")))
     return "there is no verdict" + (f" ({'; '.join(reasons)})" if reasons else "")
 

@@ -71,6 +71,13 @@ METRICS: tuple[Metric, ...] = (
 
 DISTRIBUTION_KEYS: tuple[str, ...] = ("itl_s", "ttft_s", "e2e_s", "interactivity_tok_s")
 
+PER_REQUEST: frozenset[str] = frozenset(
+    m.name for m in METRICS if m is HEADLINE or m.name.partition(".")[0] in DISTRIBUTION_KEYS
+)
+"""Metrics of the requests' own latencies: in a paired design they compare the requests both
+arms completed (agentab.analysis.matching); throughputs, cache hits and the error rate keep
+every request of the window."""
+
 _SUMS: dict[str, pl.Expr] = {
     "requests": pl.len(),
     "errors": (~pl.col("ok")).sum(),
@@ -146,22 +153,35 @@ def _div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def _profiling(summaries: Sequence[RunSummary]) -> pl.DataFrame:
+def _profiling(frames: Sequence[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(
-        [s.requests.filter((pl.col("phase") == "profiling") & ~CANCELLED) for s in summaries],
+        [f.filter((pl.col("phase") == "profiling") & ~CANCELLED) for f in frames],
         how="vertical",
     )
 
 
 def session_index(*arms: Sequence[RunSummary]) -> pl.DataFrame:
     """session_id -> dense index over every session seen in any run of either arm."""
-    ids = pl.concat([_profiling(runs).select("session_id") for runs in arms]).unique()
+    ids = pl.concat(
+        [_profiling([s.requests for s in runs]).select("session_id") for runs in arms]
+    ).unique()
     return ids.sort("session_id").with_row_index("g")
 
 
-def build_sample(name: str, summaries: Sequence[RunSummary], sessions: pl.DataFrame) -> ArmSample:
-    """Pool an arm's runs into the arrays the bootstrap needs."""
-    frame = _profiling(summaries).join(sessions, on="session_id", how="left")
+def build_sample(
+    name: str,
+    summaries: Sequence[RunSummary],
+    sessions: pl.DataFrame,
+    frames: Sequence[pl.DataFrame] | None = None,
+) -> ArmSample:
+    """Pool an arm's runs into the arrays the bootstrap needs.
+
+    `frames` replaces the runs' request tables (one per run, same order): the requests both
+    arms of each repeat completed (agentab.analysis.matching); run totals still come from the
+    summaries.
+    """
+    tables = [s.requests for s in summaries] if frames is None else list(frames)
+    frame = _profiling(tables).join(sessions, on="session_id", how="left")
     per_session = (
         frame.group_by("g").agg(**_SUMS).join(sessions.select("g"), on="g", how="right").sort("g")
     )

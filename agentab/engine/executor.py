@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agentab.engine.noise import StepNoise
 from agentab.engine.outputs import StepInputs, StepOutput
 from agentab.engine.profile import HardwareProfile
 from agentab.engine.scheduler import StepPlan, WindowPlan, synthetic_outcome
@@ -57,9 +58,15 @@ class SimExecutor:
     needs_inputs = False
 
     def __init__(
-        self, profile: HardwareProfile, num_draft_tokens: int = 0, spec: SpecConfig | None = None
+        self,
+        profile: HardwareProfile,
+        num_draft_tokens: int = 0,
+        spec: SpecConfig | None = None,
+        noise: StepNoise | None = None,
     ) -> None:
         self.profile = profile
+        # Timing noise (agentab.engine.noise): off unless asked for, so prices stay exact.
+        self.noise = noise.sampler() if noise is not None and noise.active else None
         self.k = num_draft_tokens
         self.spec = spec if spec is not None else SpecConfig()
         self.kv_us = profile.kv_read_us_per_context_token()
@@ -88,7 +95,10 @@ class SimExecutor:
 
     def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput:
         """The step's price and its synthetic outcome (accepted drafts; output ids are fixed)."""
-        return synthetic_outcome(plan, self.spec, self.step_seconds(plan))
+        seconds = self.step_seconds(plan)
+        if self.noise is not None:
+            seconds *= self.noise.one()
+        return synthetic_outcome(plan, self.spec, seconds)
 
     def describe(self) -> dict[str, Any]:
         return {}
@@ -123,4 +133,7 @@ class SimExecutor:
     def window_seconds(self, w: WindowPlan) -> np.ndarray:
         """Durations of each step of a pure-decode window (same formula as step_seconds)."""
         base = self.decode_base_us(w.path, w.padded_tokens)
-        return (base + self.kv_us * w.context) * 1e-6
+        seconds = (base + self.kv_us * w.context) * 1e-6
+        if self.noise is not None:
+            seconds = seconds * self.noise.many(len(seconds))
+        return seconds

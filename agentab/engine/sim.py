@@ -7,6 +7,7 @@ from typing import Any
 
 from agentab.engine.core import Engine
 from agentab.engine.executor import SimExecutor
+from agentab.engine.noise import StepNoise
 from agentab.engine.paths import check_engine_args
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
@@ -24,6 +25,9 @@ OPTIONS = (
     "block_size",
     "seed",
     "fast_forward",
+    "step_noise",
+    "run_noise",
+    "noise_seed",
 )
 
 
@@ -31,7 +35,9 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
     """An in-process simulated engine (docs/interfaces.md). Unknown options are an error.
 
     `kv_blocks` overrides the profile's KV capacity (to force cache pressure); `fast_forward`
-    (default True) may be turned off to step one at a time on the virtual clock.
+    (default True) may be turned off to step one at a time on the virtual clock. `step_noise`
+    and `run_noise` (log-scale sigmas, default 0) add a real engine's timing noise, drawn from
+    `noise_seed` (agentab.engine.noise), so A/A runs of one plan differ as they would on a GPU.
     """
     check_engine_args(decode_backend, options, OPTIONS)
     prof = load_profile(profile)
@@ -42,6 +48,11 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
         acceptance_length=options.get("acceptance_length"),
         acceptance_probs=tuple(float(p) for p in probs) if probs is not None else None,
         seed=int(options.get("seed") or 0),
+    )
+    noise = StepNoise(
+        step_sigma=options.get("step_noise", 0.0),
+        run_sigma=options.get("run_noise", 0.0),
+        seed=options.get("noise_seed", 0),
     )
     if prof.async_scheduling and k:
         raise AgentabError(
@@ -82,9 +93,12 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
         "seed": spec.seed,
         "engine_source": engine_source_digest(),
     }
+    if noise.active:
+        describe["timing_noise"] = noise.describe()
+        describe["noise_seed"] = noise.seed
     return Engine(
         Scheduler(cfg),
-        SimExecutor(prof, k, spec),
+        SimExecutor(prof, k, spec, noise),
         describe=describe,
         fast_forward=bool(options.get("fast_forward", True)),
         async_scheduling=prof.async_scheduling,

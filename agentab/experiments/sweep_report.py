@@ -30,6 +30,7 @@ TABLE_HEADER = [
     "B/A",
     "95% CI",
     "verdict",
+    "could detect",
     "A tok/s/GPU",
     "B tok/s/GPU",
     "A tok/s/GPU (uncached)",
@@ -77,6 +78,9 @@ def _rows(data: dict[str, Any]) -> list[list[str]]:
                 "–" if p["ratio"] is None else f"{p['ratio']:.3f}",
                 ci,
                 p["verdict"],
+                "–"
+                if p.get("detectable_change") is None
+                else f"+-{100 * p['detectable_change']:.1f}%",
                 fmt(_value(a, THROUGHPUT), "tok/s/GPU"),
                 fmt(_value(b, THROUGHPUT), "tok/s/GPU"),
                 fmt(_value(a, "throughput_per_gpu_uncached_tok_s"), "tok/s/GPU"),

@@ -123,7 +123,7 @@ def test_halved_itl_doubles_p90_interactivity_and_is_significant(
     assert result.metrics["itl_s.p90"].verdict == "better"  # lower ITL is better
     ttft = result.metrics["ttft_s.p90"]  # untouched: identical in both arms
     assert (ttft.ratio, ttft.ci_low, ttft.ci_high) == (1.0, 1.0, 1.0)
-    assert ttft.verdict == "no significant difference"
+    assert ttft.verdict == "equivalent"  # identical arms: inside the +-3% margin
     assert result.confounded_by == []
     doc = result.to_json()
     assert doc["metrics"]["p90_interactivity_tok_s"]["verdict"] == "better"
@@ -132,7 +132,8 @@ def test_halved_itl_doubles_p90_interactivity_and_is_significant(
     assert doc["verdict_withheld"] == []
     line = next(x for x in comparison_markdown(result).splitlines() if x.startswith("**P90"))
     assert line.endswith(
-        "**better** (A: 2 run(s), 20 sessions, 320 requests (320 with an ITL); "
+        "**better**; this comparison could detect a change of +-0.0% (80% power) "
+        "(A: 2 run(s), 20 sessions, 320 requests (320 with an ITL); "
         "B: 2 run(s), 20 sessions, 320 requests (320 with an ITL))."
     ), line
 
@@ -170,10 +171,11 @@ def test_small_samples_get_no_verdict_and_say_so(tmp_path: Path) -> None:
     md = comparison_markdown(result)
     assert (
         "**no verdict**: fewer than 10 sessions per arm (A 2, B 2); fewer than 200 requests with "
-        "an ITL per arm (A 32, B 32) (A: 2 run(s), 2 sessions, 32 requests (32 with an ITL); "
+        "an ITL per arm (A 32, B 32); this comparison could detect a change of +-0.0% (80% "
+        "power) (A: 2 run(s), 2 sessions, 32 requests (32 with an ITL); "
         "B: 2 run(s), 2 sessions, 32 requests (32 with an ITL))."
     ) in md
-    assert "| no verdict | 32 / 32 |" in md
+    assert "| no verdict | +-0.0% | 32 / 32 |" in md
 
 
 def test_confounded_comparison_is_labelled(tmp_path: Path) -> None:

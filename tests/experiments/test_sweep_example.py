@@ -40,7 +40,7 @@ def test_every_point_of_the_example_gets_a_verdict(example: Path) -> None:
     assert rec["crossover"] == {
         "last_better": 16,
         "next": 32,
-        "next_verdict": "no significant difference",
+        "next_verdict": "equivalent",  # 14% of steps specialized: within +-3%
     }
     assert rec["worse_points"] == []
     shares = [p["b"]["specialized_decode_share"]["value"] for p in data["points"]]

@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "simulate": "agentab.replay.cli:simulate",
     "replay": "agentab.replay.cli:replay",
     "ab": "agentab.experiments.cli:ab",
+    "plan": "agentab.experiments.cli:plan",
     "report": "agentab.analysis.cli:report",
     "compare": "agentab.analysis.cli:compare",
     "export": "agentab.analysis.cli:export",

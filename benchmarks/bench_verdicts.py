@@ -15,7 +15,7 @@ in the window. The estimator is `compare_runs`, exactly what `agentab ab` report
   TTFT unchanged), so B/A of P90 interactivity is exactly (1 + e) times the A/A ratio, whose
   expectation is 1 by symmetry. Power: the share of "better" (e > 0) or "worse" (e < 0)
   verdicts; coverage: the share of intervals that contain 1 + e.
-- Sequential (`--sequential`): the same pairs replayed block by block (one repeat per arm a
+- Sequential (`--sequential-pairs`): other pairs replayed block by block (one repeat per arm a
   block, each with its own plan), `ab --until-decided`'s stopping rule applied after each block;
   the budget to a verdict is counted in blocks.
 
@@ -128,21 +128,21 @@ def judge(pairs: list[tuple[Any, Any]], effect: float, resamples: int, seed: int
 
 
 def pair_task(job: dict[str, Any]) -> dict[str, Any]:
-    """Simulate one pair and judge it as A/A and under every effect (fixed design), and, with
-    sequential blocks, as `ab --until-decided` would stop on it."""
+    """Simulate one pair and judge it: as A/A and under every effect (fixed design), or block by
+    block as `ab --until-decided` stops (sequential)."""
     pairs = simulate_pair(job)
-    fixed = pairs[: job["fixed_repeats"]]
     out: dict[str, Any] = {"pair": job["pair"], "fixed": {}, "sequential": {}}
-    for effect in job["effects"]:
-        out["fixed"][str(effect)] = judge(fixed, effect, job["resamples"], job["seed"])
-    if job["sequential"]:
-        from agentab.analysis.sequential import sequential_decision
+    if job["mode"] == "fixed":
+        for effect in job["effects"]:
+            out["fixed"][str(effect)] = judge(pairs, effect, job["resamples"], job["seed"])
+        return out
+    from agentab.analysis.sequential import sequential_decision
 
-        for effect in job["sequential_effects"]:
-            blocks = [(a, with_effect(b, effect) if effect else b) for a, b in pairs]
-            out["sequential"][str(effect)] = sequential_decision(
-                blocks, resamples=job["resamples"], seed=job["seed"]
-            ).to_json()
+    for effect in job["effects"]:
+        blocks = [(a, with_effect(b, effect) if effect else b) for a, b in pairs]
+        out["sequential"][str(effect)] = sequential_decision(
+            blocks, resamples=job["resamples"], seed=job["seed"]
+        ).to_json()
     return out
 
 
@@ -209,7 +209,9 @@ def main() -> None:
     ap.add_argument("--step-noise", type=float, default=0.02)
     ap.add_argument("--run-noise", type=float, default=0.005)
     ap.add_argument("--resamples", type=int, default=2000)
-    ap.add_argument("--sequential", action="store_true", help="also measure --until-decided")
+    ap.add_argument(
+        "--sequential-pairs", type=int, default=50, help="pairs run block by block (A/A, +10%%)"
+    )
     ap.add_argument("--max-blocks", type=int, default=6, help="sequential: most blocks")
     ap.add_argument(
         "--block-fraction",
@@ -232,6 +234,7 @@ def main() -> None:
         "step_noise": args.step_noise,
         "run_noise": args.run_noise,
         "repeats": args.repeats,
+        "sequential": {"max_blocks": args.max_blocks, "block_fraction": args.block_fraction},
         "sessions": args.sessions,
         "resamples": args.resamples,
         "concurrency": {},
@@ -255,26 +258,39 @@ def main() -> None:
             pairs = max(args.aa_pairs, args.effect_pairs)
             jobs = []
             for i in range(pairs):
-                fixed_effects = [0.0] if i >= args.effect_pairs else effects
-                if i >= args.aa_pairs:
-                    fixed_effects = args.effects
-                seq = args.sequential and i < args.effect_pairs
+                chosen = [0.0] if i < args.aa_pairs else []
+                chosen += args.effects if i < args.effect_pairs else []
                 jobs.append(
                     {
+                        "mode": "fixed",
                         "workload": str(workload),
                         "root": str(root / f"c{c}" / f"pair-{i}"),
                         "pair": i,
                         "seed": 100_000 * c + 17 * i,
                         "concurrency": c,
-                        "duration_s": windows[c] * (args.block_fraction if seq else 1.0),
-                        "repeats": args.max_blocks if seq else args.repeats,
-                        "fixed_repeats": args.repeats,
+                        "duration_s": windows[c],
+                        "repeats": args.repeats,
                         "step_noise": args.step_noise,
                         "run_noise": args.run_noise,
-                        "effects": fixed_effects,
+                        "effects": chosen,
                         "resamples": args.resamples,
-                        "sequential": seq,
-                        "sequential_effects": [0.0, 0.10],
+                    }
+                )
+            for i in range(args.sequential_pairs):
+                jobs.append(
+                    {
+                        "mode": "sequential",
+                        "workload": str(workload),
+                        "root": str(root / f"c{c}" / f"seq-{i}"),
+                        "pair": i,
+                        "seed": 500_000 + 100_000 * c + 17 * i,
+                        "concurrency": c,
+                        "duration_s": windows[c] * args.block_fraction,
+                        "repeats": args.max_blocks,
+                        "step_noise": args.step_noise,
+                        "run_noise": args.run_noise,
+                        "effects": [0.0, 0.10],
+                        "resamples": args.resamples,
                     }
                 )
             results = []
@@ -288,9 +304,13 @@ def main() -> None:
             per: dict[str, Any] = {"window_s": windows[c], "fixed": {}, "sequential": {}}
             for e in effects:
                 per["fixed"][f"{e:+.2f}"] = summarize(results, e)
-            if args.sequential:
+            if args.sequential_pairs:
+                fixed_seconds = args.repeats * windows[c]
                 for e in (0.0, 0.10):
-                    per["sequential"][f"{e:+.2f}"] = summarize(results, e, "sequential")
+                    row = summarize(results, e, "sequential")
+                    block = windows[c] * args.block_fraction
+                    row["median_budget_vs_fixed"] = row["median_blocks"] * block / fixed_seconds
+                    per["sequential"][f"{e:+.2f}"] = row
             report["concurrency"][str(c)] = per
             print(f"concurrency {c} ({windows[c]:g} s windows):")
             for name, row in per["fixed"].items():

@@ -92,6 +92,7 @@ class MetricResult:
     n_b: int = 0
     detectable: float | None = None  # +- change of B/A found with 80% power (a fraction)
     run_variance: float | None = None  # run-level variance of a repeat's log ratio
+    repeat_variance: float | None = None  # one repeat's sampling variance of log(B/A) (mean)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -108,6 +109,7 @@ class MetricResult:
             "ci_sessions": None if self.ci_sessions is None else list(self.ci_sessions),
             "ci_repeats": None if self.ci_repeats is None else list(self.ci_repeats),
             "run_variance": self.run_variance,
+            "repeat_variance": self.repeat_variance,
             "higher_is_better": self.metric.higher_is_better,
             "unit": self.metric.unit,
             "label": self.metric.label,
@@ -353,13 +355,15 @@ def compare_summaries(
             ci_repeats = repeat_ratio_interval(
                 runs_a_values, runs_b_values, paired=pairing == "paired", confidence=confidence
             )
-        low = high = se = run_var = None
+        low = high = se = run_var = repeat_var = None
         if ratio is not None and pairing == "paired" and all(v is not None for v in pairs):
+            repeat_vars = np.array([_repeat_variance(r[m.name]) for r in boot_repeats[key]])
+            repeat_var = _finite(float(repeat_vars.mean()))
             interval = paired_interval(
                 math.log(ratio),
                 logs,
                 np.log(np.asarray(pairs, dtype=np.float64)),
-                np.array([_repeat_variance(r[m.name]) for r in boot_repeats[key]]),
+                repeat_vars,
                 confidence,
             )
             if interval is not None:
@@ -393,6 +397,7 @@ def compare_summaries(
             sides.b.count(m),
             detectable=_finite(detectable_change(se, confidence)) if se is not None else None,
             run_variance=run_var,
+            repeat_variance=repeat_var,
         )
     return Comparison(
         arm_a=arm_a,

@@ -54,11 +54,14 @@ DEFINITIONS = (
     "least one request was decoding. Output throughput = output tokens / profiling wall time. "
     "Throughput per GPU = (input + output tokens) / wall time / GPU count, counting cached input "
     "tokens (as InferenceX does); the uncached figure leaves them out.",
-    "- CI of B/A: the envelope of (1) a percentile bootstrap resampling sessions (paired: the same "
-    "sessions weigh both arms), pooled over repeats, and (2) with two or more runs per arm, a "
-    "Student t interval over the per-run values (paired by repeat), because run-to-run noise "
-    "(which sessions share the batch) is invisible to (1). Verdict 'better'/'worse' when the CI "
-    "excludes 1, else 'no significant difference'.",
+    "- CI of B/A (paired design: repeat k of both arms replays one plan): the latency metrics "
+    "compare the requests both arms of each repeat completed; a percentile bootstrap resamples "
+    "sessions jointly over both arms and every repeat, and is widened by the run-level variance "
+    "the per-repeat ratios show beyond their own sampling (runs not paired this way: the "
+    "envelope of the session bootstrap and a Welch t interval over the runs). Verdict "
+    "'better'/'worse' when the CI excludes 1, 'equivalent' when it lies within the equivalence "
+    "margin, else 'no significant difference'; 'could detect' is the smallest change the "
+    "comparison finds with 80% power.",
 )
 
 

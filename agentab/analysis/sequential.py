@@ -22,7 +22,7 @@ blocks). Dividing by n gives the interval of the mean log ratio.
 
 The verdict after each block is the fixed design's: the interval above or below 1 decides
 better / worse, inside the equivalence margin decides equivalent; otherwise another block
-runs, until `max_blocks`.
+runs, until `max_blocks`. As in the fixed design, no verdict rests on fewer than two blocks.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from agentab.analysis.compare import (
 )
 from agentab.analysis.intervals import run_level_variance
 from agentab.analysis.matching import match_requests
-from agentab.analysis.sample import HEADLINE, Metric, build_sample, session_index
+from agentab.analysis.sample import HEADLINE, MIN_RUNS, Metric, build_sample, session_index
 from agentab.analysis.summary import RunSummary
 
 BLOCK_RESAMPLES = 1_000
@@ -141,9 +141,12 @@ def decide(
     confidence: float = DEFAULT_CONFIDENCE,
     margin: float = DEFAULT_EQUIVALENCE_MARGIN,
 ) -> tuple[str, float, float, float]:
-    """The verdict the confidence sequence gives after these blocks (WITHHELD: undecided)."""
+    """The verdict the confidence sequence gives after these blocks (WITHHELD: undecided).
+
+    Never before MIN_RUNS blocks: one block cannot show run-to-run noise (the same rule as the
+    fixed design's minimum sample)."""
     low, high, center = confidence_sequence(estimates, confidence)
-    if not math.isfinite(low):
+    if not math.isfinite(low) or len(estimates) < MIN_RUNS:
         return WITHHELD, center, low, high
     judged = verdict(metric, low, high, margin)
     if judged in (BETTER, WORSE, EQUIVALENT):

@@ -128,6 +128,10 @@ def run_arm(
             "decode_backend": arm.decode_backend,
             "seed": experiment.seed + repeat,
         }
+        if "noise_seed" not in options and (
+            options.get("step_noise") or options.get("run_noise")
+        ):  # each arm's engine draws its own timing noise, as two real servers would
+            options["noise_seed"] = 2 * (experiment.seed + repeat) + experiment.arms.index(arm)
         return simulate_to_dir(
             workload,
             engine_options=options,
@@ -251,6 +255,17 @@ def check_before_running(experiment: Experiment) -> None:
             raise AgentabError(f"{experiment.path}: arm {arm.name!r}: {exc}") from None
 
 
+def run_order(experiment: Experiment, repeats: int) -> list[tuple[int, Arm]]:
+    """(repeat, arm) in the order they run: A B, then B A, then A B, ... (ABBA blocks).
+
+    Each repeat runs both arms back to back, so slow drift of the machine (thermal state, a
+    neighbour) falls on both arms of a repeat nearly alike; alternating which arm goes first
+    cancels a linear drift within the pair too, where A B A B would always favour one arm.
+    """
+    a, b = experiment.arms
+    return [(k, arm) for k in range(repeats) for arm in ((a, b) if k % 2 == 0 else (b, a))]
+
+
 def run_experiment(
     experiment: Experiment,
     out_dir: Path,
@@ -258,19 +273,33 @@ def run_experiment(
     progress: bool = False,
     log: Log = stderr_line,
     max_runs: int | None = None,
+    until_decided: bool = False,
+    max_repeats: int | None = None,
 ) -> tuple[Comparison, str] | None:
-    """Run every missing (repeat, arm) interleaved, compare, write the reports; returns the
+    """Run every missing (repeat, arm) in ABBA order, compare, write the reports; returns the
     comparison and its Markdown, or None when `max_runs` stopped it before every run was done
-    (running it again on the same dir completes it)."""
+    (running it again on the same dir completes it).
+
+    `until_decided`: repeat blocks run until the confidence sequence decides the headline
+    (agentab.analysis.sequential), at most `max_repeats` (default 3 x the file's repeats); the
+    report then carries the sequential verdict, valid however early it stopped.
+    """
     check_before_running(experiment)
     resumed = prepare_dir(experiment, out_dir)
     started = time.monotonic()
-    plan = [(repeat, arm) for repeat in range(experiment.repeats) for arm in experiment.arms]
+    limit = experiment.repeats
+    if until_decided:
+        limit = max_repeats or 3 * experiment.repeats
+    plan = run_order(experiment, limit)
     todo = [(k, arm) for k, arm in plan if not is_complete(arm_run_dir(out_dir, arm, k))]
     if todo:
         done_dirs = (arm_run_dir(out_dir, arm, k) for k, arm in plan)
         check_same_engine_code(experiment, [d for d in done_dirs if is_complete(d)])
-    what = f"{_repeats(experiment.repeats)} x 2 arms"
+    what = (
+        f"up to {_repeats(limit)} x 2 arms, until decided"
+        if until_decided
+        else f"{_repeats(limit)} x 2 arms"
+    )
     workload = load_workload(experiment) if todo else None
     if resumed:
         log(
@@ -283,7 +312,15 @@ def run_experiment(
             f"{workload.num_requests()} requests; {what} -> {out_dir}"
         )
     salt = experiment_salt(out_dir)
-    for done, (repeat, arm) in enumerate(todo, start=1):
+    sequence = _Sequence(experiment, out_dir) if until_decided else None
+    done = 0
+    for repeat, arm in plan:
+        run_dir = arm_run_dir(out_dir, arm, repeat)
+        if is_complete(run_dir):
+            if sequence is not None and sequence.add_if_block_done(repeat):
+                break
+            continue
+        done += 1
         if max_runs is not None and done > max_runs:
             log(
                 f"agentab ab: stopped after {max_runs} run(s) (--max-runs): "
@@ -291,7 +328,6 @@ def run_experiment(
                 f"same command on {out_dir} to continue"
             )
             return None
-        run_dir = arm_run_dir(out_dir, arm, repeat)
         clear_unfinished(run_dir)
         t0 = time.monotonic()
         path = run_arm(
@@ -305,22 +341,29 @@ def run_experiment(
             f"requests ok, P90 interactivity {_num(v['p90_interactivity_tok_s'])} tok/s/user "
             f"({time.monotonic() - t0:.1f} s)"
         )
+        if sequence is not None and sequence.add_if_block_done(repeat):
+            log(f"agentab ab: {sequence.line()}")
+            break
     a, b = experiment.arms
+    repeats = limit if sequence is None else sequence.blocks
     comparison = compare_runs(
-        [load_run(arm_run_dir(out_dir, a, k)) for k in range(experiment.repeats)],
-        [load_run(arm_run_dir(out_dir, b, k)) for k in range(experiment.repeats)],
+        [load_run(arm_run_dir(out_dir, a, k)) for k in range(repeats)],
+        [load_run(arm_run_dir(out_dir, b, k)) for k in range(repeats)],
         resamples=experiment.resamples,
         seed=experiment.seed,
         confidence=experiment.confidence,
+        equivalence_margin=experiment.equivalence_margin,
     )
     header = [
         f"Experiment `{experiment.name}` ({experiment.path.name}), engine "
         f"{experiment.engine_kind}"
         + (f" profile {experiment.engine['profile']}" if "profile" in experiment.engine else "")
-        + f", {_repeats(experiment.repeats)} per arm run interleaved"
-        + (" A B A B." if experiment.repeats > 1 else " (A then B)."),
+        + f", {_repeats(repeats)} per arm run in ABBA order.",
         *experiment.notes,
     ]
+    if sequence is not None:
+        comparison.extra["sequential"] = sequence.decision.to_json()
+        header.insert(0, f"**Sequential** (--until-decided): {sequence.line()}.")
     title = f"{experiment.name}: {a.name} (A) vs {b.name} (B)"
     markdown = comparison_markdown(comparison, title=title, header=header)
     comparison.extra["experiment"] = {"name": experiment.name, "dir": str(out_dir)}
@@ -331,6 +374,52 @@ def run_experiment(
     write_html(comparison, out_dir / "report.html", title=title, header=header)
     log(f"agentab ab: done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
     return comparison, markdown
+
+
+class _Sequence:
+    """The blocks so far of an `--until-decided` run and the verdict they give."""
+
+    def __init__(self, experiment: Experiment, out_dir: Path) -> None:
+        self.experiment = experiment
+        self.out_dir = out_dir
+        self.estimates: list[Any] = []
+        self.blocks = 0
+        self.decision: Any = None
+
+    def add_if_block_done(self, repeat: int) -> bool:
+        """After a run: when both arms of `repeat` are done, add the block; True = decided."""
+        from agentab.analysis.compare import WITHHELD
+        from agentab.analysis.sequential import SequentialDecision, block_estimate, decide
+
+        a, b = (arm_run_dir(self.out_dir, arm, repeat) for arm in self.experiment.arms)
+        if repeat < self.blocks or not (is_complete(a) and is_complete(b)):
+            return False
+        self.estimates.append(
+            block_estimate(
+                summarize_run(load_run(a)),
+                summarize_run(load_run(b)),
+                seed=self.experiment.seed + repeat,
+            )
+        )
+        self.blocks = repeat + 1
+        verdict, center, low, high = decide(
+            self.estimates,
+            confidence=self.experiment.confidence,
+            margin=self.experiment.equivalence_margin,
+        )
+        self.decision = SequentialDecision(verdict, self.blocks, center, low, high)
+        return verdict != WITHHELD
+
+    def line(self) -> str:
+        d = self.decision
+        if d is None:
+            return "no block completed"
+        state = f"decided **{d.verdict}**" if d.verdict != "no verdict" else "undecided"
+        return (
+            f"{state} after {_repeats(d.blocks)} per arm: B/A {d.ratio:.3f}, always-valid "
+            f"{100 * self.experiment.confidence:.0f}% interval {d.low:.3f} – {d.high:.3f} "
+            "(a confidence sequence: valid whenever the experiment stopped)"
+        )
 
 
 def arm_run_dir(out_dir: Path, arm: Arm, repeat: int) -> Path:

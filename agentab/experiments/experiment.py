@@ -44,7 +44,7 @@ ARM_KEYS = ("name", "decode_backend", "url", "gpu_count")
 WORKLOAD_KEYS = ("path", "format", "generate")
 GENERATE_KEYS = ("preset", "sessions", "seed", "config")
 GPUS_KEYS = ("count", "ids")
-ANALYSIS_KEYS = ("resamples", "confidence")
+ANALYSIS_KEYS = ("resamples", "confidence", "equivalence_margin")
 SWEEP_KEYS = ("concurrency", "rate")  # closed loop (lanes) or open loop (sessions per second)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -91,6 +91,7 @@ class Experiment:
     notes: tuple[str, ...] = ()
     resamples: int = 10_000
     confidence: float = 0.95
+    equivalence_margin: float = 0.03
     sweep: Sweep | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -239,6 +240,12 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
             f"{where('analysis', 'confidence')}: confidence must be a number in [0.5, 1) "
             f"(got {confidence!r})"
         )
+    margin = analysis.get("equivalence_margin", 0.03)
+    if not isinstance(margin, float) or not 0.0 <= margin < 1.0:
+        raise AgentabError(
+            f"{where('analysis', 'equivalence_margin')}: equivalence_margin must be a number "
+            f"in [0, 1) (0.03 = +-3%; 0 turns the equivalence verdict off), got {margin!r}"
+        )
 
     return Experiment(
         path=path,
@@ -256,6 +263,7 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
         notes=tuple(notes),
         resamples=resamples,
         confidence=confidence,
+        equivalence_margin=margin,
         sweep=sweep,
         raw=data,
     )

@@ -173,6 +173,7 @@ def analyse_sweep(experiment: Experiment, out_dir: Path) -> list[SweepPoint]:
             resamples=experiment.resamples,
             seed=experiment.seed,
             confidence=experiment.confidence,
+            equivalence_margin=experiment.equivalence_margin,
         )
         for summary in comparison.runs_a + comparison.runs_b:
             if not (summary.run.path / SUMMARY_FILE).is_file():

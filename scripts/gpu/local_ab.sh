@@ -36,7 +36,7 @@ c=${CONCURRENCY:-1}
 mkdir -p out
 exp="out/local-k2-h200-c$c.toml"
 dir="out/ab-c$c"
-sed -e "s/^concurrency = .*/concurrency = $c/" -e "s/^name = .*/name = \"local-k2-h200-c$c\"/" \
+sed -e "s/^concurrency = .*/concurrency = $c/" -e "0,/^name = /s/^name = .*/name = \"local-k2-h200-c$c\"/" \
   ${EXTRA_SED:+-e "$EXTRA_SED"} "${EXPERIMENT:-examples/local-k2-h200.toml}" > "$exp"
 cp "$exp" "$OUT/"
 if [ ! -d "$dir" ] && [ -n "${RESTORE:-}" ]; then

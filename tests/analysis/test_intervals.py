@@ -41,3 +41,49 @@ def test_welch_interval_and_missing_values() -> None:
     assert repeat_ratio_interval([1.0], [1.0, 2.0], paired=False, confidence=0.95) is None
     assert repeat_ratio_interval([1.0, None], [1.0, 2.0], paired=True, confidence=0.95) is None
     assert repeat_ratio_interval([1.0, 0.0], [1.0, 2.0], paired=True, confidence=0.95) is None
+
+
+def test_run_level_variance_is_the_excess_over_sampling() -> None:
+    from agentab.analysis.intervals import run_level_variance
+
+    # var([0.01, 0.03], ddof=1) = 2e-4; mean sampling variance 1e-4 -> 1e-4 beyond it
+    assert run_level_variance(np.array([0.01, 0.03]), np.array([1e-4, 1e-4])) == pytest.approx(
+        1e-4, rel=1e-12
+    )
+    assert run_level_variance(np.array([0.01, 0.011]), np.array([1e-4, 1e-4])) == 0.0
+    assert run_level_variance(np.array([0.01]), np.array([1e-4])) is None
+
+
+def test_paired_interval_is_the_bootstrap_one_without_run_level_noise() -> None:
+    from agentab.analysis.intervals import paired_interval
+
+    rng = np.random.default_rng(0)
+    boot = rng.normal(0.05, 0.01, 4000)
+    got = paired_interval(0.05, boot, np.array([0.05, 0.05]), np.array([2e-4, 2e-4]), 0.95)
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    assert (got.low, got.high) == (pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
+    assert got.run_variance == 0.0 and got.inflation == 1.0
+    assert got.se == pytest.approx((hi - lo) / (2 * 1.959964), rel=1e-5)
+
+
+def test_paired_interval_widens_by_the_run_level_variance() -> None:
+    from agentab.analysis.intervals import paired_interval
+
+    rng = np.random.default_rng(1)
+    boot = rng.normal(0.0, 0.01, 4000)
+    repeat_logs = np.array([-0.03, 0.0, 0.03])  # var 9e-4, far beyond sampling 1e-4
+    got = paired_interval(0.0, boot, repeat_logs, np.array([1e-4] * 3), 0.95)
+    tau2 = 9e-4 - 1e-4
+    assert got.run_variance == pytest.approx(tau2)
+    assert got.inflation == pytest.approx(math.sqrt(1 + tau2 / 3 / boot.var(ddof=1)))
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    assert math.log(got.low) == pytest.approx(got.inflation * lo)
+    assert math.log(got.high) == pytest.approx(got.inflation * hi)
+
+
+def test_detectable_change_is_the_two_sided_80_percent_power_effect() -> None:
+    from agentab.analysis.intervals import detectable_change
+
+    # (z_0.975 + z_0.80) * se = (1.959964 + 0.841621) * 0.01
+    assert detectable_change(0.01, 0.95) == pytest.approx(math.expm1(0.02801585), rel=1e-6)
+    assert math.isnan(detectable_change(None, 0.95))

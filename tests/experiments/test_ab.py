@@ -74,7 +74,7 @@ def test_ab_runs_the_arms_interleaved_and_prints_the_report(experiment) -> None:
         for k in (1, 2)
     }
     order = sorted(manifests, key=lambda key: manifests[key]["started_at"])
-    assert order == [("auto", 1), ("fast", 1), ("auto", 2), ("fast", 2)]
+    assert order == [("auto", 1), ("fast", 1), ("fast", 2), ("auto", 2)]  # ABBA
     for (arm, k), m in manifests.items():
         assert m["arm"] == arm and m["repeat"] == k - 1 and m["replay"]["seed"] == 3 + k - 1
         assert m["decode_backend"] == ("auto" if arm == "auto" else "latency_specialized")
@@ -259,4 +259,59 @@ def test_ab_refuses_an_experiment_file_that_is_not_utf8(tmp_path: Path) -> None:
     assert (result.returncode, result.stderr) == (
         2,
         f"agentab: error: {path}: not UTF-8 text (byte 11); TOML is UTF-8\n",
+    )
+
+
+def test_until_decided_stops_at_the_first_decided_block(tmp_path: Path) -> None:
+    # The specialized path is far faster here (B/A about 1.6): decided at the second block,
+    # the fewest that can show run-to-run noise, well before the 4 allowed.
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    out = tmp_path / "out"
+    result = agentab("ab", path, "-o", out, "--until-decided", "--max-repeats", "4")
+    assert result.returncode == 0, result.stderr
+    seq = json.loads((out / "comparison.json").read_text())["sequential"]
+    assert seq["verdict"] == "better" and seq["blocks"] == 2
+    assert seq["ci_low"] > 1.0
+    assert sorted(p.name for p in (out / "auto").iterdir()) == ["run-1", "run-2"]
+    assert "**Sequential** (--until-decided): decided **better** after 2 repeats per arm" in (
+        result.stdout
+    )
+
+
+def test_dry_run_runs_nothing_and_plans_from_a_pilot(experiment, tmp_path: Path) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    fresh = agentab("ab", path, "--dry-run", "-o", tmp_path / "none")
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.splitlines()[0] == (
+        "tiny-ab: 4 runs (2 repeats x 2 arms), 120 s profiling window each, engine simulator; "
+        "arms auto (A) and fast (B); nothing was run"
+    )
+    assert not (tmp_path / "none").exists()
+    out, _ = experiment  # two completed repeats: a pilot
+    planned = agentab("ab", path, "--dry-run", "-o", out, "--effect", "0.1")
+    assert planned.returncode == 0, planned.stderr
+    assert "# Plan: detect a change of 10% in P90 interactivity with 80% power" in planned.stdout
+    assert "| 120 s |" in planned.stdout
+
+
+def test_plan_prints_repeats_per_window_from_an_experiment_dir(experiment) -> None:
+    out, _ = experiment
+    result = agentab("plan", out, "--window", "60", "--window", "240", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    (point,) = doc["points"]
+    assert point["pilot"]["repeats"] == 2 and point["pilot"]["window_s"] == 120.0
+    rows = point["plans"]
+    assert [r["window_s"] for r in rows] == [60.0, 240.0]
+    assert all(r["repeats"] is None or r["repeats"] >= 2 for r in rows)
+
+
+def test_plan_refuses_what_is_not_a_pilot(tmp_path: Path) -> None:
+    result = agentab("plan", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"agentab: error: {tmp_path}: no experiment.toml: not an experiment dir written by "
+        "`agentab ab`"
     )

@@ -50,6 +50,9 @@ ENGINE = {
 HEADLINE = "p90_interactivity_tok_s"
 
 
+_WORKLOADS: dict[str, Any] = {}
+
+
 def simulate_pair(job: dict[str, Any]) -> list[tuple[Any, Any]]:
     """Both arms of `repeats` repeats of one pair: [(summary A_k, summary B_k), ...]."""
     from agentab.analysis.load import load_run
@@ -58,7 +61,9 @@ def simulate_pair(job: dict[str, Any]) -> list[tuple[Any, Any]]:
     from agentab.replay.options import ReplayOptions
     from agentab.workloads import load
 
-    workload = load(job["workload"])
+    workload = _WORKLOADS.get(job["workload"])
+    if workload is None:  # once per worker: a run freezes what it replays (gc.freeze)
+        workload = _WORKLOADS[job["workload"]] = load(job["workload"])
     root = Path(job["root"])
     out = []
     try:
@@ -242,7 +247,11 @@ def main() -> None:
     effects = [0.0, *args.effects]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn")) as pool,
+        ProcessPoolExecutor(
+            args.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            max_tasks_per_child=5,  # bounds what each worker's runs leave frozen behind
+        ) as pool,
     ):
         root = Path(tmp)
         workload = root / "workload.jsonl"

@@ -1,7 +1,8 @@
 """`agentab ab`: run an experiment's two arms interleaved, then compare and report.
 
-Order: repeat 1 of A, repeat 1 of B, repeat 2 of A, ... so slow drift (thermal state, a noisy
-neighbour, cache warmth of the host) falls on both arms alike. Repeat k of both arms uses replay
+Order: ABBA blocks (repeat 1: A then B; repeat 2: B then A; ...; `run_order`), so slow drift
+(thermal state, a noisy neighbour, cache warmth of the host) falls on both arms of a repeat
+alike. Repeat k of both arms uses replay
 seed `seed + k`: the two arms of a repeat see the same lane start points and salts, and repeats
 differ from each other (with the deterministic simulator, identical repeats would add nothing).
 One prompt salt is drawn per experiment dir (or read from `[replay] prompt_salt`) and shared by

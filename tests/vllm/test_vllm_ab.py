@@ -113,6 +113,12 @@ def test_aa_experiment_with_two_vllm_arms(tmp_path: Path, vllm_python: str) -> N
     # times (one run here read 0.976 at its upper end); the A/A rate of false verdicts is what
     # benchmarks/bench_verdicts.py measures, over many runs.
     assert p90["ci_low"] <= p90["ratio"] <= p90["ci_high"]
+    # The paired design on a real engine: repeat k of both arms replayed one plan, so every
+    # request both completed is compared, and nothing only one arm reached.
+    assert comparison["matched_requests"]["matched"] == [22, 22]
+    assert comparison["matched_requests"]["only_a"] == [0, 0]
+    assert comparison["matched_requests"]["only_b"] == [0, 0]
+    assert p90["detectable_change"] is not None and p90["detectable_change"] > 0
     # Then the reports and the exit status.
     assert result.returncode == 0, result.stderr[-3000:]
     assert "P90 interactivity" in result.stdout

@@ -12,9 +12,10 @@ API can take its place: a coroutine's first step has to run with the new task re
 loop's current task (so `asyncio.current_task()`, `asyncio.timeout` and aiohttp's timeouts inside
 that step see the task they belong to), and 3.11 exposes the current-task bookkeeping only as
 the private `asyncio.tasks._enter_task` / `_leave_task` (3.12 does that swap inside `Task`
-itself when it starts eagerly). So on 3.11 this module runs the first step itself under those two functions and
-hands the step's outcome to an ordinary `asyncio.Task` through the `_Started` shim. The shim is
-dropped, with the import of the private functions, when the project requires 3.12.
+itself when it starts eagerly). So on 3.11 this module runs the first step itself under those
+two functions and hands the step's outcome to an ordinary `asyncio.Task` through the `_Started`
+shim. The shim is dropped, with the import of the private functions, when the project requires
+3.12.
 """
 
 from __future__ import annotations

@@ -4,8 +4,18 @@ Why: a dispatch timer fires in the middle of a loop pass that may be handling hu
 reads; a task created there starts only after the rest of that pass and the next poll, and on
 Python 3.11 aiohttp writes the request body from one more task of its own, another pass later.
 Under 20k chunks/s those passes are what a dispatch waits for. With eager tasks the request
-leaves the client inside the timer's callback. Python 3.12+ has `asyncio.eager_task_factory`;
-this module gives 3.11 the same behaviour with a small coroutine shim.
+leaves the client inside the timer's callback.
+
+On Python 3.12+ `eager_task_factory` is the standard library's `asyncio.eager_task_factory`.
+On 3.11 (the oldest version the project supports) that public API does not exist, and no public
+API can take its place: a coroutine's first step has to run with the new task registered as the
+loop's current task (so `asyncio.current_task()`, `asyncio.timeout` and aiohttp's timeouts inside
+that step see the task they belong to), and 3.11 exposes the current-task bookkeeping only as
+the private `asyncio.tasks._enter_task` / `_leave_task` (3.12 does that swap inside `Task`
+itself when it starts eagerly). So on 3.11 this module runs the first step itself under those
+two functions and hands the step's outcome to an ordinary `asyncio.Task` through the `_Started`
+shim. The shim is dropped, with the import of the private functions, when the project requires
+3.12.
 """
 
 from __future__ import annotations

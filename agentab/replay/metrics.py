@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentab.replay.records import PartWriter
 
@@ -19,58 +20,30 @@ Sample = tuple[str, dict[str, str], float]
 
 
 def parse_prometheus(text: str) -> list[Sample]:
-    """Samples of a Prometheus text exposition (comments skipped, NaN/Inf kept as floats)."""
-    out: list[Sample] = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        labels: dict[str, str] = {}
-        brace = line.find("{")
-        if brace >= 0:
-            close = line.rfind("}")
-            if close < brace:
-                continue
-            name = line[:brace]
-            labels = _parse_labels(line[brace + 1 : close])
-            rest = line[close + 1 :].split()
-        else:
-            parts = line.split()
-            name, rest = parts[0], parts[1:]
-        if not rest:
-            continue
-        try:
-            value = float(rest[0])
-        except ValueError:
-            continue
-        out.append((name, labels, value))
-    return out
+    """Samples of a Prometheus text exposition, in the order the server wrote them.
+
+    Comments and TYPE/HELP lines carry nothing the analysis reads; timestamps are dropped (the
+    scrape's own loop time is what the rows are aligned on); NaN and Inf stay floats. A server
+    that writes one malformed line must not cost the run every other counter of that scrape, so
+    on a parse error each line is parsed on its own and the lines that fail are skipped.
+    """
+    try:
+        return _samples(text)
+    except ValueError:
+        out: list[Sample] = []
+        for line in text.splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                with contextlib.suppress(ValueError):
+                    out.extend(_samples(line))
+        return out
 
 
-def _parse_labels(body: str) -> dict[str, str]:
-    labels: dict[str, str] = {}
-    i, n = 0, len(body)
-    while i < n:
-        eq = body.find("=", i)
-        if eq < 0:
-            break
-        key = body[i:eq].strip().lstrip(",").strip()
-        j = eq + 1
-        if j >= n or body[j] != '"':
-            break
-        j += 1
-        chars: list[str] = []
-        while j < n and body[j] != '"':
-            if body[j] == "\\" and j + 1 < n:
-                nxt = body[j + 1]
-                chars.append("\n" if nxt == "n" else nxt)
-                j += 2
-                continue
-            chars.append(body[j])
-            j += 1
-        labels[key] = "".join(chars)
-        i = j + 1
-    return labels
+def _samples(text: str) -> list[Sample]:
+    return [
+        (sample.name, dict(sample.labels), float(sample.value))
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
 
 
 def engine_samples(metrics: dict[str, float]) -> list[Sample]:

@@ -43,8 +43,9 @@ import torch
 
 T0 = time.time()
 OUT = Path(os.environ.get("OUT", "out"))
-OUT.mkdir(parents=True, exist_ok=True)
-RESULTS: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+# The device is named in main(), not here: importing this file on a machine without CUDA (the
+# scripts' import test) must not touch the device or create $OUT.
+RESULTS: dict = {"torch": torch.__version__}
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -138,7 +139,7 @@ def free(eng) -> None:
 
 
 def stage_smoke() -> None:
-    from agentab.engine.local import build_local_engine
+    from agentab.engine.local.build import build_local_engine
 
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, 32000, size=n) for n in (37, 300, 1200)]
@@ -211,7 +212,7 @@ def lm_head_us(eng) -> float:
 
 
 def stage_timing() -> None:
-    from agentab.engine.local import build_local_engine
+    from agentab.engine.local.build import build_local_engine
 
     bench = json.loads((ROOT / "benchmarks/results/kernels-h200.json").read_text())
     per_layer = {r["batch"]: r for r in bench["rows"]}
@@ -272,7 +273,7 @@ def stage_serve() -> None:
     step at batch 1 as `agentab serve` runs it, from the engine's own counters."""
     import asyncio
 
-    from agentab.engine.local import build_local_engine
+    from agentab.engine.local.build import build_local_engine
     from agentab.engine.types import EngineRequest
 
     res = {}
@@ -339,7 +340,7 @@ AB_ENGINE = {
 
 
 def stage_prefill() -> None:
-    from agentab.engine.local import build_local_engine
+    from agentab.engine.local.build import build_local_engine
 
     rng = np.random.default_rng(7)
     eng = build_local_engine("k2-tp8-shard", "auto", **AB_ENGINE)
@@ -385,7 +386,7 @@ def stage_prefill() -> None:
 def stage_prefill_small() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from agentab.engine.local import build_local_engine
+    from agentab.engine.local.build import build_local_engine
 
     rng = np.random.default_rng(11)
     eng = build_local_engine("k2-tp8-shard", "auto", **AB_ENGINE)
@@ -491,7 +492,7 @@ def timed_forward(eng, inputs, iters: int = 7, warmup: int = 2):
 
 
 def stage_mixed() -> None:
-    from agentab.engine.local import build_local_engine
+    from agentab.engine.local.build import build_local_engine
 
     rng = np.random.default_rng(8)
     t = time.time()
@@ -546,6 +547,8 @@ def stage_mixed() -> None:
 
 
 def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    RESULTS["device"] = torch.cuda.get_device_name()
     stages = os.environ.get("STAGES", "paged,smoke,timing,serve").split(",")
     rc = 0
     for name in stages:

@@ -14,13 +14,20 @@ from agentab.kernels.config import get_preset
 from agentab.kernels.paths import make_path
 from agentab.kernels.weights import init_state, init_weights
 
-cfg = get_preset("k2-tp8-shard")
-dev = torch.device("cuda")
-w = init_weights(cfg, 0, dev)
-for batch in (1, 64):
-    path = make_path("specialized", cfg, w, 4096, batch)
-    state = init_state(cfg, batch, 4096, batch, dev)
-    x = torch.randn(batch, cfg.hidden, device=dev).to(torch.bfloat16)
-    path.step(x, state)
-    torch.cuda.synchronize()
-    print(f"batch {batch} done", flush=True)
+
+def main() -> None:
+    """Everything runs here, not at import, so the file imports on a machine without CUDA."""
+    cfg = get_preset("k2-tp8-shard")
+    dev = torch.device("cuda")
+    w = init_weights(cfg, 0, dev)
+    for batch in (1, 64):
+        path = make_path("specialized", cfg, w, 4096, batch)
+        state = init_state(cfg, batch, 4096, batch, dev)
+        x = torch.randn(batch, cfg.hidden, device=dev).to(torch.bfloat16)
+        path.step(x, state)
+        torch.cuda.synchronize()
+        print(f"batch {batch} done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -34,7 +34,6 @@ import statistics
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -247,10 +246,9 @@ def main() -> None:
     effects = [0.0, *args.effects]
     with (
         tempfile.TemporaryDirectory() as tmp,
-        ProcessPoolExecutor(
+        multiprocessing.get_context("spawn").Pool(
             args.workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            max_tasks_per_child=5,  # bounds what each worker's runs leave frozen behind
+            maxtasksperchild=5,  # bounds what each worker's runs leave behind
         ) as pool,
     ):
         root = Path(tmp)
@@ -304,8 +302,8 @@ def main() -> None:
                 )
             results = []
             t0 = time.monotonic()
-            for n, fut in enumerate(as_completed([pool.submit(pair_task, j) for j in jobs]), 1):
-                results.append(fut.result())
+            for n, result in enumerate(pool.imap_unordered(pair_task, jobs), 1):
+                results.append(result)
                 if n % 10 == 0 or n == len(jobs):
                     print(
                         f"  c{c}: {n}/{len(jobs)} pairs ({time.monotonic() - t0:.0f} s)", flush=True

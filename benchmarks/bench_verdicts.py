@@ -15,6 +15,8 @@ in the window. The estimator is `compare_runs`, exactly what `agentab ab` report
   TTFT unchanged), so B/A of P90 interactivity is exactly (1 + e) times the A/A ratio, whose
   expectation is 1 by symmetry. Power: the share of "better" (e > 0) or "worse" (e < 0)
   verdicts; coverage: the share of intervals that contain 1 + e.
+- Request-count design (`--lane-requests N`): runs end after N profiling requests per lane
+  instead of a window, the other way to give both arms the same requests.
 - Sequential (`--sequential-pairs`): other pairs replayed block by block (one repeat per arm a
   block, each with its own plan), `ab --until-decided`'s stopping rule applied after each block;
   the budget to a verdict is counted in blocks.
@@ -82,7 +84,8 @@ def simulate_pair(job: dict[str, Any]) -> list[tuple[Any, Any]]:
                     },
                     replay=ReplayOptions(
                         concurrency=job["concurrency"],
-                        duration_s=job["duration_s"],
+                        duration_s=None if job.get("lane_requests") else job["duration_s"],
+                        lane_requests=job.get("lane_requests"),
                         warmup_requests=2,
                         seed=plan_seed,
                         prompt_salt="bench",
@@ -223,6 +226,13 @@ def main() -> None:
         default=1 / 3,
         help="sequential: a block's window as a fraction of a fixed-design run's",
     )
+    ap.add_argument(
+        "--lane-requests",
+        type=int,
+        default=None,
+        help="end each run after N profiling requests per lane instead of a window (the other "
+        "paired design)",
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
@@ -238,6 +248,7 @@ def main() -> None:
         "step_noise": args.step_noise,
         "run_noise": args.run_noise,
         "repeats": args.repeats,
+        "lane_requests": args.lane_requests,
         "sequential": {"max_blocks": args.max_blocks, "block_fraction": args.block_fraction},
         "sessions": args.sessions,
         "resamples": args.resamples,
@@ -281,6 +292,7 @@ def main() -> None:
                         "run_noise": args.run_noise,
                         "effects": chosen,
                         "resamples": args.resamples,
+                        "lane_requests": args.lane_requests,
                     }
                 )
             for i in range(args.sequential_pairs):

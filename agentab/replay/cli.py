@@ -53,6 +53,13 @@ def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--max-requests", type=int, default=None, help="Stop after N requests."),
         click.option(
+            "--lane-requests",
+            type=click.IntRange(min=1),
+            default=None,
+            help="Closed loop: each lane stops after N profiling requests, so two runs of one "
+            "plan send the same requests whatever their speeds.",
+        ),
+        click.option(
             "--start-window",
             nargs=2,
             type=float,
@@ -127,6 +134,7 @@ def _options(kw: dict[str, Any]) -> ReplayOptions:
         time_scale=kw["time_scale"],
         duration_s=kw["duration_s"] or None,
         max_requests=kw["max_requests"],
+        lane_requests=kw["lane_requests"],
         start_window=tuple(kw["start_window"]),
         warmup_requests=kw["warmup_requests"],
         idle_cap_global_s=kw["idle_cap_global_s"],

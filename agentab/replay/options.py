@@ -27,7 +27,9 @@ class ReplayOptions:
     Open loop: `rate` (Poisson session arrivals per second) or `time_scale` (recorded session
     arrival offsets multiplied by this factor; 0.5 replays arrivals twice as fast).
     `duration_s` is the profiling window: it opens when the last warmup request has finished.
-    `None` for `duration_s`, `max_requests` and `passes` means "no limit from this rule".
+    `None` for `duration_s`, `max_requests`, `lane_requests` and `passes` means "no limit from
+    this rule". `lane_requests` ends each lane after that many profiling requests: two runs of
+    one plan then send the same requests whatever their speeds (docs/replay.md).
     Idle caps of 0 disable that compression rule.
     `prompt_salt` enters every play's salt: None draws a fresh one for each run (so a rerun
     against a warm server does not find its prompts in the prefix cache), and the manifest
@@ -39,6 +41,7 @@ class ReplayOptions:
     time_scale: float | None = None
     duration_s: float | None = 3600.0
     max_requests: int | None = None
+    lane_requests: int | None = None
     start_window: tuple[float, float] = (0.25, 0.75)
     warmup_requests: int = 10
     idle_cap_global_s: float = 10.0
@@ -64,6 +67,12 @@ class ReplayOptions:
         )
         _check(self.duration_s is None or _finite_pos(self.duration_s), "duration_s", "> 0")
         _check(_opt_int_pos(self.max_requests), "max_requests", "an integer >= 1")
+        _check(_opt_int_pos(self.lane_requests), "lane_requests", "an integer >= 1")
+        _check(
+            self.lane_requests is None or not self.open_loop,
+            "lane_requests",
+            "used with closed-loop lanes (concurrency), not rate or time_scale",
+        )
         _check(_opt_int_pos(self.passes), "passes", "an integer >= 1")
         lo, hi = self.start_window if len(self.start_window) == 2 else (-1.0, -1.0)
         _check(0.0 <= lo <= hi <= 1.0, "start_window", "two fractions 0 <= LO <= HI <= 1")

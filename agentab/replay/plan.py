@@ -202,10 +202,15 @@ def build_plan(workload: Workload, options: ReplayOptions) -> Plan:
     """The plan for `workload` under `options` (deterministic in the seed)."""
     if len(workload.sessions) == 0:
         raise AgentabError(f"{workload.source or 'workload'}: no sessions to replay")
-    if options.duration_s is None and options.max_requests is None and options.passes is None:
+    if (
+        options.duration_s is None
+        and options.max_requests is None
+        and options.lane_requests is None
+        and options.passes is None
+    ):
         raise AgentabError(
-            "no stopping rule: give --duration, --max-requests or --passes "
-            "(duration_s, max_requests or passes in an experiment's [replay])"
+            "no stopping rule: give --duration, --max-requests, --lane-requests or --passes "
+            "(duration_s, max_requests, lane_requests or passes in an experiment's [replay])"
         )
     arrivals = {s.arrival_s for s in workload.sessions}
     if options.time_scale is not None and len(workload.sessions) > 1 and len(arrivals) == 1:

@@ -127,6 +127,7 @@ class Runner:
         self.t0 = 0.0
         self._heap: list[list[Any]] = []  # [key, seq, tree | None, node | play, alive]
         self._seq = 0
+        self._lane_sent: dict[int, int] = {}  # profiling requests sent per lane (lane_requests)
         self._offset = 0.0  # global compression: effective due = key + offset
         self._handle: asyncio.TimerHandle | None = None
         self._handle_when = math.nan
@@ -301,6 +302,12 @@ class Runner:
         if node.kind != "request":
             self._complete(tree, node_idx, due)
             return
+        cap = self.opts.lane_requests
+        if cap is not None and node.phase == "profiling":
+            lane = tree.play.lane
+            if self._lane_sent.get(lane, 0) >= cap:
+                return  # the lane is done: its later requests are not sent, its tree never ends
+            self._lane_sent[lane] = self._lane_sent.get(lane, 0) + 1
         self.stats.dispatched += 1
         max_req = self.opts.max_requests
         if max_req is not None and self.stats.dispatched >= max_req:

@@ -83,6 +83,13 @@ def report(run_dir: Path, as_json: bool, allow_incomplete: bool) -> None:
 @click.option(
     "--seed", type=int, default=42, show_default=True, help="Bootstrap seed (as `ab`'s default)."
 )
+@click.option(
+    "--equivalence-margin",
+    type=click.FloatRange(min=0.0, max=0.99),
+    default=0.03,
+    show_default=True,
+    help="'equivalent' when the interval of B/A lies within +-this fraction (0 turns it off).",
+)
 def compare(
     a: Path,
     b: Path,
@@ -92,6 +99,7 @@ def compare(
     html: Path | None,
     resamples: int,
     seed: int,
+    equivalence_margin: float,
 ) -> None:
     """Compare B against A. Each is a run dir or a folder of run dirs (pooled repeats).
 
@@ -110,6 +118,7 @@ def compare(
         allow_diff=allow_diff,
         resamples=resamples,
         seed=seed,
+        equivalence_margin=equivalence_margin,
         allow_incomplete=allow_incomplete,
     )
     if html is not None:

@@ -164,9 +164,14 @@ def _dry_run(experiment, out: Path | None, effect: float) -> None:
         f"{experiment.arms[0].name} (A) and {experiment.arms[1].name} (B); nothing was run"
     )
     if out is None or not out.is_dir():
+        simulated = (
+            f"; `agentab plan {experiment.path}` simulates one"
+            if experiment.engine_kind == "simulator"
+            else ""
+        )
         click.echo(
             "no plan: name a dir with a pilot's runs with -o (`agentab ab FILE -o DIR "
-            "--max-runs 4` runs one), or see `agentab plan --help`"
+            f"--max-runs 4` runs one){simulated}"
         )
         return
     _print_plan(out, effect, 0.8, None, False, experiment.resamples, experiment.seed)

@@ -356,6 +356,7 @@ def compare_summaries(
                 runs_a_values, runs_b_values, paired=pairing == "paired", confidence=confidence
             )
         low = high = se = run_var = repeat_var = None
+        se_df = math.inf
         if ratio is not None and pairing == "paired" and all(v is not None for v in pairs):
             repeat_vars = np.array([_repeat_variance(r[m.name]) for r in boot_repeats[key]])
             repeat_var = _finite(float(repeat_vars.mean()))
@@ -367,10 +368,11 @@ def compare_summaries(
                 confidence,
             )
             if interval is not None:
-                low, high, se, run_var = (
+                low, high, se, se_df, run_var = (
                     interval.low,
                     interval.high,
                     interval.se,
+                    interval.df,
                     interval.run_variance,
                 )
         elif pairing == "welch" and ci_sessions is not None:
@@ -395,7 +397,9 @@ def compare_summaries(
             ci_repeats,
             sides.a.count(m),
             sides.b.count(m),
-            detectable=_finite(detectable_change(se, confidence)) if se is not None else None,
+            detectable=_finite(detectable_change(se, confidence, df=se_df))
+            if se is not None
+            else None,
             run_variance=run_var,
             repeat_variance=repeat_var,
         )

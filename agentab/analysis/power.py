@@ -1,20 +1,21 @@
 """How long to run: the repeats and window an A/B needs to detect a given effect.
 
-The paired design's log(B/A) has, for R repeats of a window of T seconds,
+The paired design's interval is Student t over the repeats' log ratios (`intervals.py`), each
+with variance
 
-    Var = (v * T0 / T + tau^2) / R
+    s^2 = v * T0 / T + tau^2
 
-where v is one repeat's sampling variance measured over a pilot window T0 (it falls as the
-window, and so the number of requests, grows) and tau^2 the run-level variance (it does not).
-Both come from a comparison (`MetricResult.repeat_variance`, `run_variance`): a pilot run,
-earlier runs of the same experiment, or a simulated pilot on a calibrated profile with timing
-noise. A two-sided test at level alpha finds a change e with the stated power when
+for a window of T seconds, where v is one repeat's sampling variance measured over a pilot
+window T0 (it falls as the window, and so the number of requests, grows) and tau^2 the
+run-level variance (it does not). Both come from a comparison (`MetricResult.repeat_variance`,
+`run_variance`): a pilot run, earlier runs of the same experiment, or a simulated pilot on a
+calibrated profile with timing noise. A two-sided t test at level alpha over R repeats finds a
+change e with the stated power when
 
-    (z_(1-alpha/2) + z_power) * sqrt(Var) <= log(1 + e)
+    (t_(R-1, 1-alpha/2) + t_(R-1, power)) * s / sqrt(R) <= log(1 + e)
 
-so the repeats needed are the smallest R >= 2 (one repeat cannot measure run-to-run noise)
-that satisfy it, also meeting the minimum sample (sessions and measured requests, scaled from
-the pilot). `plan` gives them for each window asked about.
+so the repeats needed are the smallest R >= 2 that satisfy it, also meeting the minimum sample
+(sessions and measured requests, scaled from the pilot). `plan` gives them for each window.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentab.analysis.compare import Comparison
-from agentab.analysis.intervals import z_quantile
+from agentab.analysis.intervals import detectable_change
 from agentab.analysis.sample import MIN_REQUESTS, MIN_RUNS, MIN_SESSIONS
 
-MAX_PLANNED_REPEATS = 1000
+MAX_PLANNED_REPEATS = 200
 
 
 @dataclass(frozen=True)
@@ -88,17 +89,23 @@ class PlanRow:
         }
 
 
-def standard_error(pilot: Pilot, window_s: float, repeats: int) -> float:
-    """sqrt(Var) of log(B/A) for `repeats` repeats of `window_s` (module docstring)."""
+def repeat_sd(pilot: Pilot, window_s: float) -> float:
+    """sd of one repeat's log(B/A) for a window of `window_s` (module docstring)."""
     per_repeat = pilot.repeat_variance * pilot.window_s / window_s + pilot.run_variance
-    return math.sqrt(max(per_repeat, 0.0) / repeats)
+    return math.sqrt(max(per_repeat, 0.0))
+
+
+def standard_error(pilot: Pilot, window_s: float, repeats: int) -> float:
+    """se of log(B/A) for `repeats` repeats of `window_s`."""
+    return repeat_sd(pilot, window_s) / math.sqrt(repeats)
 
 
 def detectable(
     pilot: Pilot, window_s: float, repeats: int, power: float, confidence: float
 ) -> float:
-    z = z_quantile(0.5 + confidence / 2) + z_quantile(power)
-    return math.expm1(z * standard_error(pilot, window_s, repeats))
+    return detectable_change(
+        standard_error(pilot, window_s, repeats), confidence, power, df=repeats - 1
+    )
 
 
 def plan_row(
@@ -107,11 +114,18 @@ def plan_row(
     """The fewest repeats of `window_s` that detect `effect` with `power`."""
     if effect <= 0:
         raise ValueError("effect must be > 0 (a fraction: 0.05 is 5%)")
-    z = z_quantile(0.5 + confidence / 2) + z_quantile(power)
-    per_repeat = pilot.repeat_variance * pilot.window_s / window_s + pilot.run_variance
-    need = per_repeat * (z / math.log1p(effect)) ** 2
-    repeats = max(MIN_RUNS, math.ceil(need))
-    limited = "effect" if need > MIN_RUNS else "minimum sample"
+    target = math.log1p(effect)
+    repeats = None
+    for r in range(MIN_RUNS, MAX_PLANNED_REPEATS + 1):
+        if math.log1p(detectable(pilot, window_s, r, power, confidence)) <= target:
+            repeats = r
+            break
+    if repeats is None:
+        floor_only = Pilot(0.0, pilot.run_variance, pilot.window_s, 1, 1.0, 1.0)
+        reach = detectable(floor_only, window_s, MAX_PLANNED_REPEATS, power, confidence)
+        why = "run-level noise" if math.log1p(reach) > target / 2 else "effect"
+        return PlanRow(window_s, None, math.nan, None, why)
+    limited = "effect" if repeats > MIN_RUNS else "minimum sample"
     scale = window_s / pilot.window_s
     for floor, per in (
         (MIN_SESSIONS, pilot.sessions_per_repeat * scale),
@@ -120,10 +134,6 @@ def plan_row(
         if per > 0 and repeats * per < floor:
             repeats = math.ceil(floor / per)
             limited = "minimum sample"
-    if repeats > MAX_PLANNED_REPEATS:
-        floor_only = pilot.run_variance * (z / math.log1p(effect)) ** 2
-        why = "run-level noise" if floor_only > MAX_PLANNED_REPEATS / 2 else "effect"
-        return PlanRow(window_s, None, math.nan, None, why)
     return PlanRow(
         window_s,
         repeats,

@@ -22,7 +22,8 @@ blocks). Dividing by n gives the interval of the mean log ratio.
 
 The verdict after each block is the fixed design's: the interval above or below 1 decides
 better / worse, inside the equivalence margin decides equivalent; otherwise another block
-runs, until `max_blocks`. As in the fixed design, no verdict rests on fewer than two blocks.
+runs, until `max_blocks`. No verdict rests on fewer than three blocks (`MIN_BLOCKS`): the
+variance is the blocks' own, and fewer give it too few degrees of freedom.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ from agentab.analysis.compare import (
 )
 from agentab.analysis.intervals import run_level_variance
 from agentab.analysis.matching import match_requests
-from agentab.analysis.sample import HEADLINE, MIN_RUNS, Metric, build_sample, session_index
+from agentab.analysis.sample import HEADLINE, Metric, build_sample, session_index
 from agentab.analysis.summary import RunSummary
+
+MIN_BLOCKS = 3
+"""No sequential verdict before this many blocks (see `decide`)."""
 
 BLOCK_RESAMPLES = 1_000
 """Bootstrap resamples per block: only its variance is used."""
@@ -143,10 +147,10 @@ def decide(
 ) -> tuple[str, float, float, float]:
     """The verdict the confidence sequence gives after these blocks (WITHHELD: undecided).
 
-    Never before MIN_RUNS blocks: one block cannot show run-to-run noise (the same rule as the
-    fixed design's minimum sample)."""
+    Never before MIN_BLOCKS blocks: the variance is estimated from the blocks themselves, and
+    two blocks give it one degree of freedom (A/A runs stopped there 6% of the time)."""
     low, high, center = confidence_sequence(estimates, confidence)
-    if not math.isfinite(low) or len(estimates) < MIN_RUNS:
+    if not math.isfinite(low) or len(estimates) < MIN_BLOCKS:
         return WITHHELD, center, low, high
     judged = verdict(metric, low, high, margin)
     if judged in (BETTER, WORSE, EQUIVALENT):

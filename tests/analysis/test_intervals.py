@@ -54,31 +54,31 @@ def test_run_level_variance_is_the_excess_over_sampling() -> None:
     assert run_level_variance(np.array([0.01]), np.array([1e-4])) is None
 
 
-def test_paired_interval_is_the_bootstrap_one_without_run_level_noise() -> None:
-    from agentab.analysis.intervals import paired_interval
-
-    rng = np.random.default_rng(0)
-    boot = rng.normal(0.05, 0.01, 4000)
-    got = paired_interval(0.05, boot, np.array([0.05, 0.05]), np.array([2e-4, 2e-4]), 0.95)
-    lo, hi = np.quantile(boot, [0.025, 0.975])
-    assert (got.low, got.high) == (pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
-    assert got.run_variance == 0.0 and got.inflation == 1.0
-    assert got.se == pytest.approx((hi - lo) / (2 * 1.959964), rel=1e-5)
-
-
-def test_paired_interval_widens_by_the_run_level_variance() -> None:
+def test_paired_interval_is_the_t_interval_over_repeats() -> None:
     from agentab.analysis.intervals import paired_interval
 
     rng = np.random.default_rng(1)
     boot = rng.normal(0.0, 0.01, 4000)
-    repeat_logs = np.array([-0.03, 0.0, 0.03])  # var 9e-4, far beyond sampling 1e-4
+    repeat_logs = np.array([-0.03, 0.0, 0.03])  # sd 0.03, far beyond the bootstrap's 0.01
     got = paired_interval(0.0, boot, repeat_logs, np.array([1e-4] * 3), 0.95)
-    tau2 = 9e-4 - 1e-4
-    assert got.run_variance == pytest.approx(tau2)
-    assert got.inflation == pytest.approx(math.sqrt(1 + tau2 / 3 / boot.var(ddof=1)))
+    half = 4.302653 * 0.03 / math.sqrt(3)  # t_(0.975, 2) s / sqrt(R)
+    assert math.log(got.low) == pytest.approx(-half, rel=1e-6)
+    assert math.log(got.high) == pytest.approx(half, rel=1e-6)
+    assert got.df == 2.0 and got.se == pytest.approx(0.03 / math.sqrt(3))
+    assert got.run_variance == pytest.approx(9e-4 - 1e-4)
+
+
+def test_the_bootstrap_is_the_floor_when_repeats_agree_by_chance() -> None:
+    from agentab.analysis.intervals import paired_interval
+
+    rng = np.random.default_rng(0)
+    boot = rng.normal(0.05, 0.01, 4000)
+    got = paired_interval(0.05, boot, np.array([0.05, 0.05, 0.05]), np.array([3e-4] * 3), 0.95)
     lo, hi = np.quantile(boot, [0.025, 0.975])
-    assert math.log(got.low) == pytest.approx(got.inflation * lo)
-    assert math.log(got.high) == pytest.approx(got.inflation * hi)
+    assert (got.low, got.high) == (pytest.approx(math.exp(lo)), pytest.approx(math.exp(hi)))
+    assert got.df == math.inf and got.run_variance == 0.0
+    assert got.se == pytest.approx((hi - lo) / (2 * 1.959964), rel=1e-5)
+    assert paired_interval(0.05, boot, np.array([0.05]), np.array([3e-4]), 0.95) is None
 
 
 def test_detectable_change_is_the_two_sided_80_percent_power_effect() -> None:
@@ -86,4 +86,6 @@ def test_detectable_change_is_the_two_sided_80_percent_power_effect() -> None:
 
     # (z_0.975 + z_0.80) * se = (1.959964 + 0.841621) * 0.01
     assert detectable_change(0.01, 0.95) == pytest.approx(math.expm1(0.02801585), rel=1e-6)
+    # with 2 degrees of freedom: (t_0.975 + t_0.80) = 4.302653 + 1.060660
+    assert detectable_change(0.01, 0.95, df=2) == pytest.approx(math.expm1(0.05363313), rel=1e-6)
     assert math.isnan(detectable_change(None, 0.95))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from agentab.analysis.compare import compare_runs
 from agentab.analysis.load import load_run
@@ -15,21 +16,21 @@ from agentab.analysis.power import Pilot, plan, plan_row, standard_error
 
 from .rundirs import manifest, rec, write_run
 
-Z = 1.959964 + 0.841621  # two-sided 5% level, 80% power
-
 
 def _pilot(repeat_variance: float, run_variance: float = 0.0) -> Pilot:
     return Pilot(repeat_variance, run_variance, 900.0, 3, 20.0, 500.0)
 
 
-def test_repeats_follow_the_variance_formula() -> None:
-    # need = v * (Z / ln 1.05)^2 = 1e-3 * 3297.1 = 3.30 -> 4 repeats
+def test_repeats_follow_the_t_test_formula() -> None:
+    # s = sqrt(1e-3) per repeat; R repeats detect (t_(R-1,.975) + t_(R-1,.8)) s / sqrt(R):
+    # R = 5: (2.776 + 0.941) 0.0316 / 2.236 = 0.0526 > ln 1.05 = 0.0488; R = 6: 0.0450 -> 6
     row = plan_row(_pilot(1e-3), 900.0, 0.05, 0.8, 0.95)
-    assert row.repeats == 4 and row.limited_by == "effect"
-    assert row.detectable == pytest.approx(math.expm1(Z * math.sqrt(1e-3 / 4)), rel=1e-5)
-    assert row.arm_seconds == 3600.0
-    # twice the window halves the sampling variance: 1.65 -> 2 repeats (the minimum)
-    assert plan_row(_pilot(1e-3), 1800.0, 0.05, 0.8, 0.95).repeats == 2
+    assert row.repeats == 6 and row.limited_by == "effect"
+    t = stats.t.ppf(0.975, 5) + stats.t.ppf(0.8, 5)
+    assert row.detectable == pytest.approx(math.expm1(t * math.sqrt(1e-3 / 6)), rel=1e-9)
+    assert row.arm_seconds == 5400.0
+    # twice the window halves the sampling variance: 4 repeats
+    assert plan_row(_pilot(1e-3), 1800.0, 0.05, 0.8, 0.95).repeats == 4
     # run-level variance does not shrink with the window
     assert standard_error(_pilot(0.0, 1e-3), 3600.0, 4) == pytest.approx(math.sqrt(1e-3 / 4))
 

@@ -23,17 +23,18 @@ def test_the_boundary_is_the_normal_mixture_one() -> None:
     )
 
 
-def test_no_verdict_before_two_blocks_then_the_fixed_designs_rules() -> None:
+def test_no_verdict_before_three_blocks_then_the_fixed_designs_rules() -> None:
     clear = BlockEstimate(0.10, 1e-4, 800)  # +10.5%, sampling sd 1%
     assert decide([clear], HEADLINE)[0] == "no verdict"
-    assert decide([clear, clear], HEADLINE)[0] == "better"
+    assert decide([clear, clear], HEADLINE)[0] == "no verdict"
+    assert decide([clear] * 3, HEADLINE)[0] == "better"
     slower = BlockEstimate(-0.10, 1e-4, 800)
-    assert decide([slower, slower], HEADLINE)[0] == "worse"
+    assert decide([slower] * 3, HEADLINE)[0] == "worse"
     same = BlockEstimate(0.0, 1e-6, 800)
-    assert decide([same, same], HEADLINE)[0] == "equivalent"
-    assert decide([same, same], HEADLINE, margin=0.0)[0] == "no verdict"
+    assert decide([same] * 3, HEADLINE)[0] == "equivalent"
+    assert decide([same] * 3, HEADLINE, margin=0.0)[0] == "no verdict"
     noisy = BlockEstimate(0.02, 4e-3, 800)
-    assert decide([noisy, noisy], HEADLINE)[0] == "no verdict"
+    assert decide([noisy] * 3, HEADLINE)[0] == "no verdict"
 
 
 def test_the_sequence_widens_when_blocks_disagree() -> None:

@@ -263,18 +263,18 @@ def test_ab_refuses_an_experiment_file_that_is_not_utf8(tmp_path: Path) -> None:
 
 
 def test_until_decided_stops_at_the_first_decided_block(tmp_path: Path) -> None:
-    # The specialized path is far faster here (B/A about 1.6): decided at the second block,
-    # the fewest that can show run-to-run noise, well before the 4 allowed.
+    # The specialized path is far faster here (B/A about 1.6): decided at the third block,
+    # the fewest the sequence decides on, before the 5 allowed.
     path = tmp_path / "exp.toml"
     path.write_text(EXPERIMENT)
     out = tmp_path / "out"
-    result = agentab("ab", path, "-o", out, "--until-decided", "--max-repeats", "4")
+    result = agentab("ab", path, "-o", out, "--until-decided", "--max-repeats", "5")
     assert result.returncode == 0, result.stderr
     seq = json.loads((out / "comparison.json").read_text())["sequential"]
-    assert seq["verdict"] == "better" and seq["blocks"] == 2
+    assert seq["verdict"] == "better" and seq["blocks"] == 3
     assert seq["ci_low"] > 1.0
-    assert sorted(p.name for p in (out / "auto").iterdir()) == ["run-1", "run-2"]
-    assert "**Sequential** (--until-decided): decided **better** after 2 repeats per arm" in (
+    assert sorted(p.name for p in (out / "auto").iterdir()) == ["run-1", "run-2", "run-3"]
+    assert "**Sequential** (--until-decided): decided **better** after 3 repeats per arm" in (
         result.stdout
     )
 

@@ -95,8 +95,8 @@ def test_simulate_writes_a_complete_run_dir(workload: Path, tmp_path: Path) -> N
         (["--start-window", "0.8", "0.2"], "start_window must be two fractions"),
         (
             ["--duration", "0"],
-            "no stopping rule: give --duration, --max-requests or --passes (duration_s, "
-            "max_requests or passes in an experiment's [replay])",
+            "no stopping rule: give --duration, --max-requests, --lane-requests or --passes "
+            "(duration_s, max_requests, lane_requests or passes in an experiment's [replay])",
         ),
         (["--decode-backend", "fast"], "'--decode-backend': 'fast' is not one of"),
         (["--concurrency", "0"], "Invalid value for '--concurrency': 0 is not in the range x>=1"),

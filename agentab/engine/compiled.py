@@ -4,8 +4,8 @@ Why: a simulated step is a few dozen small array operations, and at AgentX scale
 per-call overhead, not the arithmetic, is most of the time (a prefix-cache lookup probes every
 block key of a long prompt in several vectorized passes, when a loop could stop at the first
 miss). numba compiles such loops from plain Python to machine code at first use (cached on
-disk), without a build step or a compiler on the user's machine, so it is an optional extra
-(`pip install agentab[sim]`). Every kernel here has a numpy counterpart at its call site that
+disk), without a build step or a compiler on the user's machine, so it is a default
+dependency. Every kernel here has a numpy counterpart at its call site that
 gives the same results bit for bit (tests/engine/test_compiled.py compares them, and a
 simulation with AGENTAB_NUMBA=0 against one with numba); with numba missing the numpy code
 runs.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from agentab.analysis.compare import compare_runs
+from agentab.analysis.intervals import t_quantile
 from agentab.analysis.load import load_run
 from agentab.analysis.power import Pilot, plan, plan_row, standard_error
 
@@ -26,7 +26,7 @@ def test_repeats_follow_the_t_test_formula() -> None:
     # R = 5: (2.776 + 0.941) 0.0316 / 2.236 = 0.0526 > ln 1.05 = 0.0488; R = 6: 0.0450 -> 6
     row = plan_row(_pilot(1e-3), 900.0, 0.05, 0.8, 0.95)
     assert row.repeats == 6 and row.limited_by == "effect"
-    t = stats.t.ppf(0.975, 5) + stats.t.ppf(0.8, 5)
+    t = t_quantile(0.975, 5) + t_quantile(0.8, 5)
     assert row.detectable == pytest.approx(math.expm1(t * math.sqrt(1e-3 / 6)), rel=1e-9)
     assert row.arm_seconds == 5400.0
     # twice the window halves the sampling variance: 4 repeats

@@ -5,11 +5,11 @@ The statistics, in one place (docs/analysis.md, "How sure a verdict is"):
 - Paired design (an `ab` experiment: both arms ran the same repeats, repeat k of both arms
   replayed one plan): the per-request metrics compare the requests both arms of each repeat
   completed (`matching.py`); throughputs and the error rate keep every request.
-- The interval of each ratio B/A starts from a percentile bootstrap over sessions, paired: one
-  resample draws session ids with replacement from every session either arm played, and the
-  same draw weighs both arms in every repeat. It is widened by the run-level variance the
-  repeats show beyond their own sampling (`intervals.paired_interval`); with one run per arm
-  there is no interval, and no verdict.
+- The interval of each ratio B/A is the paired Student t interval over the repeats' B/A
+  (`intervals.paired_interval`), never narrower than a percentile bootstrap over sessions,
+  paired: one resample draws session ids with replacement from every session either arm
+  played, and the same draw weighs both arms in every repeat. With one run per arm there is
+  no interval, and no verdict.
 - Runs that did not replay one plan in pairs (`compare` of arbitrary run sets with two or more
   runs a side): the envelope of the session bootstrap and Welch's t interval over the per-run
   values.
@@ -202,7 +202,7 @@ def verdict(
 
 
 @dataclass
-class _Sides:
+class PairedSamples:
     """Both arms' samples for one population: pooled, and (paired designs) each repeat."""
 
     a: ArmSample
@@ -216,7 +216,7 @@ def _log_ratio(va: np.ndarray, vb: np.ndarray) -> np.ndarray:
 
 
 def bootstrap_log_ratios(
-    populations: dict[str, _Sides],
+    populations: dict[str, PairedSamples],
     sessions: int,
     *,
     resamples: int,
@@ -271,7 +271,7 @@ def bootstrap_ratios(
 ) -> dict[str, np.ndarray]:
     """B/A of every metric for each of `resamples` paired session resamples."""
     pooled, _ = bootstrap_log_ratios(
-        {"all": _Sides(a, b)}, sessions, resamples=resamples, seed=seed
+        {"all": PairedSamples(a, b)}, sessions, resamples=resamples, seed=seed
     )
     return {name: np.exp(logs) for name, logs in pooled["all"].items()}
 
@@ -303,11 +303,11 @@ def compare_summaries(
         arm_a, arm_b = f"{arm_a} (A)", f"{arm_b} (B)"
     pairing, runs_a, runs_b = repeat_pairing(runs_a, runs_b)
     matched = match_requests(runs_a, runs_b) if pairing == "paired" else None
-    full = _Sides(build_sample(arm_a, runs_a, index), build_sample(arm_b, runs_b, index))
+    full = PairedSamples(build_sample(arm_a, runs_a, index), build_sample(arm_b, runs_b, index))
     populations = {"all": full}
     if matched is not None:
         frames_a, frames_b, _ = matched
-        populations["matched"] = _Sides(
+        populations["matched"] = PairedSamples(
             build_sample(arm_a, runs_a, index, frames_a),
             build_sample(arm_b, runs_b, index, frames_b),
         )

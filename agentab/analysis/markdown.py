@@ -55,10 +55,10 @@ DEFINITIONS = (
     "Throughput per GPU = (input + output tokens) / wall time / GPU count, counting cached input "
     "tokens (as InferenceX does); the uncached figure leaves them out.",
     "- CI of B/A (paired design: repeat k of both arms replays one plan): the latency metrics "
-    "compare the requests both arms of each repeat completed; a percentile bootstrap resamples "
-    "sessions jointly over both arms and every repeat, and is widened by the run-level variance "
-    "the per-repeat ratios show beyond their own sampling (runs not paired this way: the "
-    "envelope of the session bootstrap and a Welch t interval over the runs). Verdict "
+    "compare the requests both arms of each repeat completed; the CI is the paired Student t "
+    "interval over the repeats' B/A, never narrower than a percentile bootstrap that resamples "
+    "sessions jointly over both arms and every repeat (runs not paired this way: the envelope "
+    "of the session bootstrap and a Welch t interval over the runs). Verdict "
     "'better'/'worse' when the CI excludes 1, 'equivalent' when it lies within the equivalence "
     "margin, else 'no significant difference'; 'could detect' is the smallest change the "
     "comparison finds with 80% power.",
@@ -179,9 +179,9 @@ def interval_method(comparison: Comparison) -> str:
         )
     if comparison.repeat_pairing == "paired":
         return (
-            "Interval: paired session bootstrap over both arms and every repeat, widened by the "
-            "run-level variance the repeats show; 'equivalent' = the interval lies within "
-            f"+-{margin}; 'could detect' = the smallest change found with 80% power."
+            "Interval: paired t interval over the repeats' B/A, never narrower than the paired "
+            "session bootstrap over both arms and every repeat; 'equivalent' = the interval lies "
+            f"within +-{margin}; 'could detect' = the smallest change found with 80% power."
         )
     return (
         "Interval: envelope of the session bootstrap and a Welch t interval over the runs "

@@ -42,7 +42,7 @@ from agentab.analysis.compare import (
     EQUIVALENT,
     WITHHELD,
     WORSE,
-    _Sides,
+    PairedSamples,
     bootstrap_log_ratios,
     verdict,
 )
@@ -84,7 +84,9 @@ def block_estimate(
         )
     frames_a, frames_b, matching = matched
     index = session_index([a], [b])
-    sides = _Sides(build_sample("a", [a], index, frames_a), build_sample("b", [b], index, frames_b))
+    sides = PairedSamples(
+        build_sample("a", [a], index, frames_a), build_sample("b", [b], index, frames_b)
+    )
     ones = np.ones((1, index.height), dtype=np.int64)
     va, vb = sides.a.evaluate(ones)[metric.name][0], sides.b.evaluate(ones)[metric.name][0]
     boot, _ = bootstrap_log_ratios({"m": sides}, index.height, resamples=resamples, seed=seed)

@@ -336,6 +336,8 @@ def run_experiment(
         )
         summary = summarize_run(load_run(path))
         write_summary(summary)
+        if sequence is not None:
+            sequence.summaries[run_dir] = summary
         v = summary.values
         log(
             f"  [{done}/{len(todo)}] {arm.name} repeat {repeat + 1}: {v['requests_ok']} "
@@ -384,6 +386,7 @@ class _Sequence:
         self.experiment = experiment
         self.out_dir = out_dir
         self.estimates: list[Any] = []
+        self.summaries: dict[Path, Any] = {}  # runs this invocation summarized already
         self.blocks = 0
         self.decision: Any = None
 
@@ -397,8 +400,8 @@ class _Sequence:
             return False
         self.estimates.append(
             block_estimate(
-                summarize_run(load_run(a)),
-                summarize_run(load_run(b)),
+                self._summary(a),
+                self._summary(b),
                 seed=self.experiment.seed + repeat,
             )
         )
@@ -410,6 +413,10 @@ class _Sequence:
         )
         self.decision = SequentialDecision(verdict, self.blocks, center, low, high)
         return verdict != WITHHELD
+
+    def _summary(self, run_dir: Path) -> Any:
+        summary = self.summaries.pop(run_dir, None)
+        return summary if summary is not None else summarize_run(load_run(run_dir))
 
     def line(self) -> str:
         d = self.decision

@@ -55,16 +55,12 @@ _WORKLOADS: dict[str, Any] = {}
 
 
 def simulate_pair(job: dict[str, Any]) -> list[tuple[Any, Any]]:
-    """Both arms of `repeats` repeats of one pair: [(summary A_k, summary B_k), ...]."""
+    """Both arms of `repeats` repeats of one pair: [(summary A_k, summary B_k), ...].
+
+    With `job["reuse"]` the runs are read from where an earlier `--keep` left them instead."""
     from agentab.analysis.load import load_run
     from agentab.analysis.summary import summarize_run
-    from agentab.replay import simulate_to_dir
-    from agentab.replay.options import ReplayOptions
-    from agentab.workloads import load
 
-    workload = _WORKLOADS.get(job["workload"])
-    if workload is None:  # once per worker: a run freezes what it replays (gc.freeze)
-        workload = _WORKLOADS[job["workload"]] = load(job["workload"])
     root = Path(job["root"])
     out = []
     try:
@@ -72,33 +68,49 @@ def simulate_pair(job: dict[str, Any]) -> list[tuple[Any, Any]]:
             plan_seed = job["seed"] + 1_000 * k
             summaries = []
             for arm in ("a", "b"):
-                noise_seed = 7_919 * plan_seed + (0 if arm == "a" else 1)
-                run_dir = simulate_to_dir(
-                    workload,
-                    engine_options={
-                        **ENGINE,
-                        "seed": plan_seed,
-                        "step_noise": job["step_noise"],
-                        "run_noise": job["run_noise"],
-                        "noise_seed": noise_seed,
-                    },
-                    replay=ReplayOptions(
-                        concurrency=job["concurrency"],
-                        duration_s=None if job.get("lane_requests") else job["duration_s"],
-                        lane_requests=job.get("lane_requests"),
-                        warmup_requests=2,
-                        seed=plan_seed,
-                        prompt_salt="bench",
-                    ),
-                    out_dir=root / arm / f"run-{k}",
-                    manifest_extra={"arm": "auto", "repeat": k},
-                    progress=False,
-                )
+                run_dir = root / arm / f"run-{k}"
+                if not job.get("reuse"):
+                    run_dir = _simulate_run(job, k, plan_seed, arm, run_dir)
                 summaries.append(summarize_run(load_run(run_dir)))
             out.append((summaries[0], summaries[1]))
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if not job.get("keep"):
+            shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def _simulate_run(
+    job: dict[str, Any], repeat: int, plan_seed: int, arm: str, run_dir: Path
+) -> Path:
+    from agentab.replay import simulate_to_dir
+    from agentab.replay.options import ReplayOptions
+    from agentab.workloads import load
+
+    workload = _WORKLOADS.get(job["workload"])
+    if workload is None:  # once per worker: a run freezes what it replays (gc.freeze)
+        workload = _WORKLOADS[job["workload"]] = load(job["workload"])
+    noise_seed = 7_919 * plan_seed + (0 if arm == "a" else 1)
+    return simulate_to_dir(
+        workload,
+        engine_options={
+            **ENGINE,
+            "seed": plan_seed,
+            "step_noise": job["step_noise"],
+            "run_noise": job["run_noise"],
+            "noise_seed": noise_seed,
+        },
+        replay=ReplayOptions(
+            concurrency=job["concurrency"],
+            duration_s=None if job.get("lane_requests") else job["duration_s"],
+            lane_requests=job.get("lane_requests"),
+            warmup_requests=2,
+            seed=plan_seed,
+            prompt_salt="bench",
+        ),
+        out_dir=run_dir,
+        manifest_extra={"arm": "auto", "repeat": repeat},
+        progress=False,
+    )
 
 
 def with_effect(summary: Any, effect: float) -> Any:
@@ -139,6 +151,8 @@ def pair_task(job: dict[str, Any]) -> dict[str, Any]:
     block as `ab --until-decided` stops (sequential)."""
     pairs = simulate_pair(job)
     out: dict[str, Any] = {"pair": job["pair"], "fixed": {}, "sequential": {}}
+    if job.get("simulate_only"):
+        return out
     if job["mode"] == "fixed":
         for effect in job["effects"]:
             out["fixed"][str(effect)] = judge(pairs, effect, job["resamples"], job["seed"])
@@ -233,6 +247,22 @@ def main() -> None:
         help="end each run after N profiling requests per lane instead of a window (the other "
         "paired design)",
     )
+    ap.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="keep every simulated run under this directory (to judge again with --from)",
+    )
+    ap.add_argument(
+        "--from",
+        dest="reuse",
+        type=Path,
+        default=None,
+        help="judge the runs an earlier --keep left here instead of simulating (same settings)",
+    )
+    ap.add_argument(
+        "--simulate-only", action="store_true", help="with --keep: simulate, judge nothing"
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
@@ -262,8 +292,9 @@ def main() -> None:
             maxtasksperchild=5,  # bounds what each worker's runs leave behind
         ) as pool,
     ):
-        root = Path(tmp)
-        workload = root / "workload.jsonl"
+        root = args.reuse or args.keep or Path(tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        workload = Path(tmp) / "workload.jsonl"
         save(generate(load_config("agentx-coding"), args.sessions, 42), workload)
         print(
             f"{args.aa_pairs} A/A pairs, {args.effect_pairs} pairs per effect "
@@ -272,6 +303,11 @@ def main() -> None:
             f"{args.step_noise}, run noise {args.run_noise}; {args.resamples} resamples",
             flush=True,
         )
+        kept = {
+            "keep": args.keep is not None or args.reuse is not None,
+            "reuse": args.reuse is not None,
+            "simulate_only": args.simulate_only,
+        }
         for c in args.concurrency:
             pairs = max(args.aa_pairs, args.effect_pairs)
             jobs = []
@@ -293,6 +329,7 @@ def main() -> None:
                         "effects": chosen,
                         "resamples": args.resamples,
                         "lane_requests": args.lane_requests,
+                        **kept,
                     }
                 )
             for i in range(args.sequential_pairs):
@@ -310,6 +347,7 @@ def main() -> None:
                         "run_noise": args.run_noise,
                         "effects": [0.0, 0.10],
                         "resamples": args.resamples,
+                        **kept,
                     }
                 )
             results = []
@@ -320,6 +358,8 @@ def main() -> None:
                     print(
                         f"  c{c}: {n}/{len(jobs)} pairs ({time.monotonic() - t0:.0f} s)", flush=True
                     )
+            if args.simulate_only:
+                continue
             per: dict[str, Any] = {"window_s": windows[c], "fixed": {}, "sequential": {}}
             for e in effects:
                 per["fixed"][f"{e:+.2f}"] = summarize(results, e)

@@ -24,6 +24,7 @@ Layout of the experiment dir:
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -398,13 +399,7 @@ class _Sequence:
         a, b = (arm_run_dir(self.out_dir, arm, repeat) for arm in self.experiment.arms)
         if repeat < self.blocks or not (is_complete(a) and is_complete(b)):
             return False
-        self.estimates.append(
-            block_estimate(
-                self._summary(a),
-                self._summary(b),
-                seed=self.experiment.seed + repeat,
-            )
-        )
+        self.estimates.append(block_estimate(self._summary(a), self._summary(b)))
         self.blocks = repeat + 1
         verdict, center, low, high = decide(
             self.estimates,
@@ -423,9 +418,13 @@ class _Sequence:
         if d is None:
             return "no block completed"
         state = f"decided **{d.verdict}**" if d.verdict != "no verdict" else "undecided"
+        level = f"{100 * self.experiment.confidence:.0f}%"
+        if math.isinf(d.high):
+            interval = f"its always-valid {level} interval still unbounded (too few blocks)"
+        else:
+            interval = f"always-valid {level} interval {d.low:.3f} – {d.high:.3f}"
         return (
-            f"{state} after {_repeats(d.blocks)} per arm: B/A {d.ratio:.3f}, always-valid "
-            f"{100 * self.experiment.confidence:.0f}% interval {d.low:.3f} – {d.high:.3f} "
+            f"{state} after {_repeats(d.blocks)} per arm: B/A {d.ratio:.3f}, {interval} "
             "(a confidence sequence: valid whenever the experiment stopped)"
         )
 

@@ -223,6 +223,12 @@ def main() -> None:
     ap.add_argument("--aa-pairs", type=int, default=100)
     ap.add_argument("--effect-pairs", type=int, default=50)
     ap.add_argument("--effects", type=float, nargs="+", default=[0.03, 0.05, 0.10, -0.05])
+    ap.add_argument(
+        "--first-pair",
+        type=int,
+        default=0,
+        help="number the pairs (and seed them) from here: more pairs for an earlier --keep",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="repeats per arm (fixed design)")
     ap.add_argument("--sessions", type=int, default=60)
     ap.add_argument("--duration", default="1:3600,8:900", help="CONC:SECONDS,... per run")
@@ -311,9 +317,9 @@ def main() -> None:
         for c in args.concurrency:
             pairs = max(args.aa_pairs, args.effect_pairs)
             jobs = []
-            for i in range(pairs):
-                chosen = [0.0] if i < args.aa_pairs else []
-                chosen += args.effects if i < args.effect_pairs else []
+            for i in range(args.first_pair, args.first_pair + pairs):
+                chosen = [0.0] if i - args.first_pair < args.aa_pairs else []
+                chosen += args.effects if i - args.first_pair < args.effect_pairs else []
                 jobs.append(
                     {
                         "mode": "fixed",
@@ -332,7 +338,7 @@ def main() -> None:
                         **kept,
                     }
                 )
-            for i in range(args.sequential_pairs):
+            for i in range(args.first_pair, args.first_pair + args.sequential_pairs):
                 jobs.append(
                     {
                         "mode": "sequential",

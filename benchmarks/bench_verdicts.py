@@ -21,10 +21,18 @@ in the window. The estimator is `compare_runs`, exactly what `agentab ab` report
   block, each with its own plan), `ab --until-decided`'s stopping rule applied after each block;
   the budget to a verdict is counted in blocks.
 
+- Sequential blocks are short (`--block-fraction`, a twelfth of a fixed-design window in the
+  committed figures): the sequence does not know the blocks' variance, so it pays in blocks,
+  not in seconds.
+
     python benchmarks/bench_verdicts.py [--aa-pairs 100] [--effect-pairs 50]
         [--effects 0.03 0.05 0.10 -0.05] [--repeats 3] [--concurrency 1 8]
         [--duration 1:3600,8:900] [--step-noise 0.02] [--run-noise 0.005] [--workers 2]
         [--json benchmarks/results/verdicts.json]
+
+Simulating is most of the cost: `--keep DIR --simulate-only` keeps every run (numbered from
+`--first-pair`, so later calls add pairs), and `--from DIR` judges the kept runs with the same
+settings, so an estimator can be measured again without simulating again.
 """
 
 from __future__ import annotations

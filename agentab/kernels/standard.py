@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from agentab.kernels.attention import mla_decode
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.reference import rope_cos_sin
+from agentab.kernels.reference import apply_rope, rope_cos_sin
 from agentab.kernels.weights import DecodeState, LayerWeights
 
 # Routed rows go back to their tokens by an atomic index_add_ for decode-sized batches (one
@@ -53,12 +53,6 @@ class StepOut:
     weights: torch.Tensor  # (batch, top_k) fp32: their final weights
     router_in: torch.Tensor  # what the router GEMM read: (batch, hidden)
     router_in_normed: bool  # True: router_in is already RMS-normalized; False: it is h1
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def router_logits(hn: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
@@ -118,8 +112,8 @@ class StandardPath:
         cs = self.cos_sin.index_select(0, state.positions)
         half = cfg.qk_rope // 2
         cos, sin = cs[:, :half], cs[:, half:]
-        q_pe = _rope(q[..., cfg.qk_nope :].float(), cos[:, None], sin[:, None]).to(x.dtype)
-        k_pe = _rope(k_pe.float(), cos, sin).to(x.dtype)
+        q_pe = apply_rope(q[..., cfg.qk_nope :], cos[:, None], sin[:, None]).to(x.dtype)
+        k_pe = apply_rope(k_pe, cos, sin).to(x.dtype)
         entry = torch.cat([kv_c, k_pe], dim=-1)
         if state.paged is None:
             rows = torch.arange(b, device=x.device)

@@ -30,6 +30,7 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
     opts = decode_options(
         SimulatorOptions,
         {**options, "profile": str(profile), "decode_backend": decode_backend},
+        known=OPTIONS,
     )
     return simulator_from(opts)
 

@@ -76,7 +76,7 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
     """An Engine running the local torch model (docs/engine.md, "The local engine"):
     `LocalOptions` from keywords (None leaves an option at its default)."""
     opts = decode_options(
-        LocalOptions, {**options, "preset": preset, "decode_backend": decode_backend}
+        LocalOptions, {**options, "preset": preset, "decode_backend": decode_backend}, known=OPTIONS
     )
     return local_engine_from(opts)
 

@@ -316,6 +316,7 @@ def run_experiment(
             f"{len(plan)} runs complete, {len(todo)} to run ({what})"
         )
     else:
+        assert workload is not None  # a fresh dir: every run is to do
         log(
             f"agentab ab: {experiment.name}: {len(workload)} sessions, "
             f"{workload.num_requests()} requests; {what} -> {out_dir}"

@@ -124,7 +124,7 @@ class _Where:
         self.path = path
         self.lines: dict[tuple[str, str], int] = {}
         self.tables: dict[str, int] = {}
-        table, counts = "", {}
+        table, counts = "", dict[str, int]()
         for number, raw in enumerate(text.splitlines(), start=1):
             line = raw.strip()
             header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)

@@ -83,7 +83,7 @@ def mla_attention(
         assert split_len is not None
         paged = PagedKV(cache=cache, block_table=block_table, new_slots=slots,
                         positions_and_slots=None, block_size=block_size, max_len=max_len,
-                        split_len=split_len)  # type: ignore[arg-type]  # fmt: skip
+                        split_len=split_len)  # fmt: skip
     # the attention kernels take any batch / head strides but a unit stride within a head
     q_lat, q_pe = (t if t.stride(-1) == 1 else t.contiguous() for t in (q_lat, q_pe))
     o_lat = mla_decode(shape, q_lat, q_pe, cache, positions, paged)  # type: ignore[arg-type]

@@ -145,7 +145,9 @@ def _backend_label(facts: dict[str, Any], extra: dict[str, Any] | None) -> dict[
     experiment declares; a server that contradicts the declared label is refused (two attach
     URLs swapped would otherwise report the specialized server as `auto`)."""
     declared = (extra or {}).get("decode_backend")
-    server = facts.get("server") if isinstance(facts.get("server"), dict) else {}
+    server = facts.get("server")
+    if not isinstance(server, dict):
+        server = {}
     observed = facts.get("decode_backend", server.get("decode_backend"))
     if declared is not None and observed is not None and declared != observed:
         where = facts.get("url") or "the server"
@@ -324,6 +326,7 @@ def simulate_to_dir(
     `engine_options`: `agentab.engine.options.SimulatorOptions`, or a mapping of its fields
     (`profile` required, `decode_backend` default "auto").
     """
+    from agentab.engine.executor import SimExecutor
     from agentab.engine.options import SimulatorOptions, decode_options
     from agentab.engine.sim import simulator_from
     from agentab.replay.targets.engine import EngineTarget
@@ -331,6 +334,7 @@ def simulate_to_dir(
     if not isinstance(engine_options, SimulatorOptions):
         engine_options = decode_options(SimulatorOptions, engine_options)
     engine = simulator_from(engine_options)
+    assert isinstance(engine.executor, SimExecutor)  # what simulator_from builds
     prof = engine.executor.profile
     target = EngineTarget(
         engine,

@@ -248,8 +248,8 @@ def _fill_from(
         np.add(seeds[:, None], _block_positions(bs), out=z[: nb * bs].reshape(nb, bs))
     tail = n_blocks * bs
     if tail < n:
-        last = hash_ids[n_blocks - 1] if n_blocks else _NO_BLOCK_INT
-        seed = _mix_int(last ^ _TAIL_C_INT) ^ int(key)
+        last_id = hash_ids[n_blocks - 1] if n_blocks else _NO_BLOCK_INT
+        seed = _mix_int(last_id ^ _TAIL_C_INT) ^ int(key)
         t = z[tail - start :]
         np.multiply(np.arange(tail + 1, n + 1, dtype=np.uint64), _GOLDEN, out=t)
         t += np.uint64(seed)

@@ -8,7 +8,7 @@ so the scheduler's admission and preemption act on real memory.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentab.engine.core import Engine
 from agentab.engine.local.config import ModelConfig, model_config
@@ -18,6 +18,9 @@ from agentab.engine.options import DecodeBackend, LocalOptions, decode_options, 
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.source import engine_source_digest
 from agentab.errors import AgentabError
+
+if TYPE_CHECKING:
+    import subprocess
 
 CPU_KV_BLOCKS = 4096  # 65,536 tokens of 16; on the GPU, what memory allows
 GPU_MEMORY_FRACTION = 0.9
@@ -107,7 +110,8 @@ def local_engine_from(opts: LocalOptions) -> Engine:
             f"tp: {tp} ranks on the GPU are not supported yet (tensor parallelism runs on the "
             "CPU over gloo); use tp = 1 on the GPU"
         )
-    group, workers = TPGroup(), []
+    group = TPGroup()
+    workers: list[subprocess.Popen[bytes]] = []
     if tp > 1:
         spec = {"preset": preset, "num_layers": cfg.num_layers, "weight_sets": cfg.weight_sets,
                 "seed": seed, "kv_blocks": kv_blocks, "block_size": block_size,

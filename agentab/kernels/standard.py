@@ -1,6 +1,6 @@
 """The eager standard decode path (`standard-eager`): a general engine's ops, one by one.
 
-The path named `standard` is this layer under torch.compile (`standard_compiled.py`), as vLLM
+The path named `standard` is this layer under torch.compile (`standard_torch_compile.py`), as vLLM
 runs it; this eager version stays as a reference point and runs prefill-sized MoE batches.
 It mirrors vLLM's standard DeepSeek-V3 / Kimi-K2 decode (the `auto` backend) op for op:
 
@@ -85,8 +85,9 @@ def grouped_topk(
 
 class StandardPath:
     """Modular torch ops, eager (`standard-eager`); `step` allocates nothing on the host side
-    and captures in a graph. `standard_compiled.CompiledStandardPath` is the same layer under
-    torch.compile (`standard`); this one stays as the reference and for prefill-sized batches."""
+    and captures in a graph. `standard_torch_compile.TorchCompileStandardPath` is the same
+    layer under torch.compile (`standard`); this one stays as the reference and for
+    prefill-sized batches."""
 
     name = "standard-eager"
     impl = "torch-eager"

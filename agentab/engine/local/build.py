@@ -186,7 +186,7 @@ def _cuda_executor(
 
     Under `latency_specialized` the specialized decoder's graphs cover the sizes its path
     serves (at most 64 rows); any larger pure-decode step falls back to standard graphs. The
-    standard decode graphs run the compiled standard layer (`standard_compiled`, vLLM's
+    standard decode graphs run the compiled standard layer (`standard_torch_compile`, vLLM's
     design); prefill and mixed steps run eager, their routed experts through the eager path's
     grouped GEMM (`standard.StandardPath.moe`).
     """
@@ -195,10 +195,10 @@ def _cuda_executor(
     from agentab.engine.local.cuda import DecodeGraphs, graph_sizes
     from agentab.engine.local.executor import TorchExecutor
     from agentab.kernels.standard import StandardPath
-    from agentab.kernels.standard_compiled import IMPL, CompiledStandardPath
+    from agentab.kernels.standard_torch_compile import IMPL, TorchCompileStandardPath
 
     standard = [StandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
-    compiled = [CompiledStandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
+    torch_compiled = [TorchCompileStandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
     rows = sched_cfg.max_num_seqs
     last_sampled = torch.zeros(max(rows, 512), dtype=torch.int64, device=device)
     sizes = graph_sizes(sched_cfg.max_num_seqs, sched_cfg.cuda_graph_max_tokens)
@@ -210,7 +210,7 @@ def _cuda_executor(
         if path_sizes:
             _say(f"capturing {path} decode graphs for batch sizes {path_sizes}")
             graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
-                                        scratch_block, compiled, last_sampled)  # fmt: skip
+                                        scratch_block, torch_compiled, last_sampled)  # fmt: skip
     _say("ready")
     return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
                          decoder_impl="cute-dsl", standard_impl=IMPL, max_rows=rows,

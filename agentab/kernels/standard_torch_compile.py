@@ -178,7 +178,7 @@ def compiled_decode_layer() -> Any:
     return _compiled
 
 
-class CompiledStandardPath:
+class TorchCompileStandardPath:
     """`standard`: the layer under torch.compile with attention and the MoE as opaque ops."""
 
     name = "standard"

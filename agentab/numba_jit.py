@@ -1,6 +1,6 @@
 """The optional numba compiler, shared by the modules that carry compiled kernels.
 
-numba comes with the `sim` extra; without it, or with AGENTAB_NUMBA=0, `jit` returns the
+numba is a default dependency; without it, or with AGENTAB_NUMBA=0, `jit` returns the
 function unchanged, so every kernel runs as the plain Python its numpy counterpart is tested
 against. `ENABLED` says which is in use; each kernel module re-exports it, so a test can switch
 one module's kernels off without touching the others. `splitmix64` is the mixing step both the

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentab.workloads import tokens_compiled
+from agentab.workloads import tokens_numba
 from agentab.workloads.model import Request, Session
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -237,9 +237,9 @@ def _fill_from(
     start = lo * bs
     if start >= n:
         return
-    if tokens_compiled.ENABLED:
+    if tokens_numba.ENABLED:
         last = np.uint64(hash_ids[n_blocks - 1]) if n_blocks else _NO_BLOCK
-        tokens_compiled.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size)
+        tokens_numba.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size)
         return
     z = np.empty(n - start, dtype=np.uint64)
     nb = n_blocks - lo

@@ -10,8 +10,8 @@ latency_specialized, got 'fast'`). Rules that relate several fields or need the 
 or model (drafts against the acceptance model, async scheduling) stay with the builder that
 knows them and name the field the same way.
 
-The module imports neither torch nor the engine, so an experiment file is checked where
-neither is installed.
+Nothing here imports torch, so an experiment file of any engine kind is checked where torch
+is not installed.
 """
 
 from __future__ import annotations
@@ -138,19 +138,18 @@ def decode_options(
     data: Mapping[str, Any],
     *,
     name: Callable[[str], str] = str,
-    strict: bool = True,
     known: Iterable[str] | None = None,
 ) -> OptionsT:
     """`data` as a `cls`, or an `OptionsError` naming the field by `name(field)`.
 
     None values mean "the default" (keyword callers pass them for options they leave unset).
-    `strict=False` also parses numbers and booleans from strings (command-line text).
-    `known` is the list an unknown key's error offers (default: every field of `cls`), for
-    callers that set some fields themselves.
+    Types are strict, as TOML's are (no number from a string, no bool for an int). `known`
+    is the list an unknown key's error offers (default: every field of `cls`), for callers
+    that set some fields themselves.
     """
     given = {key: value for key, value in data.items() if value is not None}
     try:
-        return msgspec.convert(given, cls, strict=strict)
+        return msgspec.convert(given, cls)
     except msgspec.ValidationError as exc:
         field, message = explain(exc, cls, given, name, known)
         raise OptionsError(message, field) from None

@@ -38,7 +38,8 @@ from agentab.analysis.html import write_html
 from agentab.analysis.load import load_run
 from agentab.analysis.markdown import comparison_markdown
 from agentab.analysis.summary import summarize_run, write_summary
-from agentab.engine.options import SimulatorOptions
+from agentab.engine.options import LocalLaunch, SimulatorOptions
+from agentab.engine.vllm.args import VllmLaunch
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import Arm, Experiment
 from agentab.experiments.experiment_dir import (
@@ -172,8 +173,10 @@ def _run_local_arm(
     run; the server's own facts (/agentab/describe) go into the manifest."""
     from agentab.engine.local.launch import launched_local_server
 
+    launch = experiment.engine_options
+    assert isinstance(launch, LocalLaunch)  # decoded from [engine] when the file was loaded
     with launched_local_server(
-        experiment.engine, decode_backend=arm.decode_backend, log_dir=run_dir
+        launch, decode_backend=arm.decode_backend, log_dir=run_dir
     ) as server:
         return replay_to_dir(
             workload,
@@ -207,8 +210,10 @@ def _run_vllm_arm(
         server_cm = attached_server(arm.url, int(arm.gpu_count or 0), api_key_env=api_key_env)
     else:
         gpus = list(experiment.gpu_ids) or experiment.gpu_count
+        launch = experiment.engine_options
+        assert isinstance(launch, VllmLaunch)  # decoded from [engine] when the file was loaded
         server_cm = launched_server(
-            experiment.engine, decode_backend=arm.decode_backend, gpus=gpus, log_dir=run_dir
+            launch, decode_backend=arm.decode_backend, gpus=gpus, log_dir=run_dir
         )
     with server_cm as server:
         return replay_to_dir(

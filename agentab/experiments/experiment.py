@@ -36,11 +36,15 @@ from agentab.engine.vllm.args import VllmLaunch
 from agentab.errors import AgentabError
 
 ENGINE_KINDS = ("simulator", "http", "vllm", "local")
-# Set outside [engine]: each arm's decode backend, and the engine seed (the experiment's seed
-# plus the repeat).
+# Set outside [engine]: each arm's decode backend, and the simulator's seed (the experiment's
+# seed plus the repeat; the local engine's seed, that of its weights, is its own).
 _ENGINE_SET_ELSEWHERE = {
     "decode_backend": "each arm's decode_backend ([[arms]])",
     "seed": "the top-level seed (repeat k uses seed + k)",
+}
+_ENGINE_SET_ELSEWHERE_BY_KIND = {
+    "simulator": _ENGINE_SET_ELSEWHERE,
+    "local": {"decode_backend": _ENGINE_SET_ELSEWHERE["decode_backend"]},
 }
 EngineOptions = SimulatorOptions | LocalLaunch | VllmLaunch
 HTTP_KEYS = ("model", "api_key_env")  # also the [engine] keys of vLLM attach mode
@@ -410,10 +414,11 @@ def _engine_options(
     cls: type[SimulatorOptions | LocalLaunch] = (
         SimulatorOptions if kind == "simulator" else LocalLaunch
     )
-    for key, owner in _ENGINE_SET_ELSEWHERE.items():
+    elsewhere = _ENGINE_SET_ELSEWHERE_BY_KIND[kind]
+    for key, owner in elsewhere.items():
         if key in engine:
             raise AgentabError(f"{where('engine', key)}: engine.{key} is set by {owner}")
-    known = [name for name in option_names(cls) if name not in _ENGINE_SET_ELSEWHERE]
+    known = [name for name in option_names(cls) if name not in elsewhere]
     options = _decode_engine(
         where,
         engine,

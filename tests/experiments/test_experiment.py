@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentab.engine.options import DecodeBackend, SimulatorOptions
+from agentab.engine.options import DecodeBackend, LocalLaunch, SimulatorOptions
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import load_experiment
 
@@ -198,7 +198,7 @@ LOCAL = 'kind = "local"\npreset = "tiny"'
     ("new", "expected"),
     [
         (LOCAL + "\nnum_layer = 2",
-         "exp.toml:18: engine.num_layer: unknown option (known: preset, "),
+         "exp.toml:18: engine.num_layer: unknown option (known: seed, preset, "),
         (LOCAL + '\ndevice = "tpu"',
          "exp.toml:18: engine.device: expected str matching regex '^(cpu|cuda(:[0-9]+)?)$', "
          "got 'tpu'"),
@@ -206,6 +206,8 @@ LOCAL = 'kind = "local"\npreset = "tiny"'
         (LOCAL + "\nstartup_timeout_s = 0",
          "exp.toml:18: engine.startup_timeout_s: expected float > 0.0, got 0"),
         ('kind = "local"', "exp.toml:15: engine.preset: missing (required)"),
+        (LOCAL + '\ndecode_backend = "auto"',
+         "exp.toml:18: engine.decode_backend is set by each arm's decode_backend ([[arms]])"),
     ],
 )  # fmt: skip
 def test_bad_local_engine_options_name_the_field_and_line(
@@ -215,6 +217,14 @@ def test_bad_local_engine_options_name_the_field_and_line(
         'kind = "simulator"\n' + SIM_ENGINE, new
     )
     assert expected in error(tmp_path, text)
+
+
+def test_the_local_engine_keeps_its_own_seed(tmp_path: Path) -> None:
+    text = VALID.replace("count = 16", "count = 1").replace(
+        'kind = "simulator"\n' + SIM_ENGINE, LOCAL + "\nseed = 5"
+    )
+    options = load_experiment(write(tmp_path, text)).engine_options
+    assert isinstance(options, LocalLaunch) and options.seed == 5
 
 
 def test_bad_vllm_launch_options_name_the_field_and_line(tmp_path: Path) -> None:

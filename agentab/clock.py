@@ -14,10 +14,31 @@ read wall time in the middle of a simulation.
 from __future__ import annotations
 
 import asyncio
+import selectors
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+class _VirtualSelector(selectors.DefaultSelector):
+    """The virtual loop's selector: it polls real file descriptors without blocking, and where
+    the loop would block until its next timer, it moves the virtual clock there instead."""
+
+    def __init__(self, start: float) -> None:
+        super().__init__()
+        self.now = float(start)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        events = super().select(0)
+        if events:
+            return events
+        if timeout is None:
+            # No timer pending at all: only real I/O (a worker thread) can wake us.
+            return super().select(None)
+        if timeout > 0:
+            self.now += timeout
+        return events
 
 
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
@@ -29,25 +50,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """
 
     def __init__(self, start: float = 0.0) -> None:
-        super().__init__()
-        self._virtual_now = float(start)
-        real_select = self._selector.select
-
-        def select(timeout: float | None = None) -> list[Any]:
-            events = real_select(0)
-            if events:
-                return events
-            if timeout is None:
-                # No timer pending at all: only real I/O (a worker thread) can wake us.
-                return real_select(None)
-            if timeout > 0:
-                self._virtual_now += timeout
-            return events
-
-        self._selector.select = select  # type: ignore[method-assign]
+        self._clock = _VirtualSelector(start)
+        super().__init__(self._clock)
 
     def time(self) -> float:
-        return self._virtual_now
+        return self._clock.now
 
 
 def is_virtual(loop: asyncio.AbstractEventLoop | None = None) -> bool:

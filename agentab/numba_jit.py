@@ -1,6 +1,6 @@
 """The optional numba compiler, shared by the modules that carry compiled kernels.
 
-numba comes with the `sim` extra; without it, or with AGENTAB_NUMBA=0, `jit` returns the
+numba is a default dependency; without it, or with AGENTAB_NUMBA=0, `jit` returns the
 function unchanged, so every kernel runs as the plain Python its numpy counterpart is tested
 against. `ENABLED` says which is in use; each kernel module re-exports it, so a test can switch
 one module's kernels off without touching the others. `splitmix64` is the mixing step both the
@@ -11,25 +11,33 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-try:
-    if os.environ.get("AGENTAB_NUMBA", "1") == "0":
-        raise ImportError("disabled by AGENTAB_NUMBA=0")
-    import numba
-except ImportError:
-    numba = None
 
-ENABLED = numba is not None
+def _numba() -> ModuleType | None:
+    """numba, unless it is missing or turned off."""
+    if os.environ.get("AGENTAB_NUMBA", "1") == "0":
+        return None
+    try:
+        import numba
+    except ImportError:
+        return None
+    return numba
+
+
+_NUMBA = _numba()
+ENABLED = _NUMBA is not None
 
 
 def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` compiled to machine code (cached on disk, GIL released), or `fn` itself."""
-    if numba is None:
+    if _NUMBA is None:
         return fn
-    return numba.njit(cache=True, nogil=True)(fn)
+    compiled: Callable[..., Any] = _NUMBA.njit(cache=True, nogil=True)(fn)
+    return compiled
 
 
 @jit

@@ -177,12 +177,20 @@ def _figures(comparison: Comparison) -> list:  # list[plotly.graph_objects.Figur
     return figs
 
 
+def _number(value: object) -> float:
+    """An aggregate of a non-empty numeric column as a float (polars types a Series' min and
+    max as any Python literal or None)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
 def _binned_median(runs: Sequence[RunSummary], bins: int = 20) -> pl.DataFrame:
     """Median ITL per prompt-length bin (equal-width bins over the arm's prompt range)."""
     frame = pl.concat([_ok(s).select("prompt_tokens", "itl_s").drop_nulls() for s in runs])
     if frame.is_empty():
         return pl.DataFrame({"x": [], "y": []})
-    lo, hi = frame["prompt_tokens"].min(), frame["prompt_tokens"].max()
+    lo, hi = _number(frame["prompt_tokens"].min()), _number(frame["prompt_tokens"].max())
     width = max((hi - lo) / bins, 1.0)
     return (
         frame.group_by(b=((pl.col("prompt_tokens") - lo) / width).floor())
@@ -202,7 +210,7 @@ def _over_time(comparison: Comparison, arms, kind: str):  # -> plotly Figure
             ok = _ok(summary)
             if ok.is_empty():
                 continue
-            t0 = ok["sent_s"].min() if start is None else start
+            t0 = _number(ok["sent_s"].min()) if start is None else start
             wall = summary.values.get("phase_wall_s") or 1.0
             width = max(wall / TIME_BINS, 1e-9)
             if kind == "throughput":

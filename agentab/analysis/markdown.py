@@ -140,7 +140,9 @@ def _label_note(comparison: Comparison) -> list[str]:
 def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]:
     """What was compared: arms, runs, GPUs, engine, workload, replay window, bootstrap."""
     first = comparison.runs_a[0].run.manifest if comparison.runs_a else {}
-    replay = first.get("replay") if isinstance(first.get("replay"), dict) else {}
+    replay = first.get("replay")
+    if not isinstance(replay, dict):
+        replay = {}
     gpus = _manifest_value(comparison, "gpu_count")
     lines = [
         f"- Arms: **A = {comparison.arm_a}** ({len(comparison.runs_a)} run(s)), "
@@ -315,7 +317,9 @@ def comparison_markdown(
 
 def status_text(manifest: dict[str, Any]) -> str:
     """The run's status and why it stopped, as its manifest recorded them."""
-    stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
+    stats = manifest.get("stats")
+    if not isinstance(stats, dict):
+        stats = {}
     text = str(manifest.get("status", "unknown"))
     if stats.get("stop_reason"):
         text += f", stopped by {stats['stop_reason']}"

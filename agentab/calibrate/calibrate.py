@@ -32,6 +32,7 @@ from agentab.calibrate.write import (
     write_report,
 )
 from agentab.clock import run_real
+from agentab.engine.options import DecodeBackend
 from agentab.errors import AgentabError
 
 DEFAULT_MAX_MODEL_LEN = 4096  # the load's own cap when a server states none
@@ -242,7 +243,7 @@ def _servers(req: CalibrateRequest) -> Iterator[tuple[str, str]]:
     from agentab.engine.local.launch import launched_local_server
 
     for path in req.local_paths:
-        backend = "auto" if path == "standard" else "latency_specialized"
+        backend = backend_timing(path)
         with (
             tempfile.TemporaryDirectory(prefix="agentab-calibrate-") as log_dir,
             _launched(launched_local_server, req.local, backend, Path(log_dir)) as url,
@@ -256,8 +257,14 @@ def _launched(launcher: Any, options: dict[str, Any], backend: str, log_dir: Pat
         yield server.url
 
 
+def backend_timing(path: str) -> DecodeBackend:
+    """The decode backend of the server a decode path is timed on: `auto` runs every step
+    standard; `latency_specialized` runs the pure-decode batches the specialized path takes."""
+    return DecodeBackend.AUTO if path == "standard" else DecodeBackend.LATENCY_SPECIALIZED
+
+
 def _check_backend(path: str, f: EngineFacts, url: str) -> None:
-    want = "auto" if path == "standard" else "latency_specialized"
+    want = backend_timing(path).value
     if f.decode_backend is not None and f.decode_backend != want:
         flag = "--url" if path == "standard" else "--specialized-url"
         raise AgentabError(

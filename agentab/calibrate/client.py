@@ -172,8 +172,8 @@ async def run_load(
             if progress:
                 progress(i + 1, total, f"decode batch {phase.batch} context {phase.context}")
         for j, pre in enumerate(load.prefill):
-            m = await _prefill_phase(target, pre, rng, vocab_size, engine_clock, rid)
-            out.prefill.append(m)
+            p = await _prefill_phase(target, pre, rng, vocab_size, engine_clock, rid)
+            out.prefill.append(p)
             if progress:
                 progress(len(load.decode) + j + 1, total, f"prefill {pre.new} after {pre.cached}")
         done = len(load.decode) + len(load.prefill)

@@ -145,10 +145,10 @@ def _vllm_facts(url: str) -> EngineFacts:
         ahead = sc.get("async_scheduling")
         f.set("async_scheduling", ahead if isinstance(ahead, bool) else None, src)
         pc = config.get("parallel_config") or {}
-        sizes = [pc.get(k) for k in ("tensor_parallel_size", "pipeline_parallel_size")]
-        if all(isinstance(s, int) for s in sizes):
-            f.set("tp", sizes[0], src)
-            f.set("gpu_count", sizes[0] * sizes[1] * int(pc.get("data_parallel_size", 1)), src)
+        tp, pp = pc.get("tensor_parallel_size"), pc.get("pipeline_parallel_size")
+        if isinstance(tp, int) and isinstance(pp, int):
+            f.set("tp", tp, src)
+            f.set("gpu_count", tp * pp * int(pc.get("data_parallel_size", 1)), src)
         dc = config.get("device_config")
         f.set("device", _device(dc), src)
         mc = config.get("model_config") or {}

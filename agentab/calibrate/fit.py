@@ -174,7 +174,9 @@ def fit_decode(
         path=path,
         batch_tokens=table,
         step_us=[float(v) for v in coef[: len(table)]],
-        step_stderr_us=[None if stderr is None else float(s) for s in stderr[: len(table)]],
+        step_stderr_us=(
+            [None] * len(table) if stderr is None else [float(s) for s in stderr[: len(table)]]
+        ),
         kv_us_per_token=_coef(coef, stderr, len(table)) if varied else None,
         residuals=residuals,
     )

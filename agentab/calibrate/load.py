@@ -128,7 +128,7 @@ def build_load(
     top = batches[-1] if max_num_seqs is None else min(batches[-1], max_num_seqs - 1)
     rows = sorted({max(1, top // 4), max(1, top // 2), top})
     new = min(news[1], budget - batches[-1])
-    mixed = ()
+    mixed: tuple[MixedPhase, ...] = ()
     if with_mixed:
         mixed = tuple(
             MixedPhase(b, lo, new, steps, r) for r in range(prefill_repeats) for b in rows

@@ -17,8 +17,13 @@ from typing import Any
 import click
 import orjson
 
-from agentab.engine.paths import BACKENDS
-from agentab.engine.sim import OPTIONS as SIM_OPTIONS
+from agentab.engine.options import (
+    DECODE_BACKENDS,
+    SimulatorOptions,
+    decode_options,
+    flag_name,
+    option_names,
+)
 from agentab.errors import AgentabError
 
 
@@ -40,9 +45,11 @@ def parse_acceptance_probs(
 
 
 # The simulator options `agentab simulate` and `agentab serve` expose as flags (the rest of
-# `agentab.engine.sim.OPTIONS` are set per command or left at their defaults).
+# `SimulatorOptions` are set per command or left at their defaults).
 SIMULATOR_FLAGS = tuple(
-    name for name in SIM_OPTIONS if name not in ("block_size", "seed", "fast_forward")
+    name
+    for name in option_names(SimulatorOptions)
+    if name not in ("block_size", "seed", "fast_forward")
 )
 
 
@@ -58,7 +65,7 @@ def simulator_options(
         ),
         click.option(
             "--decode-backend",
-            type=click.Choice(BACKENDS),
+            type=click.Choice(DECODE_BACKENDS),
             default="auto",
             show_default=True,
             help="Which decode path the engine may use for the steps it supports.",
@@ -102,15 +109,23 @@ def simulator_options(
 
 
 def simulator_flags(kw: dict[str, Any]) -> dict[str, Any]:
-    """The flags of `simulator_options` that were given, as `build_simulator` options."""
-    return {name: kw[name] for name in SIMULATOR_FLAGS if kw[name] is not None}
+    """The flags of `simulator_options` that were given, by option name."""
+    return {name: kw[name] for name in SIMULATOR_FLAGS if kw.get(name) is not None}
+
+
+def simulator_options_of(kw: dict[str, Any], **fixed: Any) -> SimulatorOptions:
+    """A command's simulator flags (and the options it sets itself) as `SimulatorOptions`;
+    a bad value is an error naming its flag."""
+    return decode_options(SimulatorOptions, {**simulator_flags(kw), **fixed}, name=flag_name)
 
 
 @engine.command()
 @click.argument("workload_path", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", default=None, help="agentx|mooncake|native (detected if unset).")
 @click.option("--profile", default="gb300-tp16-kimi-k3", show_default=True, help="Name or TOML.")
-@click.option("--decode-backend", type=click.Choice(BACKENDS), default="auto", show_default=True)
+@click.option(
+    "--decode-backend", type=click.Choice(DECODE_BACKENDS), default="auto", show_default=True
+)
 @click.option("--num-draft-tokens", type=int, default=0, show_default=True)
 @click.option("--acceptance-length", type=float, default=None, help="Mean tokens per verify step.")
 @click.option("--acceptance-probs", default=None, help="Per-position rates, e.g. 0.9,0.7,0.5.")
@@ -139,22 +154,23 @@ def trace(
     all sessions start at time 0. A final line {"summary": ...} closes the trace.
     """
     from agentab.clock import run_virtual
-    from agentab.engine.sim import build_simulator
+    from agentab.engine.sim import simulator_from
     from agentab.workloads import load
 
     workload = load(workload_path, fmt, freeze=True)
     sessions = workload.sessions[:max_sessions] if max_sessions is not None else workload.sessions
-    eng = build_simulator(
-        profile,
-        decode_backend,
-        num_draft_tokens=num_draft_tokens,
-        acceptance_length=acceptance_length,
-        acceptance_probs=parse_acceptance_probs(None, None, acceptance_probs),
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        kv_blocks=kv_blocks,
-        seed=seed,
-    )
+    options = {
+        "profile": profile,
+        "decode_backend": decode_backend,
+        "num_draft_tokens": num_draft_tokens,
+        "acceptance_length": acceptance_length,
+        "acceptance_probs": parse_acceptance_probs(None, None, acceptance_probs),
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "kv_blocks": kv_blocks,
+        "seed": seed,
+    }
+    eng = simulator_from(decode_options(SimulatorOptions, options, name=flag_name))
     out = sys.stdout.buffer
     closed = _ReaderGone()
 

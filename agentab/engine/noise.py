@@ -21,30 +21,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentab.errors import AgentabError
-
 
 @dataclass(frozen=True)
 class StepNoise:
-    """Log-normal step-time noise: per step (`step_sigma`) and per run (`run_sigma`)."""
+    """Log-normal step-time noise: per step (`step_sigma`) and per run (`run_sigma`).
+
+    The sigmas and seed come checked from `SimulatorOptions` (`step_noise`, `run_noise`,
+    `noise_seed`: sigmas in [0, 1]).
+    """
 
     step_sigma: float = 0.0
     run_sigma: float = 0.0
     seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("step_sigma", "run_sigma"):
-            value = getattr(self, name)
-            if (
-                not isinstance(value, int | float)
-                or isinstance(value, bool)
-                or not math.isfinite(value)
-                or not 0.0 <= value <= 1.0
-            ):
-                option = "step_noise" if name == "step_sigma" else "run_noise"
-                raise AgentabError(f"{option}: {value!r} must be a number between 0 and 1")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise AgentabError(f"noise_seed: {self.seed!r} must be an integer")
 
     @property
     def active(self) -> bool:

@@ -4,31 +4,13 @@ With `decode_backend = "latency_specialized"`, the specialized path serves a ste
 row has the same query length q = 1 + k (pure decode when k = 0, a uniform verify of all k drafts
 otherwise), the padded token count is at most 64 and the number of requests is within the per-q
 limit. Every other step (prefill, mixed, partial drafts, larger batches) runs the standard
-forward. With `auto` every step runs standard.
+forward. With `auto` every step runs standard. The backends themselves are
+`agentab.engine.options.DecodeBackend`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
-
 import numpy as np
-
-from agentab.errors import AgentabError
-
-BACKENDS = ("auto", "latency_specialized")
-
-
-def check_engine_args(backend: str, options: Mapping[str, Any], known: Iterable[str]) -> None:
-    """An engine builder's arguments: a known decode backend and only its own options."""
-    known = tuple(known)
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise AgentabError(
-            f"engine options: unknown {', '.join(unknown)} (known: {', '.join(known)})"
-        )
-    if backend not in BACKENDS:
-        raise AgentabError(f"decode_backend: {backend!r} must be one of {', '.join(BACKENDS)}")
 
 
 def padded_tokens(tokens: int, graph_max: int) -> int:

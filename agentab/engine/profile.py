@@ -142,12 +142,12 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise AgentabError(f"{source}: not valid TOML: {exc}") from None
     r = _Reader(doc, source)
-    fmt = r.int("format_version", 1, 1)
+    fmt = r.integer("format_version", 1, 1)
     del fmt
-    status = r.str("status")
+    status = r.string("status")
     if status not in STATUSES:
         raise AgentabError(f"{source}: status: must be one of {', '.join(STATUSES)}")
-    num_layers = r.int("num_layers", 1)
+    num_layers = r.integer("num_layers", 1)
     kv = r.table("kv_cache")
     dec = r.table("decode")
     std = dec.table("standard")
@@ -162,34 +162,34 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
             f"{source}: decode.specialized.max_requests_by_q: needs 8 entries (q=1..8)"
         )
     profile = HardwareProfile(
-        name=r.str("name"),
+        name=r.string("name"),
         status=status,
         source=source,
         content_hash=hashlib.sha256(data).hexdigest(),
-        model=r.str("model"),
-        gpu_name=r.str("gpu_name"),
-        gpu_count=r.int("gpu_count", 1),
-        tp=r.int("tp", 1),
+        model=r.string("model"),
+        gpu_name=r.string("gpu_name"),
+        gpu_count=r.integer("gpu_count", 1),
+        tp=r.integer("tp", 1),
         num_layers=num_layers,
-        kv_layers=r.int("kv_layers", 0, num_layers),
-        kv_block_size_tokens=kv.int("block_size_tokens", 1),
-        kv_capacity_blocks=kv.int("capacity_blocks", 1),
-        kv_bytes_per_token_per_layer=kv.float("bytes_per_token_per_layer", 0.0),
-        hbm_read_bytes_per_s=kv.float("hbm_read_bytes_per_s", 1.0),
-        cuda_graph_max_tokens=dec.int("cuda_graph_max_tokens", 1),
+        kv_layers=r.integer("kv_layers", 0, num_layers),
+        kv_block_size_tokens=kv.integer("block_size_tokens", 1),
+        kv_capacity_blocks=kv.integer("capacity_blocks", 1),
+        kv_bytes_per_token_per_layer=kv.number("bytes_per_token_per_layer", 0.0),
+        hbm_read_bytes_per_s=kv.number("hbm_read_bytes_per_s", 1.0),
+        cuda_graph_max_tokens=dec.integer("cuda_graph_max_tokens", 1),
         standard=_decode_table(std),
         specialized=_decode_table(spec),
-        specialized_max_padded_tokens=spec.int("max_padded_tokens", 1),
+        specialized_max_padded_tokens=spec.integer("max_padded_tokens", 1),
         specialized_max_requests_by_q=tuple(limits),
-        drafter_step_us=sd.float("drafter_step_us", 0.0),
-        prefill_tokens_per_s_per_gpu=pre.float("tokens_per_s_per_gpu", 1.0),
-        attention_flops_per_token_pair=pre.float("attention_flops_per_token_pair", 0.0),
-        attention_flops_per_s_per_gpu=pre.float("attention_flops_per_s_per_gpu", 1.0),
-        prefill_context_token_us=pre.float("context_token_us", 0.0, default=0.0),
-        mixed_decode_row_us=pre.float("mixed_decode_row_us", 0.0, default=0.0),
-        async_scheduling=eng.bool("async_scheduling", default=False),
-        frontend_intake_us=front.float("intake_us", 0.0, default=0.0),
-        frontend_output_us=front.float("output_us", 0.0, default=0.0),
+        drafter_step_us=sd.number("drafter_step_us", 0.0),
+        prefill_tokens_per_s_per_gpu=pre.number("tokens_per_s_per_gpu", 1.0),
+        attention_flops_per_token_pair=pre.number("attention_flops_per_token_pair", 0.0),
+        attention_flops_per_s_per_gpu=pre.number("attention_flops_per_s_per_gpu", 1.0),
+        prefill_context_token_us=pre.number("context_token_us", 0.0, default=0.0),
+        mixed_decode_row_us=pre.number("mixed_decode_row_us", 0.0, default=0.0),
+        async_scheduling=eng.boolean("async_scheduling", default=False),
+        frontend_intake_us=front.number("intake_us", 0.0, default=0.0),
+        frontend_output_us=front.number("output_us", 0.0, default=0.0),
     )
     for sub in (r, kv, dec, std, spec, pre, sd, eng, front):
         sub.done()
@@ -208,7 +208,7 @@ def _decode_table(r: _Reader) -> DecodeTable:
     return DecodeTable(
         np.array(tokens, dtype=np.float64),
         np.array(times, dtype=np.float64),
-        r.float("step_fixed_us", 0.0),
+        r.number("step_fixed_us", 0.0),
     )
 
 
@@ -242,13 +242,13 @@ class _Reader:
             raise AgentabError(f"{self.where(key)}: must be a table")
         return _Reader(value, self.source, f"{self.prefix}{key}.")
 
-    def str(self, key: str) -> str:
+    def string(self, key: str) -> str:
         value = self._get(key)
         if not isinstance(value, str) or not value:
             raise AgentabError(f"{self.where(key)}: must be a non-empty string")
         return value
 
-    def int(self, key: str, lo: int | None = None, hi: int | None = None) -> int:
+    def integer(self, key: str, lo: int | None = None, hi: int | None = None) -> int:
         value = self._get(key)
         if not isinstance(value, int) or isinstance(value, bool):
             raise AgentabError(f"{self.where(key)}: must be an integer")
@@ -256,7 +256,7 @@ class _Reader:
             raise AgentabError(f"{self.where(key)}: {value} out of range [{lo}, {hi}]")
         return value
 
-    def float(self, key: str, lo: float | None = None, default: float | None = None) -> float:
+    def number(self, key: str, lo: float | None = None, default: float | None = None) -> float:
         """A number; `default` only for keys added after format 1 was first written, so
         older profiles stay valid (docs/engine.md lists which keys have one)."""
         if default is not None and key not in self.doc:
@@ -269,7 +269,7 @@ class _Reader:
             raise AgentabError(f"{self.where(key)}: {value} must be finite and >= {lo}")
         return float(value)
 
-    def bool(self, key: str, *, default: bool) -> bool:
+    def boolean(self, key: str, *, default: bool) -> bool:
         """A boolean; absent means `default` (every boolean key is optional)."""
         if key not in self.doc:
             self.used.add(key)

@@ -535,6 +535,6 @@ async def start_server(server: EngineServer, host: str, port: int) -> tuple[web.
     site = web.TCPSite(runner, host, port)
     await site.start()
     server_obj = site._server
-    assert server_obj is not None
-    bound = int(server_obj.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    assert isinstance(server_obj, asyncio.Server)  # what a TCPSite starts (loop.create_server)
+    bound = int(server_obj.sockets[0].getsockname()[1])
     return runner, bound

@@ -14,7 +14,8 @@ from typing import Any
 
 import click
 
-from agentab.engine.cli import simulator_flags, simulator_options
+from agentab.engine.cli import simulator_options, simulator_options_of
+from agentab.engine.options import LocalOptions, decode_options, flag_name, option_names
 from agentab.engine.server import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -144,30 +145,29 @@ def _given(kw: dict[str, Any], names: tuple[str, ...]) -> list[str]:
 
 
 def _simulator(kw: dict[str, Any]) -> Any:
-    from agentab.engine import build_simulator
+    from agentab.engine.sim import simulator_from
 
     if kw["profile"] is None:
         raise AgentabError("--engine sim needs --profile (a hardware profile name or TOML)")
     if extra := _given(kw, _LOCAL_ONLY):
         raise AgentabError(f"{', '.join(extra)}: local-engine options; add --engine local")
-    options = simulator_flags(kw)
-    if kw["seed"] is not None:
-        options["seed"] = kw["seed"]
-    return build_simulator(kw["profile"], kw["decode_backend"], **options)
+    options = simulator_options_of(
+        kw, profile=kw["profile"], decode_backend=kw["decode_backend"], seed=kw["seed"]
+    )
+    return simulator_from(options)
 
 
 def _local_engine(kw: dict[str, Any]) -> Any:
-    from agentab.engine.local.build import build_local_engine
+    from agentab.engine.local.build import local_engine_from
 
     if kw["preset"] is None:
         raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
     if extra := _given(kw, _SIM_ONLY):
         raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
-    names = ("num_layers", "weight_sets", "kv_blocks", "max_num_seqs", "max_num_batched_tokens")
-    names += ("seed", "device", "max_model_len", "block_size", "tp")
-    options = {n: kw[n] for n in names if kw.get(n) is not None}
+    flags = {name: kw.get(name) for name in option_names(LocalOptions)}
+    options = decode_options(LocalOptions, flags, name=flag_name)
     click.echo(f"agentab serve: building the local engine (preset {kw['preset']})", err=True)
-    return build_local_engine(kw["preset"], kw["decode_backend"], **options)
+    return local_engine_from(options)
 
 
 async def _run(server: Any, host: str, port: int) -> None:

@@ -8,71 +8,66 @@ from typing import Any
 from agentab.engine.core import Engine
 from agentab.engine.executor import SimExecutor
 from agentab.engine.noise import StepNoise
-from agentab.engine.paths import check_engine_args
+from agentab.engine.options import SimulatorOptions, decode_options, option_names
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.source import engine_source_digest
 from agentab.engine.spec_decode import SpecConfig
 from agentab.errors import AgentabError
 
-OPTIONS = (
-    "num_draft_tokens",
-    "acceptance_length",
-    "acceptance_probs",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "kv_blocks",
-    "block_size",
-    "seed",
-    "fast_forward",
-    "step_noise",
-    "run_noise",
-    "noise_seed",
+# The keyword options `build_simulator` takes besides the profile and the decode backend.
+OPTIONS = tuple(
+    name for name in option_names(SimulatorOptions) if name not in ("profile", "decode_backend")
 )
 
 
 def build_simulator(profile: str | Path, decode_backend: str = "auto", **options: Any) -> Engine:
-    """An in-process simulated engine (docs/interfaces.md). Unknown options are an error.
+    """An in-process simulated engine (docs/interfaces.md): `SimulatorOptions` from keywords.
 
-    `kv_blocks` overrides the profile's KV capacity (to force cache pressure); `fast_forward`
-    (default True) may be turned off to step one at a time on the virtual clock. `step_noise`
-    and `run_noise` (log-scale sigmas, default 0) add a real engine's timing noise, drawn from
-    `noise_seed` (agentab.engine.noise), so A/A runs of one plan differ as they would on a GPU.
+    Unknown options, wrong types and out-of-range values are one-line errors naming the
+    option; None leaves an option at its default.
     """
-    check_engine_args(decode_backend, options, OPTIONS)
+    opts = decode_options(
+        SimulatorOptions,
+        {**options, "profile": str(profile), "decode_backend": decode_backend},
+        known=OPTIONS,
+    )
+    return simulator_from(opts)
+
+
+def simulator_from(opts: SimulatorOptions) -> Engine:
+    """The simulator `opts` describe. `kv_blocks` overrides the profile's KV capacity (to
+    force cache pressure); `fast_forward` False steps one at a time on the virtual clock;
+    `step_noise` and `run_noise` add a real engine's timing noise, drawn from `noise_seed`
+    (agentab.engine.noise), so A/A runs of one plan differ as they would on a GPU."""
+    profile, decode_backend = opts.profile, opts.decode_backend
     prof = load_profile(profile)
-    k = int(options.get("num_draft_tokens") or 0)
-    probs = options.get("acceptance_probs")
+    k = opts.num_draft_tokens
     spec = SpecConfig(
         num_draft_tokens=k,
-        acceptance_length=options.get("acceptance_length"),
-        acceptance_probs=tuple(float(p) for p in probs) if probs is not None else None,
-        seed=int(options.get("seed") or 0),
+        acceptance_length=opts.acceptance_length,
+        acceptance_probs=opts.acceptance_probs,
+        seed=opts.seed,
     )
-    noise = StepNoise(
-        step_sigma=options.get("step_noise", 0.0),
-        run_sigma=options.get("run_noise", 0.0),
-        seed=options.get("noise_seed", 0),
-    )
+    noise = StepNoise(step_sigma=opts.step_noise, run_sigma=opts.run_noise, seed=opts.noise_seed)
     if prof.async_scheduling and k:
         raise AgentabError(
             f"num_draft_tokens: {prof.source} models an engine with async scheduling "
             "([engine] async_scheduling), which needs num_draft_tokens = 0"
         )
-    if decode_backend == "latency_specialized" and k > 7:
+    if decode_backend.specialized and k > 7:
         raise AgentabError(
             f"num_draft_tokens: latency_specialized supports at most 7 draft tokens, got {k}"
         )
-    block_size = int(options.get("block_size") or 16)
-    kv_blocks = options.get("kv_blocks")
-    num_blocks = int(kv_blocks) if kv_blocks is not None else prof.capacity_blocks(block_size)
+    block_size = opts.block_size
+    num_blocks = opts.kv_blocks or prof.capacity_blocks(block_size)
     cfg = SchedulerConfig(
         num_blocks=num_blocks,
         block_size=block_size,
-        max_num_seqs=int(options.get("max_num_seqs") or 1024),
-        max_num_batched_tokens=int(options.get("max_num_batched_tokens") or 8192),
+        max_num_seqs=opts.max_num_seqs,
+        max_num_batched_tokens=opts.max_num_batched_tokens,
         spec=spec,
-        specialized=decode_backend == "latency_specialized",
+        specialized=decode_backend.specialized,
         specialized_max_padded=prof.specialized_max_padded_tokens,
         specialized_max_requests_by_q=prof.specialized_max_requests_by_q,
         cuda_graph_max_tokens=prof.cuda_graph_max_tokens,
@@ -80,7 +75,7 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
     describe = {
         "engine": "agentab-sim",
         **prof.identity(),
-        "decode_backend": decode_backend,
+        "decode_backend": decode_backend.value,
         "spec": spec.describe(),
         "scheduler": {
             "max_num_seqs": cfg.max_num_seqs,
@@ -100,6 +95,6 @@ def build_simulator(profile: str | Path, decode_backend: str = "auto", **options
         Scheduler(cfg),
         SimExecutor(prof, k, spec, noise),
         describe=describe,
-        fast_forward=bool(options.get("fast_forward", True)),
+        fast_forward=opts.fast_forward,
         async_scheduling=prof.async_scheduling,
     )

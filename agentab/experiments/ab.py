@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import orjson
 
 from agentab.analysis.compare import Comparison, compare_runs
@@ -38,6 +39,8 @@ from agentab.analysis.html import write_html
 from agentab.analysis.load import load_run
 from agentab.analysis.markdown import comparison_markdown
 from agentab.analysis.summary import summarize_run, write_summary
+from agentab.engine.options import LocalLaunch, SimulatorOptions
+from agentab.engine.vllm.args import VllmLaunch
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import Arm, Experiment
 from agentab.experiments.experiment_dir import (
@@ -125,15 +128,7 @@ def run_arm(
         extra["sweep_point"] = {experiment.sweep.variable: point}
     kind = experiment.engine_kind
     if kind == "simulator":
-        options = {
-            **experiment.engine,
-            "decode_backend": arm.decode_backend,
-            "seed": experiment.seed + repeat,
-        }
-        if "noise_seed" not in options and (
-            options.get("step_noise") or options.get("run_noise")
-        ):  # each arm's engine draws its own timing noise, as two real servers would
-            options["noise_seed"] = 2 * (experiment.seed + repeat) + experiment.arms.index(arm)
+        options = simulator_options(experiment, arm, repeat)
         return simulate_to_dir(
             workload,
             engine_options=options,
@@ -179,8 +174,10 @@ def _run_local_arm(
     run; the server's own facts (/agentab/describe) go into the manifest."""
     from agentab.engine.local.launch import launched_local_server
 
+    launch = experiment.engine_options
+    assert isinstance(launch, LocalLaunch)  # decoded from [engine] when the file was loaded
     with launched_local_server(
-        experiment.engine, decode_backend=arm.decode_backend, log_dir=run_dir
+        launch, decode_backend=arm.decode_backend, log_dir=run_dir
     ) as server:
         return replay_to_dir(
             workload,
@@ -214,8 +211,10 @@ def _run_vllm_arm(
         server_cm = attached_server(arm.url, int(arm.gpu_count or 0), api_key_env=api_key_env)
     else:
         gpus = list(experiment.gpu_ids) or experiment.gpu_count
+        launch = experiment.engine_options
+        assert isinstance(launch, VllmLaunch)  # decoded from [engine] when the file was loaded
         server_cm = launched_server(
-            experiment.engine, decode_backend=arm.decode_backend, gpus=gpus, log_dir=run_dir
+            launch, decode_backend=arm.decode_backend, gpus=gpus, log_dir=run_dir
         )
     with server_cm as server:
         return replay_to_dir(
@@ -230,6 +229,21 @@ def _run_vllm_arm(
         )
 
 
+def simulator_options(experiment: Experiment, arm: Arm, repeat: int) -> SimulatorOptions:
+    """The simulator of one run: the experiment's [engine], the arm's decode backend, the
+    repeat's seed and, unless [engine] fixes it, a noise seed of the arm's own (each arm's
+    engine draws its own timing noise, as two real servers would)."""
+    options = experiment.engine_options
+    assert isinstance(options, SimulatorOptions)
+    seed = experiment.seed + repeat
+    noise_seed = options.noise_seed
+    if "noise_seed" not in experiment.engine and (options.step_noise or options.run_noise):
+        noise_seed = 2 * seed + experiment.arms.index(arm)
+    return msgspec.structs.replace(
+        options, decode_backend=arm.decode_backend, seed=seed, noise_seed=noise_seed
+    )
+
+
 def check_before_running(experiment: Experiment) -> None:
     """Fail before any run on anything a later run would fail on: the replay options of every
     repeat and, on the simulator, the profile's GPU count and each arm's engine (its decode
@@ -240,8 +254,8 @@ def check_before_running(experiment: Experiment) -> None:
             replay_options(experiment, repeat, point)
     if experiment.engine_kind != "simulator":
         return
-    from agentab.engine import build_simulator
     from agentab.engine.profile import load_profile
+    from agentab.engine.sim import simulator_from
 
     profile = load_profile(experiment.engine["profile"])
     if profile.gpu_count != experiment.gpu_count:
@@ -249,10 +263,9 @@ def check_before_running(experiment: Experiment) -> None:
             f"{experiment.path}: [gpus] count is {experiment.gpu_count} but simulator profile "
             f"{experiment.engine['profile']!r} models {profile.gpu_count} GPUs"
         )
-    options = {k: v for k, v in experiment.engine.items() if k != "profile"}
     for arm in experiment.arms:
         try:
-            build_simulator(experiment.engine["profile"], arm.decode_backend, **options)
+            simulator_from(simulator_options(experiment, arm, 0))
         except AgentabError as exc:
             raise AgentabError(f"{experiment.path}: arm {arm.name!r}: {exc}") from None
 
@@ -309,6 +322,7 @@ def run_experiment(
             f"{len(plan)} runs complete, {len(todo)} to run ({what})"
         )
     else:
+        assert workload is not None  # a fresh dir: every run is to do
         log(
             f"agentab ab: {experiment.name}: {len(workload)} sessions, "
             f"{workload.num_requests()} requests; {what} -> {out_dir}"

@@ -15,16 +15,38 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from agentab.engine.sim import OPTIONS as SIMULATOR_OPTIONS
+import msgspec
+
+from agentab.engine.options import (
+    DecodeBackend,
+    LocalLaunch,
+    OptionsError,
+    SimulatorOptions,
+    decode_options,
+    option_names,
+    parse_decode_backend,
+    toml_name,
+)
+from agentab.engine.vllm.args import VllmLaunch
 from agentab.errors import AgentabError
 
 ENGINE_KINDS = ("simulator", "http", "vllm", "local")
-# The simulator's own option list; its seed comes from the experiment's seed (+ repeat).
-SIMULATOR_KEYS = ("profile", *(key for key in SIMULATOR_OPTIONS if key != "seed"))
+# Set outside [engine]: each arm's decode backend, and the simulator's seed (the experiment's
+# seed plus the repeat; the local engine's seed, that of its weights, is its own).
+_ENGINE_SET_ELSEWHERE = {
+    "decode_backend": "each arm's decode_backend ([[arms]])",
+    "seed": "the top-level seed (repeat k uses seed + k)",
+}
+_ENGINE_SET_ELSEWHERE_BY_KIND = {
+    "simulator": _ENGINE_SET_ELSEWHERE,
+    "local": {"decode_backend": _ENGINE_SET_ELSEWHERE["decode_backend"]},
+}
+EngineOptions = SimulatorOptions | LocalLaunch | VllmLaunch
 HTTP_KEYS = ("model", "api_key_env")  # also the [engine] keys of vLLM attach mode
 TOP_KEYS = (
     "name",
@@ -54,7 +76,7 @@ class Arm:
     """One side of the A/B: a decode backend under a name (attach mode: a server URL)."""
 
     name: str
-    decode_backend: str
+    decode_backend: DecodeBackend
     url: str | None = None
     gpu_count: int | None = None
 
@@ -87,6 +109,9 @@ class Experiment:
     engine_kind: str
     engine: dict[str, Any]
     arms: tuple[Arm, Arm]
+    # [engine] decoded (None for kind http and vLLM attach mode); the simulator's and the local
+    # engine's carry arm A's decode backend and seed 0: each run sets its own
+    engine_options: EngineOptions | None = None
     description: str = ""
     notes: tuple[str, ...] = ()
     resamples: int = 10_000
@@ -103,7 +128,7 @@ class _Where:
         self.path = path
         self.lines: dict[tuple[str, str], int] = {}
         self.tables: dict[str, int] = {}
-        table, counts = "", {}
+        table, counts = "", dict[str, int]()
         for number, raw in enumerate(text.splitlines(), start=1):
             line = raw.strip()
             header = re.match(r"^\[\[?\s*([^\]]+?)\s*\]\]?", line)
@@ -227,7 +252,9 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
         )
     arms = _arms(data.get("arms"), kind, gpu_count, where)
     attach = arms[0].url is not None
-    _check_engine(kind, engine, where, attach=attach, gpus=list(ids) or gpu_count)
+    options = _engine_options(kind, engine, where, attach=attach, gpus=list(ids) or gpu_count)
+    if options is not None and not isinstance(options, VllmLaunch):
+        options = msgspec.structs.replace(options, decode_backend=arms[0].decode_backend)
 
     analysis = _table(data, "analysis", where, required=False)
     _check_keys(analysis, ANALYSIS_KEYS, "analysis", where)
@@ -259,6 +286,7 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
         engine_kind=kind,
         engine=engine,
         arms=arms,
+        engine_options=options,
         description=description,
         notes=tuple(notes),
         resamples=resamples,
@@ -365,34 +393,61 @@ def _sweep(table: dict[str, Any], replay: dict[str, Any], where: _Where) -> Swee
     return Sweep(variable, tuple(values))
 
 
-def _check_engine(
+def _engine_options(
     kind: str, engine: dict[str, Any], where: _Where, *, attach: bool, gpus: int | list[int]
-) -> None:
-    if kind == "simulator":
-        _check_keys(engine, SIMULATOR_KEYS, "engine", where)
-        if not isinstance(engine.get("profile"), str):
-            raise AgentabError(f"{where('engine')}: a simulator [engine] needs profile (a name)")
-    elif kind == "local":
-        from agentab.engine.local.launch import serve_args
+) -> EngineOptions | None:
+    """The [engine] table as its kind's options struct; an error names the key and its line."""
+    if kind == "http" or attach:
+        _check_keys(engine, HTTP_KEYS, "engine", where)
+        return None
+    if kind == "vllm":  # launch mode
+        from agentab.engine.vllm.args import check_gpus, gpu_ids_of
 
+        launch = _decode_engine(
+            where, engine, lambda: VllmLaunch.from_mapping(engine, name=toml_name("engine"))
+        )
         try:
-            serve_args(engine, "auto", 0)
+            check_gpus(launch, gpu_ids_of(gpus))  # refused before any server starts
         except AgentabError as exc:
             raise AgentabError(f"{where('engine')}: {exc}") from None
+        return launch
+    cls: type[SimulatorOptions | LocalLaunch] = (
+        SimulatorOptions if kind == "simulator" else LocalLaunch
+    )
+    elsewhere = _ENGINE_SET_ELSEWHERE_BY_KIND[kind]
+    for key, owner in elsewhere.items():
+        if key in engine:
+            raise AgentabError(f"{where('engine', key)}: engine.{key} is set by {owner}")
+    known = [name for name in option_names(cls) if name not in elsewhere]
+    options = _decode_engine(
+        where,
+        engine,
+        lambda: decode_options(cls, engine, name=toml_name("engine"), known=known),
+    )
+    if isinstance(options, LocalLaunch):
         count = len(gpus) if isinstance(gpus, list) else gpus
-        tp = engine.get("tp", 1)
-        if count != tp:
+        if count != options.tp:
             raise AgentabError(
                 f"{where('gpus')}: the local engine runs one device per tensor-parallel rank; "
-                f"[gpus] count {count} is not the engine's tp {tp}"
+                f"[gpus] count {count} is not the engine's tp {options.tp}"
             )
-    elif kind == "http" or attach:
-        _check_keys(engine, HTTP_KEYS, "engine", where)
-    else:  # vllm launch: the launcher owns its keys and names unknown ones itself
-        from agentab.engine.vllm.args import VllmLaunch, check_gpus, gpu_ids_of
+    return options
 
-        launch = VllmLaunch.from_mapping(engine, where=f"{where('engine')}: [engine]")
-        check_gpus(launch, gpu_ids_of(gpus))  # refused before any server starts
+
+_OptionsT = TypeVar("_OptionsT")
+
+
+def _decode_engine(
+    where: _Where, engine: dict[str, Any], decode: Callable[[], _OptionsT]
+) -> _OptionsT:
+    """`decode()`, with a bad option's error led by its file and line."""
+    try:
+        return decode()
+    except OptionsError as exc:
+        at = where("engine", exc.field) if exc.field in engine else where("engine")
+        raise AgentabError(f"{at}: {exc}") from None
+    except AgentabError as exc:
+        raise AgentabError(f"{where('engine')}: {exc}") from None
 
 
 def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm]:
@@ -408,10 +463,11 @@ def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm
                     f"{where(table, key)}: arms may differ only in decode_backend, but arm "
                     f"{i + 1} sets {key!r}; put it in the shared [engine]/[replay]/[gpus] tables"
                 )
-        backend = arm.get("decode_backend")
-        if not isinstance(backend, str) or not backend:
-            raise AgentabError(f"{where(table)}: arm {i + 1} needs decode_backend (a string)")
-        name = arm.get("name", backend)
+        try:
+            backend = parse_decode_backend(arm.get("decode_backend"), f"arms[{i}].decode_backend")
+        except AgentabError as exc:
+            raise AgentabError(f"{where(table, 'decode_backend')}: {exc}") from None
+        name = arm.get("name", backend.value)
         if not isinstance(name, str) or not _NAME.match(name):
             raise AgentabError(f"{where(table, 'name')}: arm name {name!r} is not a plain name")
         url = arm.get("url")

@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agentab.analysis.compare import compare_runs
 from agentab.analysis.load import load_run
 from agentab.analysis.power import Pilot, PlanRow, plan
+from agentab.engine.options import SimulatorOptions
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import Experiment
 from agentab.experiments.experiment_dir import COPY, is_complete
@@ -123,9 +126,12 @@ def simulated_pilots(
             f"{experiment.engine_kind!r}, run a short pilot with `agentab ab --max-runs 4` and "
             "give `agentab plan` its dir"
         )
-    engine = {**experiment.engine, "step_noise": step_noise, "run_noise": run_noise}
+    noise = {"step_noise": step_noise, "run_noise": run_noise}
+    engine = {**experiment.engine, **noise}
+    assert isinstance(experiment.engine_options, SimulatorOptions)
+    engine_options = msgspec.structs.replace(experiment.engine_options, **noise)
     sweep = experiment.sweep
-    points = [(None, experiment.replay)]
+    points: list[tuple[str | None, dict[str, Any]]] = [(None, experiment.replay)]
     if sweep is not None:
         points = [(sweep.label(x), {**experiment.replay, sweep.variable: x}) for x in sweep.points]
     root = Path(tempfile.mkdtemp(prefix="agentab-plan-"))
@@ -133,7 +139,12 @@ def simulated_pilots(
     try:
         for label, replay in points:
             pilot_experiment = dataclasses.replace(
-                experiment, engine=engine, replay=replay, repeats=PILOT_REPEATS, sweep=None
+                experiment,
+                engine=engine,
+                engine_options=engine_options,
+                replay=replay,
+                repeats=PILOT_REPEATS,
+                sweep=None,
             )
             result = run_experiment(
                 pilot_experiment, root / (label or "ab"), progress=progress, log=lambda _: None

@@ -103,7 +103,9 @@ def _setup(experiment: Experiment, points: Sequence[SweepPoint]) -> list[str]:
     if points:  # the setup lines every point shares (GPUs, engine, bootstrap, caveats)
         first = points[0].comparison
         manifest = first.runs_a[0].run.manifest if first.runs_a else {}
-        replay = manifest.get("replay") if isinstance(manifest.get("replay"), dict) else {}
+        replay = manifest.get("replay")
+        if not isinstance(replay, dict):
+            replay = {}
         lines += [
             line
             for line in setup_lines(first, experiment.notes)

@@ -103,7 +103,8 @@ class PagedKV:
     cache: torch.Tensor
     block_table: torch.Tensor  # (batch, max blocks) int32
     new_slots: torch.Tensor  # (batch,) int64
-    positions_and_slots: torch.Tensor  # (2, batch) int32: positions, then new_slots
+    # (2, batch) int32: positions, then new_slots; None where no CuTe preparation reads it
+    positions_and_slots: torch.Tensor | None
     block_size: int
     max_len: int
     split_len: torch.Tensor  # (1,) int32

@@ -33,9 +33,9 @@ def make_path(name: str, cfg: LayerConfig, weights: LayerWeights, context: int, 
 
         return StandardPath(cfg, weights, max_position=context)
     if name == "standard":
-        from agentab.kernels.standard_compiled import CompiledStandardPath
+        from agentab.kernels.standard_torch_compile import TorchCompileStandardPath
 
-        return CompiledStandardPath(cfg, weights, max_position=context)
+        return TorchCompileStandardPath(cfg, weights, max_position=context)
     if name == "specialized":
         from agentab.kernels.specialized import SpecializedPath
 

@@ -36,9 +36,14 @@ def rope_cos_sin(cfg: LayerConfig, positions: torch.Tensor) -> tuple[torch.Tenso
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the last dim of x (..., qk_rope) as halves [x1 | x2]; cos/sin broadcast over heads."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    """Rotate the last dim of x (..., qk_rope) as halves [x1 | x2] (the NeoX layout), in fp32.
+
+    cos and sin are (..., qk_rope // 2) and broadcast over the head dims x has beyond them
+    (callers that pass them pre-shaped skip the unsqueezes). The one RoPE of every decode path:
+    the reference, the eager and the torch.compile standard paths and the local engine call
+    it, so they cannot drift apart; it is plain tensor ops, which torch.compile traces.
+    """
+    x1, x2 = x.float().chunk(2, dim=-1)
     while cos.dim() < x1.dim():
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

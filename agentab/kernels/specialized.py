@@ -185,6 +185,7 @@ class SpecializedPath:
         w_uk = w.w_uk_t.view(-1, cfg.qk_nope)
         # the preparation's positions: (2, batch) positions and slots for a paged cache
         pos = state.positions if state.paged is None else state.paged.positions_and_slots
+        assert pos is not None  # the local engine's paged batches carry them
         _spec, absorb = k["absorb"]
         absorb(w_uk, self.q, dv, dr, self.q_lat, self.dummy_rs, self.qkv, pos,
                w.kv_a_norm, self.cos_sin, state.cache, self.q_pe)  # fmt: skip

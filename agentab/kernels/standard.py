@@ -1,6 +1,6 @@
 """The eager standard decode path (`standard-eager`): a general engine's ops, one by one.
 
-The path named `standard` is this layer under torch.compile (`standard_compiled.py`), as vLLM
+The path named `standard` is this layer under torch.compile (`standard_torch_compile.py`), as vLLM
 runs it; this eager version stays as a reference point and runs prefill-sized MoE batches.
 It mirrors vLLM's standard DeepSeek-V3 / Kimi-K2 decode (the `auto` backend) op for op:
 
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from agentab.kernels.attention import mla_decode
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.reference import rope_cos_sin
+from agentab.kernels.reference import apply_rope, rope_cos_sin
 from agentab.kernels.weights import DecodeState, LayerWeights
 
 # Routed rows go back to their tokens by an atomic index_add_ for decode-sized batches (one
@@ -53,12 +53,6 @@ class StepOut:
     weights: torch.Tensor  # (batch, top_k) fp32: their final weights
     router_in: torch.Tensor  # what the router GEMM read: (batch, hidden)
     router_in_normed: bool  # True: router_in is already RMS-normalized; False: it is h1
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 def router_logits(hn: torch.Tensor, w_gate: torch.Tensor) -> torch.Tensor:
@@ -91,8 +85,9 @@ def grouped_topk(
 
 class StandardPath:
     """Modular torch ops, eager (`standard-eager`); `step` allocates nothing on the host side
-    and captures in a graph. `standard_compiled.CompiledStandardPath` is the same layer under
-    torch.compile (`standard`); this one stays as the reference and for prefill-sized batches."""
+    and captures in a graph. `standard_torch_compile.TorchCompileStandardPath` is the same
+    layer under torch.compile (`standard`); this one stays as the reference and for
+    prefill-sized batches."""
 
     name = "standard-eager"
     impl = "torch-eager"
@@ -118,8 +113,8 @@ class StandardPath:
         cs = self.cos_sin.index_select(0, state.positions)
         half = cfg.qk_rope // 2
         cos, sin = cs[:, :half], cs[:, half:]
-        q_pe = _rope(q[..., cfg.qk_nope :].float(), cos[:, None], sin[:, None]).to(x.dtype)
-        k_pe = _rope(k_pe.float(), cos, sin).to(x.dtype)
+        q_pe = apply_rope(q[..., cfg.qk_nope :], cos[:, None], sin[:, None]).to(x.dtype)
+        k_pe = apply_rope(k_pe, cos, sin).to(x.dtype)
         entry = torch.cat([kv_c, k_pe], dim=-1)
         if state.paged is None:
             rows = torch.arange(b, device=x.device)

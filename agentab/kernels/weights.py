@@ -24,6 +24,8 @@ from agentab.kernels.config import LayerConfig
 if TYPE_CHECKING:
     import torch
 
+    from agentab.kernels.attention import PagedKV
+
 
 @dataclass
 class LayerWeights:
@@ -200,7 +202,7 @@ class DecodeState:
 
     cache: torch.Tensor  # (batch, max_len, kv_width) bf16, or (slots, kv_width) when paged
     positions: torch.Tensor  # (batch,) int32
-    paged: object = None  # agentab.kernels.attention.PagedKV
+    paged: PagedKV | None = None
 
     def clone(self) -> DecodeState:
         return DecodeState(self.cache.clone(), self.positions.clone(), self.paged)

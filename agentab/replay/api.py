@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentab.clock import is_virtual, run_real, run_virtual
 from agentab.errors import AgentabError
@@ -35,6 +35,9 @@ from agentab.replay.records import (
 from agentab.replay.runner import Runner, RunStats
 from agentab.replay.targets.base import Target
 from agentab.workloads.model import Workload
+
+if TYPE_CHECKING:
+    from agentab.engine.options import SimulatorOptions
 
 EXIT_INTERRUPTED = 130
 
@@ -142,7 +145,9 @@ def _backend_label(facts: dict[str, Any], extra: dict[str, Any] | None) -> dict[
     experiment declares; a server that contradicts the declared label is refused (two attach
     URLs swapped would otherwise report the specialized server as `auto`)."""
     declared = (extra or {}).get("decode_backend")
-    server = facts.get("server") if isinstance(facts.get("server"), dict) else {}
+    server = facts.get("server")
+    if not isinstance(server, dict):
+        server = {}
     observed = facts.get("decode_backend", server.get("decode_backend"))
     if declared is not None and observed is not None and declared != observed:
         where = facts.get("url") or "the server"
@@ -310,7 +315,7 @@ def replay_to_dir(
 def simulate_to_dir(
     workload: Workload,
     *,
-    engine_options: dict[str, Any],
+    engine_options: SimulatorOptions | Mapping[str, Any],
     replay: ReplayOptions,
     out_dir: str | Path,
     manifest_extra: dict[str, Any] | None = None,
@@ -318,18 +323,18 @@ def simulate_to_dir(
 ) -> Path:
     """Replay against the in-process simulator on the virtual clock.
 
-    `engine_options`: `profile` (required), `decode_backend` (default "auto") and any other
-    keyword of `agentab.engine.build_simulator`.
+    `engine_options`: `agentab.engine.options.SimulatorOptions`, or a mapping of its fields
+    (`profile` required, `decode_backend` default "auto").
     """
-    from agentab.engine import build_simulator
+    from agentab.engine.executor import SimExecutor
+    from agentab.engine.options import SimulatorOptions, decode_options
+    from agentab.engine.sim import simulator_from
     from agentab.replay.targets.engine import EngineTarget
 
-    opts = dict(engine_options)
-    if "profile" not in opts:
-        raise AgentabError("engine_options: 'profile' is required (a profile name or path)")
-    profile = opts.pop("profile")
-    backend = opts.pop("decode_backend", "auto")
-    engine = build_simulator(profile, backend, **opts)
+    if not isinstance(engine_options, SimulatorOptions):
+        engine_options = decode_options(SimulatorOptions, engine_options)
+    engine = simulator_from(engine_options)
+    assert isinstance(engine.executor, SimExecutor)  # what simulator_from builds
     prof = engine.executor.profile
     target = EngineTarget(
         engine,

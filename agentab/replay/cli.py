@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from agentab.engine.cli import simulator_flags, simulator_options
+from agentab.engine.cli import simulator_options, simulator_options_of
 from agentab.errors import AgentabError
 from agentab.replay.options import ENDPOINTS, ReplayOptions
 
@@ -201,11 +201,9 @@ def simulate(**kw: Any) -> None:
     """Replay WORKLOAD against the in-process simulator on the virtual clock."""
     from agentab.replay.api import simulate_to_dir
 
-    engine_options: dict[str, Any] = {
-        "profile": kw["profile"],
-        "decode_backend": kw["decode_backend"],
-        **simulator_flags(kw),
-    }
+    engine_options = simulator_options_of(
+        kw, profile=kw["profile"], decode_backend=kw["decode_backend"]
+    )
     run_dir = simulate_to_dir(
         _load(kw),
         engine_options=engine_options,

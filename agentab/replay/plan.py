@@ -279,7 +279,8 @@ class _Builder:
             return deps, max(0.0, t - anchor_t), None
         end = _end(prev_req)
         if end is None:
-            return deps, 0.0, (prev, max(0.0, t - prev_req.t))  # type: ignore[arg-type]
+            assert prev is not None  # prev_req is the request `prev` names
+            return deps, 0.0, (prev, max(0.0, t - prev_req.t))
         return deps, max(0.0, t - end), None
 
     def end_marker(self, p: _Pending) -> int:
@@ -333,7 +334,8 @@ class _Builder:
         spawn = self.add(
             kind="spawn", agent_id=s.agent_id, turn=-1, deps=deps, delay_s=delay, start_gap=gap
         )
-        last, last_req = self.chain(s.items, s.agent_id, spawn, s.t, nested := [])
+        nested: list[_Pending] = []
+        last, last_req = self.chain(s.items, s.agent_id, spawn, s.t, nested)
         if s.background or s.end is None:
             return []
         ref_t = s.t if last_req is None else _end(last_req)

@@ -34,28 +34,27 @@ import polars as pl
 
 from agentab.errors import AgentabError
 
-RECORD_SCHEMA = pl.Schema(
-    {
-        "request_id": pl.String,
-        "session_id": pl.String,
-        "lane": pl.Int32,
-        "pass": pl.Int32,
-        "agent_id": pl.String,
-        "turn": pl.Int32,
-        "phase": pl.String,
-        "planned_s": pl.Float64,
-        "sent_s": pl.Float64,
-        "chunk_times_s": pl.List(pl.Float64),
-        "chunk_tokens": pl.List(pl.Int32),
-        "reasoning_chunks": pl.Int32,
-        "prompt_tokens": pl.Int64,
-        "completion_tokens": pl.Int64,
-        "cached_tokens": pl.Int64,
-        "osl": pl.Int64,
-        "error_class": pl.String,
-        "error_message": pl.String,
-    }
-)
+_RECORD_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
+    "request_id": pl.String,
+    "session_id": pl.String,
+    "lane": pl.Int32,
+    "pass": pl.Int32,
+    "agent_id": pl.String,
+    "turn": pl.Int32,
+    "phase": pl.String,
+    "planned_s": pl.Float64,
+    "sent_s": pl.Float64,
+    "chunk_times_s": pl.List(pl.Float64),
+    "chunk_tokens": pl.List(pl.Int32),
+    "reasoning_chunks": pl.Int32,
+    "prompt_tokens": pl.Int64,
+    "completion_tokens": pl.Int64,
+    "cached_tokens": pl.Int64,
+    "osl": pl.Int64,
+    "error_class": pl.String,
+    "error_message": pl.String,
+}
+RECORD_SCHEMA = pl.Schema(_RECORD_COLUMNS)
 """Columns of `records/*.arrow` (docs/interfaces.md, "run dir"); analysis reads exactly these."""
 
 METRICS_SCHEMA = pl.Schema(
@@ -105,7 +104,7 @@ class _Batch:
             v = row[name]
             if v is not None and not -limit <= v < limit:
                 raise AgentabError(f"record column {name}: {v} does not fit its type")
-        flat_items = []
+        flat_items: list[array[Any] | None] = []
         for name, (values, _lengths, _valid) in self.flat.items():
             items = row[name]
             if items is None:
@@ -136,6 +135,7 @@ class _Batch:
             if name in self.scalar:
                 columns.append(pl.Series(name, self.scalar[name], dtype=dtype))
             else:
+                assert isinstance(dtype, pl.List)  # the flat columns are the list columns
                 columns.append(_list_column(name, dtype, *self.flat[name]))
         return pl.DataFrame(columns)
 

@@ -129,7 +129,7 @@ class Runner:
         self._seq = 0
         self._lane_sent: dict[int, int] = {}  # profiling requests sent per lane (lane_requests)
         self._offset = 0.0  # global compression: effective due = key + offset
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: asyncio.Handle | None = None  # a timer, or a call_soon while early
         self._handle_when = math.nan
         self._early = 0.0  # real clock: wake this early, then yield until due (see _on_timer)
         self._tasks: set[asyncio.Task[None]] = set()

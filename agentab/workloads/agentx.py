@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -109,8 +109,8 @@ def load_agentx(path: Path) -> Workload:
 def _parse_file(data: bytes, ctx: Ctx) -> list[Session]:
     start = first_non_space(data)
     if data[start : start + 1] != b"{":
-        line = data.count(b"\n", 0, start) + 1
-        raise AgentabError(f"{ctx.file}:{line}: not a JSON object (an AgentX session is one)")
+        lineno = data.count(b"\n", 0, start) + 1
+        raise AgentabError(f"{ctx.file}:{lineno}: not a JSON object (an AgentX session is one)")
     first_line_end = data.find(b"\n", start)
     # One compact session per line (JSONL), or one (possibly pretty-printed) document.
     is_jsonl = False
@@ -181,7 +181,7 @@ def _parse_items(
     *,
     parent: bool,
 ) -> tuple[Request | Subagent, ...]:
-    kind = "parent" if parent else "subagent"
+    kind: Literal["parent", "subagent"] = "parent" if parent else "subagent"
     items: list[Request | Subagent] = []
     prev_raw: list[Any] | None = None
     prev_ids: tuple[int, ...] = ()

@@ -16,6 +16,8 @@ error or warning otherwise. Nothing here warns or raises for bad input.
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 import orjson
 
@@ -124,12 +126,12 @@ def _items(
 ) -> tuple[Request | Subagent, ...]:
     """The items of one agent's list; `depth` is the nesting level of subagents found here."""
     parent = depth == 1
-    kind = "parent" if parent else "subagent"
+    kind: Literal["parent", "subagent"] = "parent" if parent else "subagent"
     items: list[Request | Subagent] = []
     ids = HashIdChain()
     last_t = -1.0
     for d in entries:
-        if type(d) is _Subagent:
+        if isinstance(d, _Subagent):
             items.append(_subagent(d, offset, block_size, depth))
             continue
         t = _time(d.t) + offset
@@ -206,7 +208,7 @@ class HashIdChain:
         prefix = self.prefix
         shared: tuple[int, ...] = ()
         n = len(prefix) if prefix is not None else 0
-        if n and raw.startswith(prefix) and len(raw) > n and raw[n] in (_COMMA, _CLOSE):
+        if prefix and raw.startswith(prefix) and len(raw) > n and raw[n] in (_COMMA, _CLOSE):
             shared = self.ids
             tail = _ids(b"[" + raw[n + 1 :]) if raw[n] == _COMMA else []
         elif raw == b"null":

@@ -131,12 +131,12 @@ def opt_int(
 def need_num(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> float:
     """A required finite number >= 0, returned as float."""
     v = d.get(key)
-    tv = type(v)
-    if (tv is float or tv is int) and v >= 0 and math.isfinite(v):
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    if isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 and math.isfinite(v):
         return float(v)
     if v is None and key not in d:
         ctx.fail(f"missing field {key!r}", path)
-    if tv is float or tv is int:
+    if number:
         ctx.fail(f"field {key!r} must be a finite number >= 0 (got {v})", path)
     ctx.fail(f"field {key!r} must be a number, got {_typename(v)}", path)
 

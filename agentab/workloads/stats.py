@@ -80,16 +80,16 @@ def cache_hit_blocks(sessions: list[Session]) -> int:
     seen: set[int] = set()
     last_by_agent: dict[tuple[int, int], tuple[int, ...]] = {}
     hits = 0
-    for _, _, _, agent, r in order:
+    for _, _, _, agent_key, r in order:
         ids = r.hash_ids
-        prev = last_by_agent.get(agent)
+        prev = last_by_agent.get(agent_key)
         known = 0 if prev is None else _common_prefix(ids, prev)
         lead = known
         while lead < len(ids) and ids[lead] in seen:
             lead += 1
         hits += lead
         seen.update(ids[known:])
-        last_by_agent[agent] = ids
+        last_by_agent[agent_key] = ids
     return hits
 
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentab.workloads import tokens_compiled
+from agentab.workloads import tokens_numba
 from agentab.workloads.model import Request, Session
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -237,9 +237,9 @@ def _fill_from(
     start = lo * bs
     if start >= n:
         return
-    if tokens_compiled.ENABLED:
+    if tokens_numba.ENABLED:
         last = np.uint64(hash_ids[n_blocks - 1]) if n_blocks else _NO_BLOCK
-        tokens_compiled.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size)
+        tokens_numba.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size)
         return
     z = np.empty(n - start, dtype=np.uint64)
     nb = n_blocks - lo
@@ -248,8 +248,8 @@ def _fill_from(
         np.add(seeds[:, None], _block_positions(bs), out=z[: nb * bs].reshape(nb, bs))
     tail = n_blocks * bs
     if tail < n:
-        last = hash_ids[n_blocks - 1] if n_blocks else _NO_BLOCK_INT
-        seed = _mix_int(last ^ _TAIL_C_INT) ^ int(key)
+        last_id = hash_ids[n_blocks - 1] if n_blocks else _NO_BLOCK_INT
+        seed = _mix_int(last_id ^ _TAIL_C_INT) ^ int(key)
         t = z[tail - start :]
         np.multiply(np.arange(tail + 1, n + 1, dtype=np.uint64), _GOLDEN, out=t)
         t += np.uint64(seed)

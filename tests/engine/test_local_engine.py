@@ -128,8 +128,16 @@ def test_a_model_that_does_not_fit_is_refused_before_allocation():
 
 
 def test_bad_options_are_named():
-    with pytest.raises(AgentabError, match="unknown warp_factor"):
+    with pytest.raises(AgentabError, match=r"^warp_factor: unknown option \(known: seed, "):
         build_local_engine("tiny", "auto", warp_factor=9)
+    with pytest.raises(AgentabError) as err:
+        build_local_engine("tiny", "auto", device="tpu")
+    assert str(err.value) == (
+        "device: expected str matching regex '^(cpu|cuda(:[0-9]+)?)$', got 'tpu'"
+    )
+    with pytest.raises(AgentabError) as err:
+        build_local_engine("tiny", "auto", num_layers=0)
+    assert str(err.value) == "num_layers: expected int >= 1, got 0"
     with pytest.raises(AgentabError, match="unknown local-engine preset 'huge'"):
         build_local_engine("huge", "auto")
     with pytest.raises(AgentabError, match="weight_sets: 5 is more than num_layers 4"):
@@ -205,24 +213,6 @@ def test_prefill_attention_equals_the_absorbed_form():
         for i, p in enumerate(positions.tolist()):
             want = decode_attention(cfg, w64, q_nope[i], q_pe[i], ctx[: p + 1])
             torch.testing.assert_close(got[i], want, rtol=1e-10, atol=1e-12)
-
-
-def test_the_forwards_rope_is_the_references_bit_for_bit():
-    """The standard forward rotates with cos and sin computed once per step and shaped to
-    broadcast; the values are `reference.apply_rope`'s exactly, for per-head queries and for
-    the shared key part, in bf16 as on the GPU."""
-    from agentab.engine.local.forward import _rope
-    from agentab.kernels.config import PRESETS
-    from agentab.kernels.reference import apply_rope, rope_cos_sin
-
-    cfg = PRESETS["tiny"]
-    gen = torch.Generator().manual_seed(3)
-    positions = torch.arange(100, 133)
-    cos, sin = rope_cos_sin(cfg, positions)
-    q = torch.randn(33, cfg.n_heads, cfg.qk_rope, generator=gen).to(torch.bfloat16)
-    k = torch.randn(33, cfg.qk_rope, generator=gen).to(torch.bfloat16)
-    assert torch.equal(_rope(q, cos[:, None], sin[:, None]), apply_rope(q, cos, sin).to(q.dtype))
-    assert torch.equal(_rope(k, cos, sin), apply_rope(k, cos, sin).to(k.dtype))
 
 
 def test_a_step_observer_sees_every_step_of_the_measured_loop():

@@ -222,7 +222,20 @@ def test_a_resume_onto_runs_of_other_engine_code_is_refused_before_running(
     [
         (
             ('name = "fast"\ndecode_backend = "latency_specialized"', 'decode_backend = "warp"'),
-            "{path}: arm 'warp': decode_backend: 'warp' must be one of auto, latency_specialized",
+            "{path}:29: arms[1].decode_backend: expected one of auto, latency_specialized, "
+            "got 'warp'",
+        ),
+        (
+            ("num_draft_tokens = 7", "num_draft_tokens = 7\nmax_num_seqs = 0"),
+            "{path}:20: engine.max_num_seqs: expected int >= 1, got 0",
+        ),
+        (
+            ("num_draft_tokens = 7", "num_draft_tokens = 7\nkv_block = 64"),
+            "{path}:20: engine.kv_block: unknown option (known: profile, num_draft_tokens,",
+        ),
+        (
+            ("num_draft_tokens = 7", 'num_draft_tokens = "7"'),
+            "{path}:19: engine.num_draft_tokens: expected int, got '7'",
         ),
         (
             ("acceptance_probs = [0.9, 0.82,", "acceptance_probs = [0.82,"),

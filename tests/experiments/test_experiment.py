@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from agentab.engine.options import DecodeBackend, LocalLaunch, SimulatorOptions
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import load_experiment
 
@@ -77,7 +78,7 @@ def test_the_example_experiments_parse() -> None:
     [
         ("repeats = 2", "repeat = 2", "exp.toml:2: unknown key 'repeat' in top level"),
         ('kind = "simulator"', 'kind = "simulator"\nprofil = "x"',
-         "exp.toml:17: unknown key 'profil' in [engine]"),
+         "exp.toml:17: engine.profil: unknown option (known: profile, num_draft_tokens, "),
         ("concurrency = 2", "concurency = 2",
          "exp.toml:12: [replay]: unknown replay option(s) concurency"),
         ("concurrency = 2", "seed = 3", "exp.toml:12: [replay] seed is set by the top-level seed"),
@@ -132,6 +133,110 @@ def test_vllm_attach_mode_takes_urls_and_no_launch_keys(tmp_path: Path) -> None:
     assert "give url to both arms (attach mode) or to neither" in message
     message = error(tmp_path, text.replace('model = "kimi"', 'model = "kimi"\ncommand = "x"'))
     assert "unknown key 'command' in [engine]" in message
+
+
+SIM_ENGINE = 'profile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7'
+
+
+@pytest.mark.parametrize(
+    ("new", "expected"),
+    [
+        # unknown field, wrong type, out of range, set elsewhere, required
+        (SIM_ENGINE + "\nmax_num_seq = 8",
+         "exp.toml:19: engine.max_num_seq: unknown option (known: profile, num_draft_tokens, "),
+        (SIM_ENGINE + '\nmax_num_seqs = "8"',
+         "exp.toml:19: engine.max_num_seqs: expected int, got '8'"),
+        (SIM_ENGINE + "\nkv_blocks = 1.5", "exp.toml:19: engine.kv_blocks: expected int, got 1.5"),
+        (SIM_ENGINE + "\nfast_forward = 1",
+         "exp.toml:19: engine.fast_forward: expected bool, got 1"),
+        ('profile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = -1',
+         "exp.toml:18: engine.num_draft_tokens: expected int >= 0, got -1"),
+        (SIM_ENGINE + "\nstep_noise = 1.5",
+         "exp.toml:19: engine.step_noise: expected float <= 1.0, got 1.5"),
+        (SIM_ENGINE + "\nacceptance_probs = [0.9, 1.2]",
+         "exp.toml:19: engine.acceptance_probs[1]: expected float <= 1.0, got 1.2"),
+        (SIM_ENGINE + "\nseed = 3",
+         "exp.toml:19: engine.seed is set by the top-level seed (repeat k uses seed + k)"),
+        (SIM_ENGINE + '\ndecode_backend = "auto"',
+         "exp.toml:19: engine.decode_backend is set by each arm's decode_backend ([[arms]])"),
+        ("num_draft_tokens = 7", "exp.toml:15: engine.profile: missing (required)"),
+    ],
+)  # fmt: skip
+def test_bad_simulator_options_name_the_field_and_line(
+    tmp_path: Path, new: str, expected: str
+) -> None:
+    assert SIM_ENGINE in VALID
+    assert expected in error(tmp_path, VALID.replace(SIM_ENGINE, new))
+
+
+def test_a_bad_decode_backend_names_the_arm_and_line(tmp_path: Path) -> None:
+    text = VALID.replace('decode_backend = "latency_specialized"', 'decode_backend = "fast"')
+    assert error(tmp_path, text).endswith(
+        "exp.toml:24: arms[1].decode_backend: expected one of auto, latency_specialized, got 'fast'"
+    )
+    text = VALID.replace('decode_backend = "auto"', "decode_backend = 1")
+    assert error(tmp_path, text).endswith(
+        "exp.toml:21: arms[0].decode_backend: expected one of auto, latency_specialized, got 1"
+    )
+
+
+def test_the_engine_options_are_decoded_once(tmp_path: Path) -> None:
+    exp = load_experiment(write(tmp_path, VALID))
+    assert isinstance(exp.engine_options, SimulatorOptions)
+    assert exp.engine_options.num_draft_tokens == 7
+    assert exp.engine_options.decode_backend is DecodeBackend.AUTO
+    assert [arm.decode_backend for arm in exp.arms] == [
+        DecodeBackend.AUTO,
+        DecodeBackend.LATENCY_SPECIALIZED,
+    ]
+
+
+LOCAL = 'kind = "local"\npreset = "tiny"'
+
+
+@pytest.mark.parametrize(
+    ("new", "expected"),
+    [
+        (LOCAL + "\nnum_layer = 2",
+         "exp.toml:18: engine.num_layer: unknown option (known: seed, preset, "),
+        (LOCAL + '\ndevice = "tpu"',
+         "exp.toml:18: engine.device: expected str matching regex '^(cpu|cuda(:[0-9]+)?)$', "
+         "got 'tpu'"),
+        (LOCAL + "\ntp = 0", "exp.toml:18: engine.tp: expected int >= 1, got 0"),
+        (LOCAL + "\nstartup_timeout_s = 0",
+         "exp.toml:18: engine.startup_timeout_s: expected float > 0.0, got 0"),
+        ('kind = "local"', "exp.toml:15: engine.preset: missing (required)"),
+        (LOCAL + '\ndecode_backend = "auto"',
+         "exp.toml:18: engine.decode_backend is set by each arm's decode_backend ([[arms]])"),
+    ],
+)  # fmt: skip
+def test_bad_local_engine_options_name_the_field_and_line(
+    tmp_path: Path, new: str, expected: str
+) -> None:
+    text = VALID.replace("count = 16", "count = 1").replace(
+        'kind = "simulator"\n' + SIM_ENGINE, new
+    )
+    assert expected in error(tmp_path, text)
+
+
+def test_the_local_engine_keeps_its_own_seed(tmp_path: Path) -> None:
+    text = VALID.replace("count = 16", "count = 1").replace(
+        'kind = "simulator"\n' + SIM_ENGINE, LOCAL + "\nseed = 5"
+    )
+    options = load_experiment(write(tmp_path, text)).engine_options
+    assert isinstance(options, LocalLaunch) and options.seed == 5
+
+
+def test_bad_vllm_launch_options_name_the_field_and_line(tmp_path: Path) -> None:
+    engine = 'kind = "vllm"\nmodel = "kimi"\ntensor_parallel_size = 16'
+    text = VALID.replace('kind = "simulator"\n' + SIM_ENGINE, engine)
+    assert load_experiment(write(tmp_path, text)).engine_options.tensor_parallel_size == 16
+    message = error(tmp_path, text + "\n".join(["", "[engine.env]", "A = 1"]))
+    assert message.endswith("exp.toml:15: engine.env: expected str values, got {'A': 1}")
+    message = error(
+        tmp_path, text.replace("tensor_parallel_size = 16", 'tensor_parallel_size = "16"')
+    )
+    assert message.endswith("exp.toml:18: engine.tensor_parallel_size: expected int, got '16'")
 
 
 def test_vllm_launch_refuses_a_layout_that_does_not_fit_the_gpus(tmp_path: Path) -> None:

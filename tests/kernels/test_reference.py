@@ -60,6 +60,23 @@ def test_rope_is_identity_at_position_0_and_keeps_norm() -> None:
     assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), rtol=1e-5)
 
 
+def test_rope_rotates_each_pair_by_its_angle_in_fp32() -> None:
+    # x = [1 0 | 0 1] (pairs (x1[i], x2[i]) = (1, 0) and (0, 1)) rotated by 90 and 30 degrees
+    x = torch.tensor([[1.0, 0.0, 0.0, 1.0]], dtype=torch.bfloat16)
+    angle = torch.tensor([[math.pi / 2, math.pi / 6]])
+    y = R.apply_rope(x, torch.cos(angle), torch.sin(angle))
+    assert y.dtype == torch.float32
+    expected = torch.tensor([[math.cos(math.pi / 2), -math.sin(math.pi / 6),
+                              math.sin(math.pi / 2), math.cos(math.pi / 6)]])  # fmt: skip
+    assert torch.allclose(y, expected, atol=1e-7)
+    # cos and sin shaped to broadcast already (the local engine's) give the same bits
+    heads = torch.randn(5, 3, TINY.qk_rope)
+    cos, sin = R.rope_cos_sin(TINY, torch.arange(5) * 11)
+    assert torch.equal(
+        R.apply_rope(heads, cos, sin), R.apply_rope(heads, cos[:, None], sin[:, None])
+    )
+
+
 def test_grouped_topk_keeps_only_the_best_groups() -> None:
     # 16 experts, 4 groups of 4, keep 2 groups, top-4. Group scores = sum of the two best.
     logits = torch.full((1, 16), -4.0)

@@ -100,6 +100,21 @@ def test_simulate_writes_a_complete_run_dir(workload: Path, tmp_path: Path) -> N
         ),
         (["--decode-backend", "fast"], "'--decode-backend': 'fast' is not one of"),
         (["--concurrency", "0"], "Invalid value for '--concurrency': 0 is not in the range x>=1"),
+        # the simulator's options: out of range, wrong type, unknown
+        (["--max-num-seqs", "0"], "agentab: error: --max-num-seqs: expected int >= 1, got 0\n"),
+        (
+            ["--num-draft-tokens", "-1"],
+            "agentab: error: --num-draft-tokens: expected int >= 0, got -1\n",
+        ),
+        (
+            ["--num-draft-tokens", "2", "--acceptance-probs", "0.9,1.5"],
+            "agentab: error: --acceptance-probs[1]: expected float <= 1.0, got 1.5\n",
+        ),
+        (["--kv-blocks", "x"], "Invalid value for '--kv-blocks': 'x' is not a valid integer."),
+        (
+            ["--kv-block", "8"],
+            "No such option '--kv-block'. (Did you mean one of: '--block-size', ",
+        ),
         (
             ["--time-scale", "1"],
             "--time-scale replays recorded session arrivals, but all 6 sessions arrive at the "

@@ -197,6 +197,36 @@ def test_models_health_metrics_describe_emissions() -> None:
     run(body)
 
 
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--profile", PROFILE, "--max-num-seqs", "0"], "--max-num-seqs: expected int >= 1, got 0"),
+        (
+            ["--profile", PROFILE, "--step-noise", "2"],
+            "Invalid value for '--step-noise': 2.0 is not in the range 0.0<=x<=1.0.",
+        ),
+        (
+            ["--engine", "local", "--preset", "tiny", "--tp", "0"],
+            "--tp: expected int >= 1, got 0",
+        ),
+        (
+            ["--engine", "local", "--preset", "tiny", "--device", "tpu"],
+            "--device: expected str matching regex '^(cpu|cuda(:[0-9]+)?)$', got 'tpu'",
+        ),
+    ],
+)
+def test_serve_refuses_a_bad_engine_option_in_one_line(args: list[str], error: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentab", "serve", "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].startswith(f"agentab: error: {error}")
+    assert "Traceback" not in proc.stderr
+
+
 def test_serve_cli_binds_loopback_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentab", "serve", "--profile", PROFILE, "--port", "0"],

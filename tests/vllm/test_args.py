@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentab.engine.options import toml_name
 from agentab.engine.vllm import TINY_MOE, TINY_MOE_PATH, VllmLaunch, build_args, launched_server
 from agentab.engine.vllm.args import check_gpus, gpu_ids_of, redact, redact_env, resolve_model
 from agentab.engine.vllm.introspect import parse_info_metric, split_config_items
@@ -106,8 +107,11 @@ def test_bad_additional_config_is_refused(server_args: tuple[str, ...], message:
 
 
 def test_unknown_decode_backend_is_refused() -> None:
-    with pytest.raises(AgentabError, match="decode_backend 'fast' is not one of auto"):
+    with pytest.raises(AgentabError) as err:
         build_args(launch(), "fast", 1)
+    assert str(err.value) == (
+        "decode_backend: expected one of auto, latency_specialized, got 'fast'"
+    )
 
 
 def test_gpu_layout_must_use_exactly_the_experiment_gpus() -> None:
@@ -147,12 +151,17 @@ def test_tp2_on_one_gpu_is_refused_before_anything_starts(tmp_path) -> None:
 
 
 def test_from_mapping_names_unknown_and_missing_keys() -> None:
-    with pytest.raises(AgentabError, match=r"exp.toml: unknown key\(s\) tp, typo \(known: "):
-        VllmLaunch.from_mapping({"model": "m", "tp": 2, "typo": 1}, where="exp.toml")
-    with pytest.raises(AgentabError, match=r"exp\.toml: missing key `model`"):
-        VllmLaunch.from_mapping({}, where="exp.toml")
-    with pytest.raises(AgentabError, match=r"exp\.toml: vllm launch: `tensor_parallel_size` must"):
-        VllmLaunch.from_mapping({"model": "m", "tensor_parallel_size": 0}, where="exp.toml")
+    engine = toml_name("engine")
+    with pytest.raises(AgentabError, match=r"^engine\.tp: unknown option \(known: model, "):
+        VllmLaunch.from_mapping({"model": "m", "tp": 2}, name=engine)
+    with pytest.raises(AgentabError, match=r"^engine\.model: missing \(required\)$"):
+        VllmLaunch.from_mapping({}, name=engine)
+    with pytest.raises(AgentabError) as err:
+        VllmLaunch.from_mapping({"model": "m", "tensor_parallel_size": 0}, name=engine)
+    assert str(err.value) == "engine.tensor_parallel_size: expected int >= 1, got 0"
+    with pytest.raises(AgentabError) as err:
+        VllmLaunch.from_mapping({"model": "m", "stop_grace_s": "5"}, name=engine)
+    assert str(err.value) == "engine.stop_grace_s: expected float, got '5'"
     spec = VllmLaunch.from_mapping(
         {"model": "m", "command": "python -m x", "server_args": "--a 'b c'"}
     )

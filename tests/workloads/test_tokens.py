@@ -167,7 +167,7 @@ def test_prompt_tokens_agents_and_shared_first_blocks() -> None:
 def test_compiled_fill_equals_the_numpy_code(monkeypatch, vocab: int) -> None:
     """The optional numba kernel and the numpy code give the same ids, bit for bit (without
     numba the kernel runs as plain Python: the comparison holds either way)."""
-    from agentab.workloads import tokens_compiled
+    from agentab.workloads import tokens_numba
 
     rng = np.random.default_rng(vocab)
     for bs in (1, 4, 64):
@@ -179,7 +179,7 @@ def test_compiled_fill_equals_the_numpy_code(monkeypatch, vocab: int) -> None:
             r = Request(t=0, in_tokens=n, out_tokens=1, hash_ids=ids)
             got = []
             for on in (False, True):
-                monkeypatch.setattr(tokens_compiled, "ENABLED", on)
+                monkeypatch.setattr(tokens_numba, "ENABLED", on)
                 got.append(prompt_token_ids(session, r, salt=7, vocab_size=vocab))
             assert got[0].dtype == got[1].dtype == np.int32
             assert np.array_equal(got[0], got[1])

@@ -8,16 +8,19 @@ so the scheduler's admission and preemption act on real memory.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentab.engine.core import Engine
-from agentab.engine.local.config import OPTIONS, ModelConfig, model_config
+from agentab.engine.local.config import ModelConfig, model_config
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.tensor_parallel import TPGroup
-from agentab.engine.paths import check_engine_args
+from agentab.engine.options import DecodeBackend, LocalOptions, decode_options, option_names
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.source import engine_source_digest
 from agentab.errors import AgentabError
+
+if TYPE_CHECKING:
+    import subprocess
 
 CPU_KV_BLOCKS = 4096  # 65,536 tokens of 16; on the GPU, what memory allows
 GPU_MEMORY_FRACTION = 0.9
@@ -66,39 +69,49 @@ def check_fits(
     return {"weight_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": kv_blocks}
 
 
+# The keyword options `build_local_engine` takes besides the preset and the decode backend.
+OPTIONS = tuple(
+    name for name in option_names(LocalOptions) if name not in ("preset", "decode_backend")
+)
+
+
 def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any) -> Engine:
-    """An Engine running the local torch model (docs/engine.md, "The local engine")."""
+    """An Engine running the local torch model (docs/engine.md, "The local engine"):
+    `LocalOptions` from keywords (None leaves an option at its default)."""
+    opts = decode_options(
+        LocalOptions, {**options, "preset": preset, "decode_backend": decode_backend}, known=OPTIONS
+    )
+    return local_engine_from(opts)
+
+
+def local_engine_from(opts: LocalOptions) -> Engine:
+    """The local engine `opts` describe."""
     import torch
 
     from agentab.engine.local.executor import TorchExecutor
     from agentab.engine.local.model import build_weights
 
-    check_engine_args(decode_backend, options, OPTIONS)
-    tp = int(options.get("tp") or 1)
-    cfg = model_config(
-        preset, num_layers=options.get("num_layers"), weight_sets=options.get("weight_sets"), tp=tp
-    )
-    device = torch.device(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type not in ("cpu", "cuda"):
-        raise AgentabError(f"device: {device} is not supported (cpu or cuda)")
+    preset, decode_backend, tp = opts.preset, opts.decode_backend, opts.tp
+    cfg = model_config(preset, num_layers=opts.num_layers, weight_sets=opts.weight_sets, tp=tp)
+    device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise AgentabError("device: cuda was asked for, but torch sees no GPU")
     kind = device.type
-    block_size = int(options.get("block_size") or 16)
-    asked = options.get("kv_blocks")
-    sizes = check_fits(cfg, int(asked) if asked else (CPU_KV_BLOCKS if kind == "cpu" else None),
-                       block_size, device)  # fmt: skip
+    block_size = opts.block_size
+    asked = opts.kv_blocks or (CPU_KV_BLOCKS if kind == "cpu" else None)
+    sizes = check_fits(cfg, asked, block_size, device)
     kv_blocks = sizes.pop("kv_blocks")
-    seed = int(options.get("seed") or 0)
-    max_model_len = int(options.get("max_model_len") or DEFAULT_MAX_MODEL_LEN[kind])
-    max_num_seqs = int(options.get("max_num_seqs") or DEFAULT_MAX_NUM_SEQS[kind])
+    seed = opts.seed
+    max_model_len = opts.max_model_len or DEFAULT_MAX_MODEL_LEN[kind]
+    max_num_seqs = opts.max_num_seqs or DEFAULT_MAX_NUM_SEQS[kind]
     dtype = torch.float32 if kind == "cpu" else torch.bfloat16
     if tp > 1 and kind == "cuda":
         raise AgentabError(
             f"tp: {tp} ranks on the GPU are not supported yet (tensor parallelism runs on the "
             "CPU over gloo); use tp = 1 on the GPU"
         )
-    group, workers = TPGroup(), []
+    group = TPGroup()
+    workers: list[subprocess.Popen[bytes]] = []
     if tp > 1:
         spec = {"preset": preset, "num_layers": cfg.num_layers, "weight_sets": cfg.weight_sets,
                 "seed": seed, "kv_blocks": kv_blocks, "block_size": block_size,
@@ -112,8 +125,8 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         num_blocks=kv_blocks,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=int(options.get("max_num_batched_tokens") or 2048),
-        specialized=decode_backend == "latency_specialized",
+        max_num_batched_tokens=opts.max_num_batched_tokens,
+        specialized=decode_backend.specialized,
         vocab_size=cfg.vocab_size,
         synthetic_output=False,
     )
@@ -135,7 +148,7 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
         "max_model_len": max_model_len,
         "gpu_count": tp,  # one device per rank
         "tp": tp,
-        "decode_backend": decode_backend,
+        "decode_backend": decode_backend.value,
         "spec": None,
         "scheduler": {
             "max_num_seqs": sched_cfg.max_num_seqs,
@@ -164,7 +177,7 @@ def _cuda_executor(
     weights: Any,
     cache: PagedLatentCache,
     device: Any,
-    decode_backend: str,
+    decode_backend: DecodeBackend,
     sched_cfg: SchedulerConfig,
     max_model_len: int,
     scratch_block: int,
@@ -173,7 +186,7 @@ def _cuda_executor(
 
     Under `latency_specialized` the specialized decoder's graphs cover the sizes its path
     serves (at most 64 rows); any larger pure-decode step falls back to standard graphs. The
-    standard decode graphs run the compiled standard layer (`standard_compiled`, vLLM's
+    standard decode graphs run the compiled standard layer (`standard_torch_compile`, vLLM's
     design); prefill and mixed steps run eager, their routed experts through the eager path's
     grouped GEMM (`standard.StandardPath.moe`).
     """
@@ -182,14 +195,14 @@ def _cuda_executor(
     from agentab.engine.local.cuda import DecodeGraphs, graph_sizes
     from agentab.engine.local.executor import TorchExecutor
     from agentab.kernels.standard import StandardPath
-    from agentab.kernels.standard_compiled import IMPL, CompiledStandardPath
+    from agentab.kernels.standard_torch_compile import IMPL, TorchCompileStandardPath
 
     standard = [StandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
-    compiled = [CompiledStandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
+    torch_compiled = [TorchCompileStandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
     rows = sched_cfg.max_num_seqs
     last_sampled = torch.zeros(max(rows, 512), dtype=torch.int64, device=device)
     sizes = graph_sizes(sched_cfg.max_num_seqs, sched_cfg.cuda_graph_max_tokens)
-    limit = sched_cfg.specialized_max_padded if decode_backend == "latency_specialized" else 0
+    limit = sched_cfg.specialized_max_padded if decode_backend.specialized else 0
     by_path = {"specialized": [b for b in sizes if b <= limit]}
     by_path["standard"] = [b for b in sizes if b > limit]
     graphs = {}
@@ -197,7 +210,7 @@ def _cuda_executor(
         if path_sizes:
             _say(f"capturing {path} decode graphs for batch sizes {path_sizes}")
             graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
-                                        scratch_block, compiled, last_sampled)  # fmt: skip
+                                        scratch_block, torch_compiled, last_sampled)  # fmt: skip
     _say("ready")
     return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
                          decoder_impl="cute-dsl", standard_impl=IMPL, max_rows=rows,

@@ -20,21 +20,6 @@ from dataclasses import asdict, dataclass
 from agentab.errors import AgentabError
 from agentab.kernels.config import BF16_BYTES, LayerConfig, get_preset
 
-# The options `build_local_engine` takes besides the preset and the decode backend; here, with
-# no torch import, so an experiment file can be checked where torch is not installed.
-OPTIONS = (
-    "num_layers",
-    "weight_sets",
-    "kv_blocks",
-    "block_size",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "seed",
-    "device",
-    "max_model_len",
-    "tp",
-)
-
 
 @dataclass(frozen=True)
 class ModelConfig:

@@ -196,13 +196,6 @@ def greedy(
     return logits.argmax(dim=-1)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`reference.apply_rope` (halves rotated in fp32) in fewer host calls: cos and sin come
-    shaped to broadcast (`DeviceBatch.rope`)."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
-
 def standard_attention(
     cfg: LayerConfig,
     w: LayerWeights,
@@ -220,8 +213,9 @@ def standard_attention(
     q_c = F.rms_norm(q_c, (cfg.q_lora,), w.q_a_norm.to(dt), eps)
     kv_c = F.rms_norm(kv_c, (kvl,), w.kv_a_norm.to(dt), eps)
     q = F.linear(q_c, w.w_q_b.to(dt)).view(t, nh, cfg.qk_head)
-    q_pe = _rope(q[..., cfg.qk_nope :], *b.rope(cfg, heads=True))
-    k_pe = _rope(k_pe, *b.rope(cfg, heads=False))
+    # cos and sin come shaped to broadcast (`DeviceBatch.rope`), computed once per step
+    q_pe = reference.apply_rope(q[..., cfg.qk_nope :], *b.rope(cfg, heads=True)).to(dt)
+    k_pe = reference.apply_rope(k_pe, *b.rope(cfg, heads=False)).to(dt)
     kv[b.slot_mapping] = torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype)
     o = rows_attention(cfg, w, q[..., : cfg.qk_nope], q_pe, kv, b)
     return x + tp.all_reduce(F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt)))

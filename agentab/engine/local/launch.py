@@ -14,41 +14,53 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentab.engine.local.config import OPTIONS
+import msgspec
+
+from agentab.engine.options import LocalLaunch, decode_options, flag_name, option_names
 from agentab.engine.vllm.process import ServerProcess, free_port
 from agentab.engine.vllm.server import RunningServer
-from agentab.errors import AgentabError
 
 LOG_NAME = "local-server.log"
-# [engine] keys of an experiment of kind "local"
-LAUNCH_KEYS = ("preset", *OPTIONS, "startup_timeout_s")
+# LocalLaunch fields that are not `agentab serve` flags: the backend goes last, the timeout is
+# the launcher's own
+_NOT_FLAGS = ("decode_backend", "startup_timeout_s")
 
 
-def serve_args(engine: Mapping[str, Any], decode_backend: str, port: int) -> list[str]:
+def local_launch(
+    engine: LocalLaunch | Mapping[str, Any], decode_backend: str | None = None
+) -> LocalLaunch:
+    """An experiment's `[engine]` table (or a launch) with the arm's decode backend."""
+    if isinstance(engine, LocalLaunch):
+        data: dict[str, Any] = msgspec.structs.asdict(engine)
+    else:
+        data = dict(engine)
+    if decode_backend is not None:
+        data["decode_backend"] = decode_backend
+    return decode_options(LocalLaunch, data)
+
+
+def serve_args(launch: LocalLaunch, port: int) -> list[str]:
     """The `agentab serve` command line of one arm (the same for both arms but the backend)."""
-    unknown = sorted(set(engine) - set(LAUNCH_KEYS))
-    if unknown:
-        known = ", ".join(LAUNCH_KEYS)
-        raise AgentabError(f"[engine]: unknown key(s) {', '.join(unknown)} (known: {known})")
-    if not isinstance(engine.get("preset"), str):
-        raise AgentabError("[engine]: a local engine needs preset (tiny or k2-tp8-shard)")
     args = [sys.executable, "-m", "agentab", "serve", "--engine", "local"]
-    args += ["--preset", engine["preset"]]
-    for key in OPTIONS:
-        if engine.get(key) is not None:
-            args += ["--" + key.replace("_", "-"), str(engine[key])]
-    args += ["--decode-backend", decode_backend, "--host", "127.0.0.1", "--port", str(port)]
+    defaults = LocalLaunch(preset=launch.preset)
+    for key in option_names(LocalLaunch):
+        value = getattr(launch, key)
+        if key not in _NOT_FLAGS and (key == "preset" or value != getattr(defaults, key)):
+            args += [flag_name(key), str(value)]
+    args += ["--decode-backend", launch.decode_backend.value]
+    args += ["--host", "127.0.0.1", "--port", str(port)]
     return args
 
 
 @contextmanager
 def launched_local_server(
-    engine: Mapping[str, Any], *, decode_backend: str, log_dir: Path
+    engine: LocalLaunch | Mapping[str, Any], *, decode_backend: str, log_dir: Path
 ) -> Iterator[RunningServer]:
     """Start one arm's server, wait for /health, yield it, stop its process group."""
+    launch = local_launch(engine, decode_backend)
     port = free_port()
-    args = serve_args(engine, decode_backend, port)
-    timeout = float(engine.get("startup_timeout_s", 600))
+    args = serve_args(launch, port)
+    timeout = launch.startup_timeout_s
     proc = ServerProcess(
         args,
         env={},

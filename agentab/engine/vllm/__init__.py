@@ -1,7 +1,7 @@
 """Real vLLM arms (`agentab ab` engine kind `vllm`, `agentab replay` against a launched server).
 
 - `VllmLaunch`: how an arm's server is started (model, command, shared server args, parallel
-  sizes, prefix caching, timeouts); `VllmLaunch.from_mapping(table, where)` for experiment files.
+  sizes, prefix caching, timeouts); `VllmLaunch.from_mapping(table, name)` for experiment files.
 - `launched_server(launch, decode_backend=..., gpus=..., log_dir=...)`: context manager that starts
   the server (own process group, free port, `CUDA_VISIBLE_DEVICES` from `gpus`), waits for health
   and yields a `RunningServer` (`url`, `model`, `manifest`); stops the group and frees the port.

@@ -13,14 +13,21 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+from msgspec import Meta
+
+from agentab.engine.options import (
+    DECODE_BACKENDS,
+    PositiveFloat,
+    PositiveInt,
+    decode_options,
+    parse_decode_backend,
+)
 from agentab.errors import AgentabError
-
-DECODE_BACKENDS: tuple[str, ...] = ("auto", "latency_specialized")
 
 # The tiny MoE config shipped with agentab (random weights via `--load-format dummy`).
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
@@ -45,69 +52,52 @@ _SECRET_WORDS = "key|keys|token|tokens|secret|password|passwd|pass|pat|credentia
 _SECRET_FLAG = re.compile(rf"(?:^|[-_])(?:{_SECRET_WORDS})$", re.IGNORECASE)
 _SECRET_ENV = re.compile(rf"(?:^|_)(?:{_SECRET_WORDS})(?:$|_)", re.IGNORECASE)
 REDACTED = "<redacted>"
+__all__ = ["DECODE_BACKENDS", "VllmLaunch", "build_args", "check_gpus", "gpu_ids_of", "redact"]
 
 
-@dataclass(frozen=True)
-class VllmLaunch:
+class VllmLaunch(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How to start the vLLM server of an arm (everything but the decode backend and the GPUs).
 
     `command` is the launcher prefix: `vllm serve` by default, or e.g.
     `/path/venv/bin/python -m vllm.entrypoints.openai.api_server`; agentab always passes the model
     as `--model`, which both accept. `server_args` are passed through unchanged and identically
     to both arms. `env` adds environment variables to the server's (recorded, secrets redacted).
+    Both word lists may be given as one shell-quoted string.
     """
 
-    model: str
+    model: Annotated[str, Meta(min_length=1)]
     command: tuple[str, ...] = ("vllm", "serve")
     server_args: tuple[str, ...] = ()
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
+    tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
+    data_parallel_size: PositiveInt = 1
     enable_prefix_caching: bool = True
     host: str = "127.0.0.1"
-    startup_timeout_s: float = 900.0
-    stop_grace_s: float = 30.0
-    env: Mapping[str, str] = field(default_factory=dict)
+    startup_timeout_s: PositiveFloat = 900.0
+    stop_grace_s: PositiveFloat = 30.0
+    env: dict[str, str] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.command, str):
-            object.__setattr__(self, "command", tuple(shlex.split(self.command)))
-        if isinstance(self.server_args, str):
-            object.__setattr__(self, "server_args", tuple(shlex.split(self.server_args)))
-        object.__setattr__(self, "command", tuple(str(x) for x in self.command))
-        object.__setattr__(self, "server_args", tuple(str(x) for x in self.server_args))
-        object.__setattr__(self, "env", {str(k): str(v) for k, v in dict(self.env).items()})
+        # the words of a command line given as one string (a TOML string or a keyword)
+        for name in ("command", "server_args"):
+            value: Any = getattr(self, name)
+            words = shlex.split(value) if isinstance(value, str) else value
+            msgspec.structs.force_setattr(self, name, tuple(str(x) for x in words))
         if not self.command:
             raise AgentabError("vllm launch: `command` is empty")
-        if not isinstance(self.model, str) or not self.model:
-            raise AgentabError("vllm launch: `model` must be a non-empty string")
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise AgentabError(f"vllm launch: `{name}` must be an integer >= 1, got {value!r}")
-        for name in ("startup_timeout_s", "stop_grace_s"):
-            value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise AgentabError(f"vllm launch: `{name}` must be a number > 0, got {value!r}")
         _check_server_args(self.server_args)
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any], where: str = "vllm") -> VllmLaunch:
-        """Build from an experiment file's table; unknown keys are named in the error."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(mapping) - known)
-        if unknown:
-            raise AgentabError(
-                f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})"
-            )
-        if "model" not in mapping:
-            raise AgentabError(f"{where}: missing key `model`")
-        try:
-            return cls(**dict(mapping))
-        except AgentabError as exc:
-            raise AgentabError(f"{where}: {exc}") from None
-        except TypeError as exc:
-            raise AgentabError(f"{where}: {exc}") from None
+    def from_mapping(
+        cls, mapping: Mapping[str, Any], name: Callable[[str], str] = str
+    ) -> VllmLaunch:
+        """Decode an experiment file's table (`agentab.engine.options.decode_options`; a bad
+        key raises `OptionsError` naming it by `name`)."""
+        table = dict(mapping)
+        for words in ("command", "server_args"):
+            if isinstance(table.get(words), str):
+                table[words] = shlex.split(table[words])
+        return decode_options(cls, table, name=name)
 
     @property
     def gpus_needed(self) -> int:
@@ -218,11 +208,7 @@ def gpu_ids_of(gpus: int | Sequence[int]) -> list[int]:
 
 def build_args(launch: VllmLaunch, decode_backend: str, port: int) -> list[str]:
     """The exact argument list of one arm (command prefix included)."""
-    if decode_backend not in DECODE_BACKENDS:
-        raise AgentabError(
-            f"vllm launch: decode_backend {decode_backend!r} is not one of "
-            f"{', '.join(DECODE_BACKENDS)}"
-        )
+    backend = parse_decode_backend(decode_backend)
     model, served_name = resolve_model(launch.model)
     args = list(launch.command)
     args += ["--model", model, "--host", launch.host, "--port", str(port)]
@@ -245,7 +231,7 @@ def build_args(launch: VllmLaunch, decode_backend: str, port: int) -> list[str]:
     if not any(_flag_name(a).endswith("enable-prompt-tokens-details") for a in user):
         # Without it vLLM's usage omits cached tokens and the client-side hit ratio is unknown.
         user.append("--enable-prompt-tokens-details")
-    config = {**extra, "decode_backend": decode_backend}
+    config = {**extra, "decode_backend": backend.value}
     args += user
     args += ["--additional-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
     return args

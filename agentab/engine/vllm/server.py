@@ -237,8 +237,9 @@ def attached_server(
         parallel.get(k)
         for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
     ]
-    if all(isinstance(s, int) for s in sizes):
-        used = sizes[0] * sizes[1] * sizes[2]
+    ints = [s for s in sizes if isinstance(s, int)]
+    if len(ints) == len(sizes):
+        used = ints[0] * ints[1] * ints[2]
         if used != gpu_count:
             raise AgentabError(
                 f"vllm attach {url}: the server reports tp {sizes[0]} x pp {sizes[1]} x "

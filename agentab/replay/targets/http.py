@@ -189,10 +189,11 @@ class HttpTarget:
                     _classify_status(out, resp.status, text)
                     return
                 deadline = None
-                if self.timeout_s and resp.connection is not None:
+                protocol = resp.connection.protocol if resp.connection is not None else None
+                if self.timeout_s and protocol is not None:
                     # From here on the silence limit is a lazy deadline (_ReadDeadline): aiohttp's
                     # sock_read would cancel and re-create a loop timer on every chunk.
-                    resp.connection.protocol.read_timeout = None
+                    protocol.read_timeout = None
                     deadline = _ReadDeadline(loop, resp.content, self.timeout_s)
                 try:
                     await self._read_stream(resp, out, loop, deadline)
@@ -226,6 +227,7 @@ class HttpTarget:
         sent = out.sent
         assert sent is not None
         times = out.chunk_times
+        assert isinstance(times, list)  # a fresh outcome's; arrays come from in-process engines
         tokens: list[int] | None = []
         reasoning = 0
         buf = b""

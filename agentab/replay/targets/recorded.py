@@ -51,11 +51,13 @@ class RecordedTarget:
         per_token = decode / (r.out_tokens - 1) if r.out_tokens > 1 and decode > 0 else 0.0
         out.sent = loop.time()
         out.prompt_tokens = r.in_tokens
+        times: list[float] = []
+        out.chunk_times = times  # filled as the chunks arrive: an abort keeps what came
         await asyncio.sleep(ttft)
-        out.chunk_times.append(ttft)
+        times.append(ttft)
         if n > 1:
             await asyncio.sleep(per_token * (n - 1))
-            out.chunk_times.extend(ttft + per_token * i for i in range(1, n))
+            times.extend(ttft + per_token * i for i in range(1, n))
         out.chunk_tokens = [1] * n
         out.completion_tokens = n
         out.end = loop.time()

@@ -34,7 +34,7 @@ import standard_compiled_mid as mid
 import standard_compiled_old as old
 import torch
 
-from agentab.kernels import standard_compiled as new
+from agentab.kernels import standard_torch_compile as new
 from agentab.kernels.config import get_preset
 from agentab.kernels.harness import capture, kernel_times, time_replays
 from agentab.kernels.weights import init_state, init_weights
@@ -48,7 +48,9 @@ for batch in (1, 8, 64):
     x = torch.randn(batch, cfg.hidden, device=dev).bfloat16()
     for name, mod in (("old", old), ("mid", mid), ("new", new)):
         states = [init_state(cfg, batch, 4096, 7 + i, dev) for i in range(4)]
-        paths = [mod.CompiledStandardPath(cfg, w, max_position=4096) for w in ws]
+        # the class was CompiledStandardPath in the two older versions
+        cls = getattr(mod, "TorchCompileStandardPath", None) or mod.CompiledStandardPath
+        paths = [cls(cfg, w, max_position=4096) for w in ws]
 
         def step(paths=paths, states=states, x=x):
             h = x

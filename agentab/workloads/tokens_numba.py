@@ -1,11 +1,11 @@
-"""Optional compiled (numba) kernel of prompt token content: one call per prompt.
+"""The numba kernel of prompt token content: one call per prompt.
 
 Why: a replayed prompt extends its agent's previous one by a few blocks, so building it costs a
 few dozen numpy calls on small arrays (block seeds, the mix, the reduction, the tail), ~25 us a
-request, not the arithmetic. One compiled loop does it in a couple of microseconds. numba comes
-with the optional `sim` extra, as for the simulator's kernels (agentab.engine.compiled), and
-AGENTAB_NUMBA=0 turns it off; `tokens._fill_from` is the numpy code it stands in for, and the
-two give the same ids bit for bit (tests/workloads/test_tokens.py compares them).
+request, not the arithmetic. One numba-compiled loop does it in a couple of microseconds, as the
+simulator's kernels do (agentab.engine.compiled); without numba, or with AGENTAB_NUMBA=0,
+`tokens._fill_from`, the numpy code it stands in for, runs instead; the two give the same ids
+bit for bit (tests/workloads/test_tokens.py compares them).
 
 `ENABLED` says which is used: numba importable and AGENTAB_NUMBA not "0".
 """

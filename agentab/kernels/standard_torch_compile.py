@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from agentab.kernels.attention import PagedKV, mla_decode
 from agentab.kernels.config import LayerConfig
-from agentab.kernels.reference import rope_cos_sin
+from agentab.kernels.reference import apply_rope, rope_cos_sin
 from agentab.kernels.standard import StepOut, grouped_topk, router_logits
 from agentab.kernels.weights import DecodeState, LayerWeights
 
@@ -83,7 +83,7 @@ def mla_attention(
         assert split_len is not None
         paged = PagedKV(cache=cache, block_table=block_table, new_slots=slots,
                         positions_and_slots=None, block_size=block_size, max_len=max_len,
-                        split_len=split_len)  # type: ignore[arg-type]  # fmt: skip
+                        split_len=split_len)  # fmt: skip
     # the attention kernels take any batch / head strides but a unit stride within a head
     q_lat, q_pe = (t if t.stride(-1) == 1 else t.contiguous() for t in (q_lat, q_pe))
     o_lat = mla_decode(shape, q_lat, q_pe, cache, positions, paged)  # type: ignore[arg-type]
@@ -102,12 +102,6 @@ def _mla_attention_fake(q_lat, q_pe, entry, cache, positions, slots, block_table
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 _WEIGHTS = (
@@ -142,8 +136,8 @@ def decode_layer(
     cs = cos_sin.index_select(0, positions)
     half = cfg.qk_rope // 2
     cos, sin = cs[:, :half], cs[:, half:]
-    q_pe = _rope(q[..., cfg.qk_nope :], cos[:, None], sin[:, None]).to(x.dtype)
-    entry = torch.cat([kv_c, _rope(k_pe, cos, sin).to(x.dtype)], dim=-1)
+    q_pe = apply_rope(q[..., cfg.qk_nope :], cos[:, None], sin[:, None]).to(x.dtype)
+    entry = torch.cat([kv_c, apply_rope(k_pe, cos, sin).to(x.dtype)], dim=-1)
     if slots is None:  # unpaged (batch, max_len, width): row b * max_len + position
         slots = torch.arange(b, device=x.device) * cache.shape[1] + positions.long()
     q_lat = torch.bmm(q[..., : cfg.qk_nope].transpose(0, 1), w_uk_t.transpose(1, 2))
@@ -184,7 +178,7 @@ def compiled_decode_layer() -> Any:
     return _compiled
 
 
-class CompiledStandardPath:
+class TorchCompileStandardPath:
     """`standard`: the layer under torch.compile with attention and the MoE as opaque ops."""
 
     name = "standard"

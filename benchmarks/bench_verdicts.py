@@ -169,9 +169,7 @@ def pair_task(job: dict[str, Any]) -> dict[str, Any]:
 
     for effect in job["effects"]:
         blocks = [(a, with_effect(b, effect) if effect else b) for a, b in pairs]
-        out["sequential"][str(effect)] = sequential_decision(
-            blocks, resamples=job["resamples"], seed=job["seed"]
-        ).to_json()
+        out["sequential"][str(effect)] = sequential_decision(blocks).to_json()
     return out
 
 

@@ -109,7 +109,7 @@ def fill_rows(
     need: np.ndarray,
     ids: np.ndarray,
 ) -> None:
-    """Append need[i] of `ids` (in order) to row slots[i]'s block table (Scheduler._alloc_rows)."""
+    """Append need[i] of `ids` (in order) to row slots[i]'s block table (Scheduler.alloc_rows)."""
     at = 0
     for i in range(len(slots)):
         s = slots[i]
@@ -129,7 +129,7 @@ def newly_full(
     full: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(block ids, keys) of each row's blocks from ncached up to `full`, rows in order, and
-    ncached raised to match (Scheduler._register_rows)."""
+    ncached raised to match (Scheduler.register_rows)."""
     total = 0
     for i in range(len(slots)):
         c = full[i] - ncached[slots[i]]

@@ -36,7 +36,9 @@ import numpy as np
 
 from agentab.clock import is_virtual
 from agentab.engine.executor import Executor
-from agentab.engine.scheduler import Req, Scheduler, StepPlan, WindowPlan
+from agentab.engine.outputs import StepPlan, WindowPlan
+from agentab.engine.request import Request
+from agentab.engine.scheduler import Scheduler
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
 
@@ -80,7 +82,7 @@ class Timeline:
     def __init__(
         self,
         finished: asyncio.Future[FinalUsage],
-        req: Req | None = None,
+        req: Request | None = None,
         scheduler: Scheduler | None = None,
     ) -> None:
         self.finished = finished
@@ -133,7 +135,7 @@ class _Applied:
 
     start: float
     end: float
-    finished: list[Req]
+    finished: list[Request]
     events: list[tuple[_Channel, int, np.ndarray]]  # (stream, tokens, their ids)
     record: tuple[Any, ...] | None  # the trace record's fields after its duration
 
@@ -606,7 +608,7 @@ class Engine:
             self._finish(req)
 
     def _window_events(
-        self, w: WindowPlan, m: int, times: list[float], reqs: list[Req]
+        self, w: WindowPlan, m: int, times: list[float], reqs: list[Request]
     ) -> list[tuple[_Channel, list[TokenEvent]]]:
         """A committed window's token events for the requests streamed through `generate`."""
         output_ids = self.scheduler.output_ids
@@ -627,7 +629,7 @@ class Engine:
             out.append((ch, events))
         return out
 
-    def _finish(self, req: Req, undelivered: int = 0) -> None:
+    def _finish(self, req: Request, undelivered: int = 0) -> None:
         """End a request's stream; `undelivered`: tokens of steps applied ahead that it will
         not get (it was aborted while they ran)."""
         ch = req.sink
@@ -660,7 +662,7 @@ class Engine:
             if req is not None:
                 self._finish(req, undelivered)
 
-    def _undelivered(self, req: Req) -> int:
+    def _undelivered(self, req: Request) -> int:
         """Tokens a request emitted in priced steps applied ahead of their end (async
         scheduling): its collected chunks leave them out, and so does its usage if aborted."""
         log = self.scheduler.log

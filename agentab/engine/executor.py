@@ -28,9 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from agentab.engine.noise import StepNoise
-from agentab.engine.outputs import StepInputs, StepOutput
+from agentab.engine.outputs import StepInputs, StepOutput, StepPlan, WindowPlan, synthetic_outcome
 from agentab.engine.profile import HardwareProfile
-from agentab.engine.scheduler import StepPlan, WindowPlan, synthetic_outcome
 from agentab.engine.spec_decode import SpecConfig
 
 

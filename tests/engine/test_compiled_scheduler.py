@@ -1,13 +1,18 @@
-"""The scheduler's compiled paths (agentab.engine.compiled) against its numpy code, op by op.
+"""The scheduler's kernels (agentab.engine.compiled) compiled against the same functions run as
+plain Python, op by op.
 
-Two schedulers receive the same random stream of requests, steps, decode windows and aborts,
-one with the compiled kernels (`compiled.ENABLED`), one without; after every operation their
-plans, their per-slot arrays, their block pools and emission logs must be equal. Without numba
-the kernels run as plain Python, so the comparison holds either way. The hashing kernels are
+The scheduler has one implementation of each step phase: a kernel in agentab.engine.compiled,
+compiled by numba. The same random stream of requests, steps, decode windows and aborts runs
+through a scheduler with the compiled kernels and through one whose kernels are their plain
+Python functions (`py_func`, what runs without numba); after every operation their plans,
+per-slot arrays, block pools and emission logs must be equal. The hashing kernels are
 compared with the numpy functions they stand in for.
 """
 
 from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -24,12 +29,13 @@ from agentab.engine.spec_decode import SpecConfig
 
 SLOT_ARRAYS = ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached", "nhashed")
 SLOT_ARRAYS += ("spec_idx", "keys", "in_decode", "block_table", "hash_table")
+KERNELS = [name for name, fn in vars(compiled).items() if hasattr(fn, "py_func")]
 POOL_ARRAYS = ("ref", "hash", "gen", "_tkey", "_tblk")
 POOL_SCALARS = ("_head", "_entries", "num_free", "evictions", "_used", "_next_gen")
 
 
 def _state(s: Scheduler) -> tuple:
-    slots = tuple(getattr(s, name).tobytes() for name in SLOT_ARRAYS)
+    slots = tuple(getattr(s.state, name).tobytes() for name in SLOT_ARRAYS)
     pool = tuple(getattr(s.pool, name).tobytes() for name in POOL_ARRAYS)
     scalars = tuple(getattr(s.pool, name) for name in POOL_SCALARS)
     log = s.log
@@ -38,7 +44,15 @@ def _state(s: Scheduler) -> tuple:
     emissions = (log.base, log.n, log.times[:used].tobytes(), log.counts[:used].tobytes())
     waiting = [r.id for r in s.waiting]
     reqs = sorted(
-        (r.id, r.slot, r.num_output, r.cached_tokens, r.num_preemptions, r.tokens.tobytes())
+        (
+            r.id,
+            r.status,
+            r.slot,
+            r.num_output,
+            r.cached_tokens,
+            r.num_preemptions,
+            r.tokens.tobytes(),
+        )
         for r in s.requests.values()
     )
     return (slots, pool, scalars, emissions, s.run.tolist(), waiting, reqs, s.counters)
@@ -103,44 +117,60 @@ def _window(s: Scheduler, steps: int, frac: float, t: float) -> tuple | None:
     return _plan_fields(w), m, s.commit_window(w, m)
 
 
-@pytest.mark.parametrize("case", ["pressure", "drafts", "specialized"])
-@pytest.mark.parametrize("seed", range(3))
-def test_compiled_scheduler_matches_numpy_op_by_op(monkeypatch, case: str, seed: int) -> None:
+def _run_ops(case: str, seed: int) -> list[tuple]:
+    """A random stream of operations on one scheduler: each one's result and the state after."""
     rng = np.random.default_rng(seed)
-    pair = (Scheduler(_config(case)), Scheduler(_config(case)))
-    for s in pair:
-        s.collect_timelines()
+    s = Scheduler(_config(case))
+    s.collect_timelines()
     # conversations: a new turn extends an earlier prompt (prefix hits, hash reuse)
     contexts = [rng.integers(1, 500, size=int(rng.integers(5, 30))) for _ in range(4)]
-    t, n_req, preemptions = 0.0, 0, 0
+    t, n_req = 0.0, 0
+    trace = []
     for _ in range(500):
         action = int(rng.integers(10))
-        if action < 2 and len(pair[0].requests) < 9:
+        call: Callable[[], object]
+        if action < 2 and len(s.requests) < 9:
             c = int(rng.integers(len(contexts)))
             grown = rng.integers(1, 500, size=int(rng.integers(1, 12)))
             contexts[c] = np.concatenate([contexts[c], grown])[:60]
             args = (f"r{n_req}", contexts[c].copy(), int(rng.integers(1, 40)))
             n_req += 1
-            op, call = "add", lambda s, a=args: s.add(*a)
-        elif action == 2 and pair[0].requests:
-            rid = sorted(pair[0].requests)[int(rng.integers(len(pair[0].requests)))]
-            op, call = "abort", lambda s, r=rid: s.abort(r)
+            op, call = "add", lambda a=args: s.add(*a)
+        elif action == 2 and s.requests:
+            rid = sorted(s.requests)[int(rng.integers(len(s.requests)))]
+            op, call = "abort", lambda r=rid: s.abort(r)
         elif action < 6:
             t += 0.01
-            op, call = "step", lambda s, t=t: _step(s, t)
+            op, call = "step", lambda t=t: _step(s, t)
         else:
             steps, frac = int(rng.integers(2, 9)), float(rng.random())
-            op, call = "window", lambda s, a=(steps, frac, t): _window(s, *a)
-        results = []
-        for s, on in zip(pair, (False, True), strict=True):
-            monkeypatch.setattr(compiled, "ENABLED", on)
-            results.append(_outcome(call(s)))
-        assert results[0] == results[1], op
-        assert _state(pair[0]) == _state(pair[1]), op
-        preemptions = int(pair[0].counters["num_preemptions"])
-    assert n_req > 50
+            op, call = "window", lambda a=(steps, frac, t): _window(s, *a)
+        trace.append((op, _outcome(call()), _state(s)))
+    return trace
+
+
+@pytest.mark.parametrize("case", ["pressure", "drafts", "specialized"])
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_kernels_match_their_plain_python_op_by_op(
+    monkeypatch, case: str, seed: int
+) -> None:
+    fast = _run_ops(case, seed)
+    with monkeypatch.context() as m, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy scalars' wrapping uint64 math
+        for name in KERNELS:
+            m.setattr(compiled, name, getattr(compiled, name).py_func)
+        plain = _run_ops(case, seed)
+    assert len(fast) == len(plain)
+    for a, b in zip(fast, plain, strict=True):
+        assert a == b, a[0]
+    assert sum(op == "add" for op, _, _ in fast) > 50
     if case == "pressure":
-        assert preemptions > 0  # the pressure path ran
+        assert fast[-1][2][-1]["num_preemptions"] > 0  # the pressure path ran
+
+
+@pytest.mark.skipif(not compiled.ENABLED, reason="numba not in use")
+def test_every_kernel_is_compiled() -> None:
+    assert len(KERNELS) >= 20
 
 
 def test_hash_kernels_match_the_numpy_functions() -> None:

@@ -34,8 +34,7 @@ from agentab.engine.local.forward import (
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
 from agentab.engine.local.tensor_parallel import TPGroup
-from agentab.engine.outputs import StepInputs, StepOutput
-from agentab.engine.scheduler import StepPlan
+from agentab.engine.outputs import StepInputs, StepOutput, StepPlan
 
 _HOST_RING = 3  # pinned buffers for sampled ids: more than the steps ever in flight (2)
 

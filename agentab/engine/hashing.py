@@ -239,6 +239,22 @@ def output_ids_from_seed(seed: int, n: int, vocab_size: int = 32000) -> np.ndarr
     return (z % np.uint64(vocab_size - 1)).astype(np.int64) + 1
 
 
+def synthetic_output_keys(
+    tokens: np.ndarray, prompt_len: int, keys: np.ndarray, raw: int, bs: int, vocab_size: int
+) -> tuple[np.ndarray, int]:
+    """Fill tokens[prompt_len:] with the synthetic output ids of the prompt tokens[:prompt_len]
+    (whose full blocks' keys are `keys`, raw value `raw` after them) and hash the blocks after
+    the prompt's full ones; returns every full block's keys and the raw value after them."""
+    n_full = prompt_len // bs
+    compiled.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab_size)
+    total = len(tokens) // bs
+    out = np.empty(total, dtype=np.uint64)
+    out[:n_full] = keys
+    raws = np.empty(total - n_full, dtype=np.uint64)
+    last = compiled.chain_into(tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws)
+    return out, int(last)
+
+
 def synthetic_output_ids(
     prompt_token_ids: np.ndarray, n: int, vocab_size: int = 32000
 ) -> np.ndarray:

@@ -26,6 +26,7 @@ import enum
 import numpy as np
 
 from agentab.engine.spec_decode import request_key
+from agentab.errors import AgentabError
 
 
 class RequestStatus(enum.IntEnum):
@@ -134,3 +135,16 @@ class Request:
 
     def __repr__(self) -> str:
         return f"Request({self.id!r}, {self.status.name}, output {self.num_output})"
+
+
+def checked_request(request_id: str, prompt: object, max_tokens: object) -> tuple[np.ndarray, int]:
+    """A request's prompt as an integer array and its max_tokens as an int, or a one-line
+    AgentabError naming the request and what is wrong."""
+    ids = np.asarray(prompt)
+    if ids.ndim != 1 or len(ids) == 0:
+        raise AgentabError(f"request {request_id!r}: prompt must be a non-empty 1-d array")
+    if ids.dtype.kind not in "iu":  # np.issubdtype costs ~1 us a call
+        raise AgentabError(f"request {request_id!r}: prompt token ids must be integers")
+    if not isinstance(max_tokens, int | np.integer) or max_tokens < 1:
+        raise AgentabError(f"request {request_id!r}: max_tokens {max_tokens!r} must be >= 1")
+    return ids, int(max_tokens)

@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine import compiled, window
+from agentab.engine import compiled, model_io, window
 from agentab.engine.emissions import EmissionLog
-from agentab.engine.hashing import PrefixHashes, chain_hashes
+from agentab.engine.hashing import PrefixHashes, synthetic_output_keys
 from agentab.engine.kv_cache import BlockPool
 from agentab.engine.outputs import (
     Advance,
@@ -40,27 +40,14 @@ from agentab.engine.outputs import (
     StepOutput,
     StepPlan,
     WindowPlan,
-    flat_layout,
     synthetic_outcome,
 )
 from agentab.engine.paths import padded_tokens, specialized_ok
-from agentab.engine.request import Request, RequestStatus
+from agentab.engine.request import Request, RequestStatus, checked_request
 from agentab.engine.slots import SlotState
 from agentab.engine.spec_decode import SpecConfig
 from agentab.engine.types import PromptPrefix
 from agentab.errors import AgentabError
-
-__all__ = [
-    "Advance",
-    "EmissionLog",
-    "Request",
-    "RequestStatus",
-    "Scheduler",
-    "SchedulerConfig",
-    "StepPlan",
-    "WindowPlan",
-    "synthetic_outcome",
-]
 
 _I64 = np.int64
 _NO_LOG = np.zeros((1, 1), dtype=np.int32)  # the emission log's place when there is none
@@ -95,24 +82,14 @@ class SchedulerConfig:
             raise AgentabError("max_num_batched_tokens: smaller than one verify step (1 + k)")
 
 
+# vLLM's counter names (without "vllm:" and "_total") and agentab's own
 _COUNTERS = (
-    "prefix_cache_queries",
-    "prefix_cache_hits",
-    "prefix_cache_preempted_queries",
-    "prefix_cache_preempted_hits",
-    "spec_decode_num_drafts",
-    "spec_decode_num_draft_tokens",
-    "spec_decode_num_accepted_tokens",
-    "num_preemptions",
-    "prompt_tokens",
-    "generation_tokens",
-    "request_success",
-    "request_abort",
-    "steps_standard",
-    "steps_specialized",
-    "decode_steps_standard",
-    "decode_steps_specialized",
-)
+    "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_preempted_queries",
+    "prefix_cache_preempted_hits", "spec_decode_num_drafts", "spec_decode_num_draft_tokens",
+    "spec_decode_num_accepted_tokens", "num_preemptions", "prompt_tokens", "generation_tokens",
+    "request_success", "request_abort", "steps_standard", "steps_specialized",
+    "decode_steps_standard", "decode_steps_specialized",
+)  # fmt: skip
 
 
 class Scheduler:
@@ -184,7 +161,7 @@ class Scheduler:
         slot_req = self.slot_req
         return [slot_req[x] for x in slots.tolist()]  # type: ignore[misc]
 
-    # -- collected timelines (EmissionLog) -----------------------------------------------------
+    # -- collected timelines (agentab.engine.emissions) ----------------------------------------
     def collect_timelines(self) -> None:
         """Log every step's emissions from now on (see EmissionLog); the engine then passes each
         step's end time to `log_times` before applying the step."""
@@ -230,14 +207,7 @@ class Scheduler:
         spares comparing the two (PromptPrefix); the keys are the same with or without it."""
         if request_id in self.requests:
             raise AgentabError(f"request {request_id!r}: id already in flight")
-        prompt = np.asarray(prompt)
-        if prompt.ndim != 1 or len(prompt) == 0:
-            raise AgentabError(f"request {request_id!r}: prompt must be a non-empty 1-d array")
-        if prompt.dtype.kind not in "iu":  # np.issubdtype costs ~1 us a call
-            raise AgentabError(f"request {request_id!r}: prompt token ids must be integers")
-        if not isinstance(max_tokens, int | np.integer) or max_tokens < 1:
-            raise AgentabError(f"request {request_id!r}: max_tokens {max_tokens!r} must be >= 1")
-        max_tokens = int(max_tokens)
+        prompt, max_tokens = checked_request(request_id, prompt, max_tokens)
         need = self._blocks_for(len(prompt) + max_tokens + self.k)
         if need > self.cfg.num_blocks:
             raise AgentabError(
@@ -253,7 +223,7 @@ class Scheduler:
         keys, raws = self._prefix_hashes.hashes(prompt, keep=tokens, prefix=prefix)
         raw = int(raws[-1]) if len(raws) else 0
         if self.cfg.synthetic_output:
-            keys, raw = self._hash_synthetic_output(tokens, p, keys, raw)
+            keys, raw = synthetic_output_keys(tokens, p, keys, raw, self.bs, self.cfg.vocab_size)
         req = Request(request_id, tokens, len(prompt), max_tokens)
         req.hashes = keys
         req.raw_hash = raw
@@ -348,22 +318,6 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.run)
-
-    def _hash_synthetic_output(
-        self, tokens: np.ndarray, prompt_len: int, keys: np.ndarray, raw: int
-    ) -> tuple[np.ndarray, int]:
-        """Fill tokens[prompt_len:] with the synthetic output ids and hash the blocks after the
-        prompt's full ones; returns every full block's keys and the raw value after them."""
-        bs = self.bs
-        n_full = prompt_len // bs
-        vocab = self.cfg.vocab_size
-        compiled.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab)
-        total = len(tokens) // bs
-        out = np.empty(total, dtype=np.uint64)
-        out[:n_full] = keys
-        raws = np.empty(total - n_full, dtype=np.uint64)
-        last = compiled.chain_into(tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws)
-        return out, int(last)
 
     # -- block bookkeeping ---------------------------------------------------------------------
     def alloc_rows(self, slots: np.ndarray, need: np.ndarray, total: int | None = None) -> None:
@@ -610,68 +564,28 @@ class Scheduler:
             c["spec_decode_num_draft_tokens"] += drafts
             c["spec_decode_num_accepted_tokens"] += accepted
 
+    # -- a model's side (agentab.engine.model_io) ---------------------------------------------
+    def model_inputs(self, plan: StepPlan) -> StepInputs:
+        """The step as a model runs it: flat tokens, positions, block tables, KV slots."""
+        return model_io.model_inputs(self, plan)
+
     def fill(self, adv: Advance, sampled: np.ndarray) -> None:
-        """Write a step's sampled tokens (rows as in its plan) after each request's known ones,
-        hash the blocks they complete and clear their pending marks."""
-        if self.cfg.synthetic_output:
-            raise AgentabError(
-                "the executor sampled tokens, but this scheduler plans synthetic output"
-            )
-        sampled = np.asarray(sampled)
-        if sampled.ndim == 1:
-            sampled = sampled[:, None]
-        bs = self.bs
-        for req, n, at, row in zip(adv.reqs, adv.counts, adv.starts, adv.rows, strict=True):
-            req.tokens[at : at + n] = sampled[row, :n]
-            if req.pending_step == adv.step:  # (a later step may have marked it since)
-                req.pending_row = req.pending_step = -1
-            done = len(req.hashes)
-            full = (at + n) // bs
-            if full <= done:
-                continue
-            keys, req.raw_hash = chain_hashes(
-                req.tokens[done * bs : full * bs], bs, done, req.raw_hash
-            )
-            req.hashes = np.concatenate([req.hashes, keys])
-            if req.is_running:  # (not finished, preempted or aborted)
-                slot = req.slot
-                if full > self.state.columns:
-                    self._grow(self.state.capacity, max(full, 2 * self.state.columns))
-                self.state.hash_table[slot, done:full] = keys
-                self.state.nhashed[slot] = full
+        """Write a step's sampled tokens after each request's known ones (model_io.fill)."""
+        model_io.fill(self, adv, sampled)
+
+    def note_hashes(self, req: Request, done: int, keys: np.ndarray) -> None:
+        """A running request's blocks from `done` on got their prefix keys (sampled output)."""
+        full = done + len(keys)
+        if full > self.state.columns:
+            self._grow(self.state.capacity, max(full, 2 * self.state.columns))
+        self.state.hash_table[req.slot, done:full] = keys
+        self.state.nhashed[req.slot] = full
 
     def output_ids(self, req: Request, n: int) -> np.ndarray:
         """The last `n` output tokens of a request (what its latest event emitted)."""
         out = int(self.state.output[req.slot]) if req.is_running else req.num_output
         known = req.prompt_len + out
         return req.tokens[known - n : known]
-
-    def model_inputs(self, plan: StepPlan) -> StepInputs:
-        """The step as a model runs it: flat tokens, positions, block tables, KV slots."""
-        s = plan.slots
-        n = plan.num_sched
-        comp = plan.computed_before
-        ctx = comp + n
-        width = max(1, int(self._blocks_for(int(ctx.max())))) if len(s) else 1
-        tables = self.state.block_table[s, :width].copy()
-        starts, positions, slot_mapping = flat_layout(comp, n, tables, self.bs)
-        token_ids = np.empty(len(positions), dtype=_I64)
-        prev_rows = np.full(len(positions), -1, dtype=_I64)
-        for i, req in enumerate(self.requests_of(s)):
-            token_ids[starts[i] : starts[i + 1]] = req.tokens[comp[i] : comp[i] + n[i]]
-            if req.pending_row >= 0:  # its latest token is being sampled by the step in flight
-                prev_rows[starts[i + 1] - 1] = req.pending_row
-        return StepInputs(
-            token_ids=token_ids,
-            positions=positions,
-            starts=starts,
-            context_lens=ctx,
-            block_tables=tables,
-            slot_mapping=slot_mapping,
-            is_decode=plan.is_decode.copy(),
-            block_size=self.bs,
-            prev_rows=prev_rows,
-        )
 
     # -- many decode steps at once (agentab.engine.window) -------------------------------------
     def plan_window(self, max_steps: int) -> WindowPlan | None:

@@ -253,7 +253,9 @@ def window_horizon(
         r = maxtok[s] - output[s]
         if h < 0 or r < h:
             h = r
-    return max(h, 0)
+    if h < 0:  # no rows
+        return 0
+    return int(h)
 
 
 @jit

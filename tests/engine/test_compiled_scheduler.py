@@ -11,7 +11,6 @@ compared with the numpy functions they stand in for.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -26,10 +25,10 @@ from agentab.engine.hashing import (
 )
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
+from tests.engine.kernels import KERNELS, plain_python
 
 SLOT_ARRAYS = ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached", "nhashed")
 SLOT_ARRAYS += ("spec_idx", "keys", "in_decode", "block_table", "hash_table")
-KERNELS = [name for name, fn in vars(compiled).items() if hasattr(fn, "py_func")]
 POOL_ARRAYS = ("ref", "hash", "gen", "_tkey", "_tblk")
 POOL_SCALARS = ("_head", "_entries", "num_free", "evictions", "_used", "_next_gen")
 
@@ -155,10 +154,7 @@ def test_compiled_kernels_match_their_plain_python_op_by_op(
     monkeypatch, case: str, seed: int
 ) -> None:
     fast = _run_ops(case, seed)
-    with monkeypatch.context() as m, warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # numpy scalars' wrapping uint64 math
-        for name in KERNELS:
-            m.setattr(compiled, name, getattr(compiled, name).py_func)
+    with plain_python(monkeypatch):
         plain = _run_ops(case, seed)
     assert len(fast) == len(plain)
     for a, b in zip(fast, plain, strict=True):
@@ -202,15 +198,19 @@ def test_hash_kernels_match_the_numpy_functions() -> None:
 
 
 def test_prefix_hashes_reuse_matches_hashing_from_scratch(monkeypatch) -> None:
-    """Both paths of PrefixHashes give chain_hashes_raw's keys for prompts that share,
-    extend or part from a remembered one."""
+    """PrefixHashes gives chain_hashes_raw's keys for prompts that share, extend or part from
+    a remembered one, compiled and as plain Python."""
     rng = np.random.default_rng(3)
     base = rng.integers(1, 32000, size=200)
     prompts = [base[:100], base[:180], np.concatenate([base[:50], [7, 7, 7]]), base[:16], base]
-    for on in (False, True):
-        monkeypatch.setattr(compiled, "ENABLED", on)
+
+    def check() -> None:
         memo = PrefixHashes(16)
         for p in prompts:
             keys, raws = memo.hashes(p, keep=p.astype(np.int64))
             want_keys, want_raws = chain_hashes_raw(p, 16)
             assert keys.tolist() == want_keys.tolist() and raws.tolist() == want_raws.tolist()
+
+    check()
+    with plain_python(monkeypatch):
+        check()

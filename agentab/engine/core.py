@@ -40,6 +40,7 @@ from agentab.engine.executor import Executor
 from agentab.engine.outputs import Advance, StepOutput, StepPlan, WindowPlan
 from agentab.engine.request import Request
 from agentab.engine.scheduler import Scheduler
+from agentab.engine.streams import Channel, Timeline
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
 
@@ -50,84 +51,6 @@ class EngineFailed(AgentabError):
     """The engine's step loop died (a bug, or a device error): no request can be served."""
 
 
-class _Channel:
-    """A request's event stream: a deque plus one waiter (cheaper than asyncio.Queue)."""
-
-    __slots__ = ("done", "items", "waiter")
-
-    def __init__(self) -> None:
-        self.items: deque[TokenEvent | FinalUsage] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.done = False
-
-    def wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-
-class Timeline:
-    """A request's response collected as arrays (`Engine.submit`), for in-process clients.
-
-    Why: a client in the same process that only needs when each chunk was emitted (the replay's
-    records) need not receive one Python event per step. On a priced executor the scheduler's
-    EmissionLog holds every step's time and each slot's token count, and the request's chunks
-    are read off it as arrays when it leaves its slot; a measured executor's loop appends each
-    step here (`add_step`). `finished` resolves with the FinalUsage at the request's end, so
-    the client runs once per request instead of once per step. The times are the same as
-    `generate`'s events'.
-    """
-
-    __slots__ = ("_open", "_parts", "_req", "_sched", "done", "finished")
-
-    def __init__(
-        self,
-        finished: asyncio.Future[FinalUsage],
-        req: Request | None = None,
-        scheduler: Scheduler | None = None,
-    ) -> None:
-        self.finished = finished
-        self.done = False
-        self._req = req
-        self._sched = scheduler
-        self._parts: list[tuple[Any, ...]] = []
-        self._open: tuple[list[float], list[int]] | None = None  # the piece single steps extend
-
-    def add_step(self, t: float, n: int) -> None:
-        piece = self._open
-        if piece is None:
-            piece = self._open = ([], [])
-            self._parts.append(piece)
-        piece[0].append(t)
-        piece[1].append(n)
-
-    def chunk_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(loop times as float64, tokens as int32) of every chunk emitted so far, in order."""
-        parts = [(np.asarray(t, np.float64), np.asarray(n, np.int32)) for t, n in self._parts]
-        req, sched = self._req, self._sched
-        if req is not None and sched is not None:
-            parts.extend(sched.emitted_parts(req))
-        if len(parts) == 1:
-            times, counts = parts[0]
-        elif not parts:
-            return np.zeros(0, np.float64), np.zeros(0, np.int32)
-        else:
-            times = np.concatenate([p[0] for p in parts])
-            counts = np.concatenate([p[1] for p in parts])
-        until = sched.log.until if sched is not None and sched.log is not None else None
-        if until is not None and len(times) and times[-1] > until:
-            keep = times <= until  # a step applied ahead of its end has not ended yet
-            times, counts = times[keep], counts[keep]
-        if counts.dtype != np.int32:
-            counts = counts.astype(np.int32)
-        return times, counts
-
-    def chunks(self) -> tuple[list[float], list[int]]:
-        """(loop times, tokens) of every chunk emitted so far, in order, as lists."""
-        times, counts = self.chunk_arrays()
-        return times.tolist(), counts.tolist()
-
-
 @dataclass(slots=True)
 class _Step:
     """A step launched and applied to the scheduler, not yet handed out: what goes out when
@@ -136,7 +59,7 @@ class _Step:
     start: float
     end: float
     finished: list[Request]
-    events: list[tuple[_Channel, int, np.ndarray | None]]  # (stream, tokens, their ids)
+    events: list[tuple[Channel, int, np.ndarray | None]]  # (stream, tokens, their ids)
     # (plan, trace rows), or (None, a window step's record fields); None: no trace
     record: tuple[Any, Any] | None
     launched: asyncio.Future[Any] | None = None  # a measured step's launch (worker thread)
@@ -174,7 +97,7 @@ class Engine:
         self._worker: Any = None  # the thread a measured executor's steps run in
         self._collector: Any = None  # and, scheduled ahead, the one its steps are collected in
         self._failure: BaseException | None = None  # why the step loop died, if it did
-        self._channels: set[_Channel | Timeline] = set()  # open streams (woken on a failure)
+        self._channels: set[Channel | Timeline] = set()  # open streams (woken on a failure)
         self._streams = 0  # open `generate` streams (steps need per-row work only for these)
         self._wakes = 0  # requests and aborts so far (a wake-up is not lost between two waits)
         self._inflight: deque[_Step] = deque()  # launched, not yet handed out (oldest first)
@@ -246,7 +169,7 @@ class Engine:
         req = self.scheduler.add(
             request.request_id, request.prompt_token_ids, request.max_tokens, request.prefix
         )
-        ch = _Channel()
+        ch = Channel()
         req.sink = ch
         self._channels.add(ch)
         self._streams += 1
@@ -353,8 +276,9 @@ class Engine:
         Every step is launched (`_launch`: a priced executor prices it, a measured one queues
         it on its device in a worker thread), applied to the scheduler (`Scheduler.update`
         with the priced outcome, or `Scheduler.advance` before a measured step's tokens are
-        known, filled in when it is collected), and handed out when it ends (`_complete`: its
-        tokens, finishes and trace record). Async scheduling is the loop's depth: with it (2)
+        known, filled in when it is collected; a priced step without async scheduling when it
+        ends) and handed out when it ends (`_complete`: its tokens, finishes and trace
+        record). Async scheduling is the loop's depth: with it (2)
         the next step is scheduled and launched before the one in flight is handed out;
         without it (1) a step is scheduled once the previous one has ended. The simulator's
         decode windows are the one fast path (`_fast_forward`, agentab.engine.window).
@@ -465,11 +389,11 @@ class Engine:
             record = (plan, self._step_rows(plan))
         sched.log_times(np.array([end]))
         reqs, counts, finished = sched.update(plan, output)
-        events: list[tuple[_Channel, int, np.ndarray | None]] = []
+        events: list[tuple[Channel, int, np.ndarray | None]] = []
         if self._streams:
             for req, n in zip(reqs, counts, strict=True):
                 ch = req.sink
-                if type(ch) is _Channel:
+                if type(ch) is Channel:
                     events.append((ch, n, sched.output_ids(req, n)))
         return _Step(start, end, finished, events, record)
 
@@ -509,7 +433,7 @@ class Engine:
             if type(ch) is Timeline:
                 ch.add_step(t, n)
             else:
-                assert isinstance(ch, _Channel)
+                assert isinstance(ch, Channel)
                 ch.items.append(TokenEvent(t, n, req.tokens[at : at + n]))
                 ch.wake()
         for req in adv.finished:
@@ -584,7 +508,7 @@ class Engine:
         if self.step_observer is not None:
             self._observe_window(w, rows, starts[: m - 1], times[: m - 1])
         sched.log.until = times[m - 2] if m > 1 else ahead.end  # type: ignore[union-attr]
-        last: list[tuple[_Channel, int, np.ndarray | None]] = []
+        last: list[tuple[Channel, int, np.ndarray | None]] = []
         if self._streams:
             for ch, events in self._window_events(w, m, times, reqs):
                 if events and events[-1].t == times[-1]:  # the step in flight: handed out later
@@ -629,7 +553,7 @@ class Engine:
 
     def _window_events(
         self, w: WindowPlan, m: int, times: list[float], reqs: list[Request]
-    ) -> list[tuple[_Channel, list[TokenEvent]]]:
+    ) -> list[tuple[Channel, list[TokenEvent]]]:
         """A committed window's token events for the requests streamed through `generate`."""
         output_ids = self.scheduler.output_ids
         # without drafts every row emits one token per step of a window
@@ -637,7 +561,7 @@ class Engine:
         out = []
         for req, col in zip(reqs, cols, strict=True):
             ch = req.sink
-            if type(ch) is not _Channel:
+            if type(ch) is not Channel:
                 continue
             ids = output_ids(req, sum(col))
             at = 0
@@ -667,7 +591,7 @@ class Engine:
             if not ch.finished.done():
                 ch.finished.set_result(usage)
             return
-        assert isinstance(ch, _Channel)
+        assert isinstance(ch, Channel)
         ch.done = True
         ch.items.append(usage)
         ch.wake()

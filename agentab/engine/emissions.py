@@ -27,9 +27,6 @@ class EmissionLog:
         self.times = np.zeros(rows, dtype=np.float64)
         self.counts = np.zeros((rows, slots), dtype=np.int32)
 
-    def needs_room(self, steps: int, slots: int) -> bool:
-        return self.n - self.base + steps > len(self.times) or slots > self.counts.shape[1]
-
     def make_room(self, steps: int, keep_from: int, slots: int) -> None:
         """Room for `steps` more rows and `slots` columns, keeping rows from step `keep_from`."""
         rows, cols = self.counts.shape
@@ -46,13 +43,6 @@ class EmissionLog:
         times[:keep] = self.times[lo:used]
         counts[:keep, :cols] = self.counts[lo:used]
         self.times, self.counts, self.base = times, counts, keep_from
-
-    def append_times(self, times: np.ndarray) -> None:
-        """Log the end times of the next steps (room made beforehand)."""
-        row = self.n - self.base
-        m = len(times)
-        self.times[row : row + m] = times
-        self.n += m
 
     def span(self, since: int, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """(end times, tokens) of the steps from step `since` in which `slot` emitted."""

@@ -36,10 +36,8 @@ from agentab.engine.hashing import PrefixHashes, synthetic_output_keys
 from agentab.engine.kv_cache import BlockPool
 from agentab.engine.outputs import (
     Advance,
-    StepInputs,
     StepOutput,
     StepPlan,
-    WindowPlan,
     synthetic_outcome,
 )
 from agentab.engine.paths import padded_tokens, specialized_ok
@@ -174,11 +172,14 @@ class Scheduler:
         """The end times of the next steps to be applied (one for a step, m for a window)."""
         log = self.log
         assert log is not None
-        cap = self.state.capacity
-        if log.needs_room(len(times), cap):
+        m = len(times)
+        cap = len(self.state.computed)
+        if log.n - log.base + m > len(log.times) or cap > log.counts.shape[1]:
             keep = min((r.since for r in self.requests_of(self.run)), default=log.n)
-            log.make_room(len(times), keep, cap)
-        log.append_times(times)
+            log.make_room(m, keep, cap)
+        row = log.n - log.base
+        log.times[row : row + m] = times
+        log.n += m
 
     def span(self, req: Request) -> tuple[np.ndarray, np.ndarray]:
         """(end times, tokens) of the steps in which `req` emitted since it took its slot."""
@@ -542,7 +543,10 @@ class Scheduler:
         else:
             counts_log, log_row = _NO_LOG, -1
         acc = _NO_ROWS if accepted is None else np.asarray(accepted, dtype=_I64)
-        rows, counts, starts, done = (np.empty(B, dtype=_I64) for _ in range(4))
+        rows = np.empty(B, dtype=_I64)
+        counts = np.empty(B, dtype=_I64)
+        starts = np.empty(B, dtype=_I64)
+        done = np.empty(B, dtype=_I64)
         n, nfin, emitted, verified, drafts, acc_sum = compiled.advance_rows(
             s, plan.num_sched, plan.computed_before, plan.is_decode, plan.drafts, acc,
             st.computed, st.ntokens, st.output, st.maxtok, st.in_decode,
@@ -551,7 +555,8 @@ class Scheduler:
         self.count_verified(verified, drafts, acc_sum)
         c["generation_tokens"] += emitted
         rows = rows[:n]
-        reqs = self.requests_of(s[rows])
+        slot_req = self.slot_req
+        reqs: list[Request] = [slot_req[x] for x in s[rows].tolist()]  # type: ignore[misc]
         finished = self.finish(done[:nfin]) if nfin else []
         return Advance(reqs, counts[:n].tolist(), finished, starts[:n].tolist(), rows.tolist())
 
@@ -565,13 +570,8 @@ class Scheduler:
             c["spec_decode_num_accepted_tokens"] += accepted
 
     # -- a model's side (agentab.engine.model_io) ---------------------------------------------
-    def model_inputs(self, plan: StepPlan) -> StepInputs:
-        """The step as a model runs it: flat tokens, positions, block tables, KV slots."""
-        return model_io.model_inputs(self, plan)
-
-    def fill(self, adv: Advance, sampled: np.ndarray) -> None:
-        """Write a step's sampled tokens after each request's known ones (model_io.fill)."""
-        model_io.fill(self, adv, sampled)
+    model_inputs = model_io.model_inputs
+    fill = model_io.fill
 
     def note_hashes(self, req: Request, done: int, keys: np.ndarray) -> None:
         """A running request's blocks from `done` on got their prefix keys (sampled output)."""
@@ -588,10 +588,5 @@ class Scheduler:
         return req.tokens[known - n : known]
 
     # -- many decode steps at once (agentab.engine.window) -------------------------------------
-    def plan_window(self, max_steps: int) -> WindowPlan | None:
-        """Up to `max_steps` pure-decode steps of the running rows at once, or None."""
-        return window.plan_window(self, max_steps)
-
-    def commit_window(self, w: WindowPlan, m: int) -> tuple[list[Request], list[Request]]:
-        """Apply the first `m` steps of a window exactly as m single steps would have."""
-        return window.commit_window(self, w, m)
+    plan_window = window.plan_window
+    commit_window = window.commit_window

@@ -1,16 +1,17 @@
-"""Optional compiled kernels (numba) for the simulator's inner loops; numpy does the same without.
+"""Compiled kernels (numba) for the simulator's inner loops: the one implementation of each.
 
 Why: a simulated step is a few dozen small array operations, and at AgentX scale their
-per-call overhead, not the arithmetic, is most of the time (a prefix-cache lookup probes every
-block key of a long prompt in several vectorized passes, when a loop could stop at the first
+per-call overhead, not the arithmetic, is most of the time (a prefix-cache lookup probed every
+block key of a long prompt in several vectorized passes, when a loop can stop at the first
 miss). numba compiles such loops from plain Python to machine code at first use (cached on
 disk), without a build step or a compiler on the user's machine, so it is a default
-dependency. Every kernel here has a numpy counterpart at its call site that
-gives the same results bit for bit (tests/engine/test_compiled.py compares them, and a
-simulation with AGENTAB_NUMBA=0 against one with numba); with numba missing the numpy code
-runs.
+dependency. The scheduler, the block pool and the prefix hashes call these kernels and have no
+second implementation: without numba (or with AGENTAB_NUMBA=0) the same functions run as plain
+Python, slowly, with the same results (tests/engine/test_compiled.py and
+test_compiled_scheduler.py run both ways and compare; the chained hash is also checked against
+hashing.py's numpy formula).
 
-`ENABLED` says which is used: numba importable and AGENTAB_NUMBA not "0".
+`ENABLED` says whether numba compiles them: numba importable and AGENTAB_NUMBA not "0".
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def fill_rows(
     need: np.ndarray,
     ids: np.ndarray,
 ) -> None:
-    """Append need[i] of `ids` (in order) to row slots[i]'s block table (Scheduler._alloc_rows)."""
+    """Append need[i] of `ids` (in order) to row slots[i]'s block table (Scheduler.alloc_rows)."""
     at = 0
     for i in range(len(slots)):
         s = slots[i]
@@ -129,7 +130,7 @@ def newly_full(
     full: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(block ids, keys) of each row's blocks from ncached up to `full`, rows in order, and
-    ncached raised to match (Scheduler._register_rows)."""
+    ncached raised to match (Scheduler.register_rows)."""
     total = 0
     for i in range(len(slots)):
         c = full[i] - ncached[slots[i]]
@@ -253,7 +254,9 @@ def window_horizon(
         r = maxtok[s] - output[s]
         if h < 0 or r < h:
             h = r
-    return max(h, 0)
+    if h < 0:  # no rows
+        return 0
+    return int(h)
 
 
 @jit

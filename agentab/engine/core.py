@@ -6,21 +6,22 @@ the loop time of the step that produced them and reach the client no earlier tha
 request's last event (and its FinalUsage) is delivered at exactly its time, so whatever the
 client does next (the replay's next turn) happens at the right moment.
 
-The executor is either priced (the simulator: the loop sleeps for each step's price) or
-measured (a real model: the step runs in a worker thread, so the loop keeps serving HTTP while
-the device works, and the step takes as long as it takes); see agentab.engine.executor.
+One loop serves every executor (`Engine._loop`): schedule -> execute -> update from the output
+-> hand out. The executor is either priced (the simulator: the loop sleeps for each step's
+price) or measured (a real model: the step runs in a worker thread, so the loop keeps serving
+HTTP while the device works, and the step takes as long as it takes); see
+agentab.engine.executor. Async scheduling is the loop's depth, not another loop: with it, step
+k+1 is scheduled and applied while step k runs (as vLLM and the local engine on a GPU do, and
+the simulator when its profile says `[engine] async_scheduling`), so a request that arrives
+during step k joins step k+2 at the earliest; each step's tokens, finishes and trace record are
+handed out when it ends.
 
-Speed on the virtual clock: while nothing changes but decode progress, the engine prices a whole
-window of steps at once (Scheduler.plan_window) and sleeps to the window's end, or until a new
-request or an abort arrives. Then it commits only the steps that had started before the arrival
-(the step in flight completes, as on a GPU) and resumes step by step, so the result is the same
-as stepping one at a time.
-
-Async scheduling (a profile's `[engine] async_scheduling`, as the engine it models runs on a GPU):
-the priced loop then keeps one step ahead like `_loop_measured`: step k+1 is scheduled and
-applied while step k runs, so a request that arrives during step k joins step k+2 at the
-earliest; each step's tokens, finishes and trace record are handed out when it was priced to
-end, and steps run back to back. Fast-forward windows follow the same rule (`_run_window_ahead`).
+Speed on the virtual clock, the one fast path: while nothing changes but decode progress, the
+engine prices a whole window of steps at once (agentab.engine.window) and sleeps to the
+window's end, or until a new request or an abort arrives. Then it commits only the steps that
+had started before the arrival (the step in flight completes, as on a GPU; with async
+scheduling one step later) and resumes step by step, so the result is the same as stepping one
+at a time (tests/engine/test_window.py, and test_engine_api.py's fast-forward fixtures).
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ import numpy as np
 
 from agentab.clock import is_virtual
 from agentab.engine.executor import Executor
-from agentab.engine.scheduler import Req, Scheduler, StepPlan, WindowPlan
+from agentab.engine.outputs import Advance, StepOutput, StepPlan, WindowPlan
+from agentab.engine.request import Request
+from agentab.engine.scheduler import Scheduler
+from agentab.engine.streams import Channel, Timeline
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
 
@@ -47,95 +51,20 @@ class EngineFailed(AgentabError):
     """The engine's step loop died (a bug, or a device error): no request can be served."""
 
 
-class _Channel:
-    """A request's event stream: a deque plus one waiter (cheaper than asyncio.Queue)."""
-
-    __slots__ = ("done", "items", "waiter")
-
-    def __init__(self) -> None:
-        self.items: deque[TokenEvent | FinalUsage] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-        self.done = False
-
-    def wake(self) -> None:
-        w = self.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-
-class Timeline:
-    """A request's response collected as arrays (`Engine.submit`), for in-process clients.
-
-    Why: a client in the same process that only needs when each chunk was emitted (the replay's
-    records) need not receive one Python event per step. On a priced executor the scheduler's
-    EmissionLog holds every step's time and each slot's token count, and the request's chunks
-    are read off it as arrays when it leaves its slot; a measured executor's loop appends each
-    step here (`add_step`). `finished` resolves with the FinalUsage at the request's end, so
-    the client runs once per request instead of once per step. The times are the same as
-    `generate`'s events'.
-    """
-
-    __slots__ = ("_open", "_parts", "_req", "_sched", "done", "finished")
-
-    def __init__(
-        self,
-        finished: asyncio.Future[FinalUsage],
-        req: Req | None = None,
-        scheduler: Scheduler | None = None,
-    ) -> None:
-        self.finished = finished
-        self.done = False
-        self._req = req
-        self._sched = scheduler
-        self._parts: list[tuple[Any, ...]] = []
-        self._open: tuple[list[float], list[int]] | None = None  # the piece single steps extend
-
-    def add_step(self, t: float, n: int) -> None:
-        piece = self._open
-        if piece is None:
-            piece = self._open = ([], [])
-            self._parts.append(piece)
-        piece[0].append(t)
-        piece[1].append(n)
-
-    def chunk_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(loop times as float64, tokens as int32) of every chunk emitted so far, in order."""
-        parts = [(np.asarray(t, np.float64), np.asarray(n, np.int32)) for t, n in self._parts]
-        req, sched = self._req, self._sched
-        if req is not None and sched is not None:
-            parts.extend(sched.emitted_parts(req))
-        if len(parts) == 1:
-            times, counts = parts[0]
-        elif not parts:
-            return np.zeros(0, np.float64), np.zeros(0, np.int32)
-        else:
-            times = np.concatenate([p[0] for p in parts])
-            counts = np.concatenate([p[1] for p in parts])
-        until = sched.log.until if sched is not None and sched.log is not None else None
-        if until is not None:  # async scheduling: the step applied ahead has not ended yet
-            keep = times <= until
-            if not keep.all():
-                times, counts = times[keep], counts[keep]
-        if counts.dtype != np.int32:
-            counts = counts.astype(np.int32)
-        return times, counts
-
-    def chunks(self) -> tuple[list[float], list[int]]:
-        """(loop times, tokens) of every chunk emitted so far, in order, as lists."""
-        times, counts = self.chunk_arrays()
-        return times.tolist(), counts.tolist()
-
-
 @dataclass(slots=True)
-class _Applied:
-    """A priced step applied to the scheduler before it ends (async scheduling): what is handed
-    out when the clock reaches `end`."""
+class _Step:
+    """A step launched and applied to the scheduler, not yet handed out: what goes out when
+    the clock reaches `end` (a measured step's end is when it is collected)."""
 
     start: float
     end: float
-    finished: list[Req]
-    events: list[tuple[_Channel, int, np.ndarray]]  # (stream, tokens, their ids)
-    record: tuple[Any, ...] | None  # the trace record's fields after its duration
+    finished: list[Request]
+    events: list[tuple[Channel, int, np.ndarray | None]]  # (stream, tokens, their ids)
+    # (plan, trace rows), or (None, a window step's record fields); None: no trace
+    record: tuple[Any, Any] | None
+    launched: asyncio.Future[Any] | None = None  # a measured step's launch (worker thread)
+    adv: Advance | None = None  # a measured step applied before its tokens are known
+    pending: tuple[StepPlan, StepOutput] | None = None  # a priced step applied at its end
 
 
 class Engine:
@@ -168,9 +97,13 @@ class Engine:
         self._worker: Any = None  # the thread a measured executor's steps run in
         self._collector: Any = None  # and, scheduled ahead, the one its steps are collected in
         self._failure: BaseException | None = None  # why the step loop died, if it did
-        self._channels: set[_Channel | Timeline] = set()  # open streams (woken on a failure)
+        self._channels: set[Channel | Timeline] = set()  # open streams (woken on a failure)
         self._streams = 0  # open `generate` streams (steps need per-row work only for these)
         self._wakes = 0  # requests and aborts so far (a wake-up is not lost between two waits)
+        self._inflight: deque[_Step] = deque()  # launched, not yet handed out (oldest first)
+        self._prev_end: float | None = None  # the real clock's last priced step end (depth 1)
+        self._prev_s = 0.0  # and its duration
+        self._virtual = False  # the loop runs on the virtual clock
 
     # -- public API ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -186,7 +119,7 @@ class Engine:
         except Exception as exc:
             self._failure = exc
             for ch in list(self._channels):
-                if type(ch) is Timeline:
+                if isinstance(ch, Timeline):
                     if not ch.finished.done():
                         ch.finished.set_exception(self._failure_error())
                 else:
@@ -219,13 +152,13 @@ class Engine:
             if worker is not None:
                 worker.shutdown(wait=True)
         self._worker = self._collector = None
-        close = getattr(self.executor, "close", None)
-        if close is not None:  # e.g. the local engine's other tensor-parallel ranks
-            close()
-        for rid in list(self.scheduler.requests):
-            req = self.scheduler.abort(rid)
-            if req is not None:
-                self._finish(req)
+        self.executor.close()  # e.g. the local engine's other tensor-parallel ranks
+        for step in self._inflight:  # finished in a step that never ended: aborted
+            for req in step.finished:
+                self._finish(req, self._undelivered(req), "abort")
+        self._inflight.clear()
+        self._aborts.extend(self.scheduler.requests)
+        self._apply_aborts()
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent | FinalUsage]:
         """Stream `TokenEvent`s, then one `FinalUsage`. Leaving early aborts the request.
@@ -236,7 +169,7 @@ class Engine:
         req = self.scheduler.add(
             request.request_id, request.prompt_token_ids, request.max_tokens, request.prefix
         )
-        ch = _Channel()
+        ch = Channel()
         req.sink = ch
         self._channels.add(ch)
         self._streams += 1
@@ -313,11 +246,7 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         """What a run manifest records about this engine."""
-        ahead = (
-            bool(getattr(self.executor, "launches_async", False))
-            if self.executor.measured
-            else self.async_scheduling
-        )
+        ahead = self._schedules_ahead()
         return {**self._describe, **self.executor.describe(), "async_scheduling": ahead}
 
     # -- the loop -----------------------------------------------------------------------------
@@ -342,186 +271,187 @@ class Engine:
                 handle.cancel()
 
     async def _loop(self) -> None:
+        """The one step loop: schedule -> execute -> update from the output -> hand out.
+
+        Every step is launched (`_launch`: a priced executor prices it, a measured one queues
+        it on its device in a worker thread), applied to the scheduler (`Scheduler.update`
+        with the priced outcome, or `Scheduler.advance` before a measured step's tokens are
+        known, filled in when it is collected; a priced step without async scheduling when it
+        ends) and handed out when it ends (`_complete`: its tokens, finishes and trace
+        record). Async scheduling is the loop's depth: with it (2)
+        the next step is scheduled and launched before the one in flight is handed out;
+        without it (1) a step is scheduled once the previous one has ended. The simulator's
+        decode windows are the one fast path (`_fast_forward`, agentab.engine.window).
+        """
         loop = asyncio.get_running_loop()
-        if self.executor.measured:
-            await self._loop_measured(loop)
-            return
-        virtual = is_virtual(loop)
-        sched = self.scheduler
-        sched.collect_timelines()
-        if self.async_scheduling:
-            await self._loop_ahead(loop, virtual)
-            return
-        # Real clock: while busy, a step starts when the previous one was priced to end, so the
-        # host's time between steps (streaming, timer lateness) does not stretch every step;
-        # a host later than one step starts afresh instead of compressing the steps after it.
-        prev_end, prev_s = None, 0.0
-        while True:
-            if self._aborts:
-                self._apply_aborts()
-            if not sched.has_work():
-                prev_end = None
-                await self._wait(loop, None)
-                continue
-            t0 = loop.time()
-            if prev_end is not None and 0.0 <= t0 - prev_end < prev_s:
-                t0 = prev_end
-            if virtual and self.fast_forward:
-                window = sched.plan_window(self.max_window_steps)
-                if window is not None:
-                    await self._run_window(loop, window, t0)
-                    continue
-            plan = sched.schedule()
-            if plan.total_tokens == 0:
-                await asyncio.sleep(0)  # everything was preempted: the next step re-admits
-                continue
-            output = self.executor.execute(plan)
-            end = t0 + output.duration_s
-            if not virtual:
-                prev_end, prev_s = end, output.duration_s
-            delay = end - loop.time()
-            await asyncio.sleep(delay if delay > 0 else 0)
-            t = loop.time() if not virtual else max(loop.time(), end)
-            if self.step_observer is not None:
-                self._observe_step(plan, t0, t, self._step_rows(plan))
-            sched.log_times(np.array([t]))
-            reqs, counts, finished = sched.update(plan, output)
-            if self._streams:
-                for req, n in zip(reqs, counts, strict=True):
-                    ch = req.sink
-                    if type(ch) is _Channel:
-                        ch.items.append(TokenEvent(t, n, sched.output_ids(req, n)))
-                        ch.wake()
-            for req in finished:
-                self._finish(req)
-
-    async def _loop_measured(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The loop for a real model, with async scheduling (as vLLM's): while the device runs
-        step k, step k+1 is already scheduled and launched behind it, so the device does not
-        wait for the host between steps. Step k is applied (`Scheduler.advance`) before its
-        tokens are known, which is exact without speculative decoding (its token counts do not
-        depend on the values); its tokens are filled in and streamed when it is collected.
-        Launches run in one worker thread; scheduled ahead, collects run in another, so step k's
-        tokens go out when it is done, not after the host has launched step k+1."""
-        from concurrent.futures import ThreadPoolExecutor
-
         sched, ex = self.scheduler, self.executor
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentab-step")
-        worker = self._worker
-        if self._collector is None and ex.launches_async:  # collect k while k+1 is launched
-            self._collector = ThreadPoolExecutor(1, thread_name_prefix="agentab-collect")
-        collector = self._collector or worker
-        inflight: deque[tuple[StepPlan, Any, Any, float, list[Any]]] = deque()
-        # a device that runs launched work by itself gets the next step queued behind the
-        # current one; a CPU computes inside launch, so running ahead would only delay tokens
-        depth = 2 if ex.launches_async else 1
+        virtual = self._virtual = is_virtual(loop)
+        depth = 2 if self._schedules_ahead() else 1
+        if ex.measured:
+            self._start_threads(depth)
+        else:
+            sched.collect_timelines()
+            assert sched.log is not None
+            sched.log.until = -np.inf  # nothing handed out yet
+        windows = virtual and self.fast_forward and not ex.measured
+        inflight = self._inflight
         while True:
             if self._aborts:
                 self._apply_aborts()
             if sched.has_work() and len(inflight) < depth:
-                t0 = loop.time()
+                start = self._next_start(loop, virtual, depth)
+                # a window goes behind a step in flight whose end changes nothing but decode
+                # progress (a finish would bring the next turn)
+                if windows and (depth == 1 or (inflight and not inflight[-1].finished)):
+                    w = sched.plan_window(self.max_window_steps)
+                    if w is not None:
+                        await self._fast_forward(loop, w, start)
+                        continue
                 plan = sched.schedule()
                 if plan.total_tokens:
-                    inputs = sched.model_inputs(plan)
-                    launched = loop.run_in_executor(worker, ex.launch, plan, inputs)
-                    rows = self._step_rows(plan) if self.step_observer is not None else []
-                    inflight.append((plan, launched, sched.advance(plan), t0, rows))
+                    inflight.append(self._launch(loop, plan, start, virtual, depth))
                     continue
                 if not inflight:
                     await asyncio.sleep(0)  # everything was preempted: the next step re-admits
                     continue
             if inflight:
-                plan, launched, adv, t0, rows = inflight.popleft()
-                output = await loop.run_in_executor(collector, ex.collect, await launched)
-                t = loop.time()
-                if self.step_observer is not None:
-                    self._observe_step(plan, t0, t, rows)
-                sched.fill(adv, output.sampled)
-                for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
-                    ch = req.sink
-                    if ch is None or ch.done:  # type: ignore[attr-defined]
-                        continue
-                    if type(ch) is Timeline:
-                        ch.add_step(t, n)
-                    else:
-                        assert isinstance(ch, _Channel)
-                        ch.items.append(TokenEvent(t, n, req.tokens[at : at + n]))
-                        ch.wake()
-                for req in adv.finished:
-                    self._finish(req)
+                await self._complete(loop, inflight[0], depth)
+                inflight.popleft()
                 continue
+            self._prev_end = None
             await self._wait(loop, None)
 
-    async def _loop_ahead(self, loop: asyncio.AbstractEventLoop, virtual: bool) -> None:
-        """The priced loop with async scheduling, in `_loop_measured`'s order: while step k
-        (`ahead`) runs, step k+1 is scheduled and applied (`Scheduler.update` with the priced
-        outcome, which is known at once: the simulator's output ids are fixed at admission);
-        then step k is handed out at its end, aborts are applied, and step k+2 is scheduled.
-        Step k+1 starts when step k was priced to end (the device never waits for the host)."""
-        sched = self.scheduler
-        assert sched.log is not None
-        sched.log.until = -np.inf  # nothing handed out yet
-        ahead: _Applied | None = None
-        while True:
-            if self._aborts:
-                self._apply_aborts()
-            if sched.has_work():
-                now = loop.time()
-                start = now if ahead is None else max(ahead.end, now)
-                # a window goes behind a step in flight whose end changes nothing but decode
-                # progress (a finish would bring the next turn)
-                if virtual and self.fast_forward and ahead is not None and not ahead.finished:
-                    window = sched.plan_window(self.max_window_steps)
-                    if window is not None:
-                        ahead = await self._run_window_ahead(loop, window, ahead)
-                        continue
-                plan = sched.schedule()
-                if plan.total_tokens:
-                    step = self._apply_ahead(plan, start)
-                    if ahead is not None:
-                        await self._hand_out(loop, ahead)
-                    ahead = step
-                    continue
-                if ahead is None:
-                    await asyncio.sleep(0)  # everything was preempted: the next step re-admits
-                    continue
-            if ahead is not None:
-                await self._hand_out(loop, ahead)
-                ahead = None
-                continue
-            await self._wait(loop, None)
+    def _schedules_ahead(self) -> bool:
+        """Async scheduling: a measured executor whose launch returns before its work is done
+        (a device runs it by itself; a CPU computes inside launch, so running ahead would only
+        delay tokens), or a priced one whose profile says the engine schedules ahead."""
+        if self.executor.measured:
+            return self.executor.launches_async
+        return self.async_scheduling
 
-    def _apply_ahead(self, plan: StepPlan, start: float) -> _Applied:
-        """Price a step starting at `start` and apply it now; its tokens wait for its end."""
-        sched = self.scheduler
-        output = self.executor.execute(plan)
+    def _start_threads(self, depth: int) -> None:
+        """A measured executor's steps are launched in a worker thread; scheduled ahead, they
+        are collected in a second one, so step k's tokens go out when it is done, not after the
+        host has launched step k+1."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="agentab-step")
+        if self._collector is None and depth == 2:
+            self._collector = ThreadPoolExecutor(1, thread_name_prefix="agentab-collect")
+
+    def _next_start(self, loop: asyncio.AbstractEventLoop, virtual: bool, depth: int) -> float:
+        """When the next step starts: at the end of the step in flight (the device never waits
+        for the host) or now. On the real clock without async scheduling a host that is late by
+        less than one step starts it when the previous one was priced to end, so the host's
+        time between steps (streaming, timer lateness) does not stretch every step; a host
+        later than that starts afresh instead of compressing the steps after it."""
+        now = loop.time()
+        if self._inflight:
+            return max(self._inflight[-1].end, now)
+        prev = self._prev_end
+        if depth == 1 and prev is not None and 0.0 <= now - prev < self._prev_s:
+            return prev
+        return now
+
+    def _launch(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        plan: StepPlan,
+        start: float,
+        virtual: bool,
+        depth: int,
+    ) -> _Step:
+        """Execute a step. A measured step and, with async scheduling, a priced one are applied
+        to the scheduler now (the next step is scheduled from that state); a priced step
+        without it is applied when it ends, so what is read of the engine meanwhile (its
+        metrics) is the state before it, as on the engine it models."""
+        sched, ex = self.scheduler, self.executor
+        if ex.measured:
+            rows = self._step_rows(plan) if self.step_observer is not None else []
+            inputs = sched.model_inputs(plan)
+            launched = loop.run_in_executor(self._worker, ex.launch, plan, inputs)
+            adv = sched.advance(plan)
+            return _Step(start, start, adv.finished, [], (plan, rows), launched, adv)
+        output = ex.execute(plan)
         end = start + output.duration_s
+        if depth == 2:
+            return self._apply(plan, output, start, end)
+        if not virtual:
+            self._prev_end, self._prev_s = end, output.duration_s
+        return _Step(start, end, [], [], None, pending=(plan, output))
+
+    def _apply(self, plan: StepPlan, output: StepOutput, start: float, end: float) -> _Step:
+        """Apply a priced step ending at `end` (update_from_output); its events wait for it."""
+        sched = self.scheduler
         record = None
         if self.step_observer is not None:
-            record = self._record_fields(plan, self._step_rows(plan))
+            record = (plan, self._step_rows(plan))
         sched.log_times(np.array([end]))
         reqs, counts, finished = sched.update(plan, output)
-        events = []
+        events: list[tuple[Channel, int, np.ndarray | None]] = []
         if self._streams:
             for req, n in zip(reqs, counts, strict=True):
                 ch = req.sink
-                if type(ch) is _Channel:
+                if type(ch) is Channel:
                     events.append((ch, n, sched.output_ids(req, n)))
-        return _Applied(start, end, finished, events, record)
+        return _Step(start, end, finished, events, record)
 
-    async def _hand_out(self, loop: asyncio.AbstractEventLoop, step: _Applied) -> None:
-        """At the step's end (now, if that has passed): its events, trace record, finishes.
-        Events carry the time the step was priced to end, as its collected chunks do."""
+    async def _complete(self, loop: asyncio.AbstractEventLoop, step: _Step, depth: int) -> None:
+        """Wait for a step's end and hand out what it produced."""
+        if step.launched is not None:
+            await self._collect(loop, step)
+            return
         delay = step.end - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay > 0 or depth == 1:  # (without a step ahead the loop yields between steps)
+            await asyncio.sleep(delay if delay > 0 else 0)
+        if step.pending is not None:  # applied now: on the real clock, at the time it ended
+            plan, output = step.pending
+            t = max(loop.time(), step.end) if self._virtual else loop.time()
+            step = self._apply(plan, output, step.start, t)
+        self._hand_out(step)
+
+    async def _collect(self, loop: asyncio.AbstractEventLoop, step: _Step) -> None:
+        """A measured step: wait for the device, write the sampled tokens, stream them."""
+        assert step.launched is not None and step.adv is not None and step.record is not None
+        ex = self.executor
+        output = await loop.run_in_executor(
+            self._collector or self._worker, ex.collect, await step.launched
+        )
+        t = loop.time()
+        plan, rows = step.record
+        if self.step_observer is not None:
+            self._emit_record(step.start, t - step.start, *self._record_fields(plan, rows))
+        adv = step.adv
+        if output.sampled is None:
+            raise AgentabError("a measured executor's step returned no sampled tokens")
+        self.scheduler.fill(adv, output.sampled)
+        for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
+            ch = req.sink
+            if ch is None or ch.done:  # type: ignore[attr-defined]
+                continue
+            if type(ch) is Timeline:
+                ch.add_step(t, n)
+            else:
+                assert isinstance(ch, Channel)
+                ch.items.append(TokenEvent(t, n, req.tokens[at : at + n]))
+                ch.wake()
+        for req in adv.finished:
+            self._finish(req)
+
+    def _hand_out(self, step: _Step) -> None:
+        """At a priced step's end: its events, trace record and finishes. Events carry the
+        time the step was priced to end, as its collected chunks do."""
         t = step.end
         log = self.scheduler.log
         assert log is not None
         log.until = t
         if step.record is not None:
-            self._emit_record(step.start, t - step.start, *step.record)
+            plan, rows = step.record
+            if plan is None:  # a window's last step (its fields are in rows)
+                self._emit_record(step.start, t - step.start, *rows)
+            else:
+                self._emit_record(step.start, t - step.start, *self._record_fields(plan, rows))
         for ch, n, ids in step.events:
             if not ch.done:  # aborted while the step ran
                 ch.items.append(TokenEvent(t, n, ids))
@@ -529,9 +459,21 @@ class Engine:
         for req in step.finished:
             self._finish(req)
 
+    # -- the fast path: decode windows (agentab.engine.window) --------------------------------
+    async def _fast_forward(
+        self, loop: asyncio.AbstractEventLoop, w: WindowPlan, t0: float
+    ) -> None:
+        """Run a window of decode steps instead of stepping: behind the step in flight with
+        async scheduling, else from `t0`. Both give the steps and times stepping gives."""
+        if self._inflight:
+            ahead = self._inflight.popleft()
+            self._inflight.append(await self._run_window_ahead(loop, w, ahead))
+        else:
+            await self._run_window(loop, w, t0)
+
     async def _run_window_ahead(
-        self, loop: asyncio.AbstractEventLoop, w: WindowPlan, ahead: _Applied
-    ) -> _Applied:
+        self, loop: asyncio.AbstractEventLoop, w: WindowPlan, ahead: _Step
+    ) -> _Step:
         """A window of decode steps behind the step in flight (`ahead`), with async scheduling.
 
         Window step j+1 is scheduled when step j-1 ends (`ahead` ends as step -1), so a request
@@ -547,12 +489,12 @@ class Engine:
         await self._wait(loop, ahead.end)  # the step in flight is handed out at its end
         handed = self._wakes == wakes  # nothing arrived before it ended
         if handed:
-            await self._hand_out(loop, ahead)
+            self._hand_out(ahead)
             if n > 1 and self._wakes == wakes:
                 await self._wait(loop, float(scheduled_at[-1]))
         m = min(int(np.searchsorted(scheduled_at, loop.time(), side="left")) + 1, n)
         if not handed:
-            await self._hand_out(loop, ahead)
+            await self._complete(loop, ahead, 2)
         resume = float(scheduled_at[m - 1])
         delay = resume - loop.time()
         if delay > 0:
@@ -566,7 +508,7 @@ class Engine:
         if self.step_observer is not None:
             self._observe_window(w, rows, starts[: m - 1], times[: m - 1])
         sched.log.until = times[m - 2] if m > 1 else ahead.end  # type: ignore[union-attr]
-        last: list[tuple[_Channel, int, np.ndarray]] = []
+        last: list[tuple[Channel, int, np.ndarray | None]] = []
         if self._streams:
             for ch, events in self._window_events(w, m, times, reqs):
                 if events and events[-1].t == times[-1]:  # the step in flight: handed out later
@@ -577,8 +519,10 @@ class Engine:
                     ch.wake()
         record = None
         if self.step_observer is not None:
-            record = (w.path, 0, w.q * len(rows), w.num_running, w.num_waiting, [], rows)
-        return _Applied(starts[-1], times[-1], finished, last, record)
+            fields: tuple[Any, ...] = (w.path, 0, w.q * len(rows), w.num_running, w.num_waiting)
+            fields += ([], rows)
+            record = (None, fields)
+        return _Step(starts[-1], times[-1], finished, last, record)
 
     async def _run_window(self, loop: asyncio.AbstractEventLoop, w: WindowPlan, t0: float) -> None:
         ends = t0 + np.cumsum(self.executor.window_seconds(w))
@@ -598,6 +542,8 @@ class Engine:
         sched = self.scheduler
         sched.log_times(step_ends)
         reqs, finished = sched.commit_window(w, m)
+        assert sched.log is not None
+        sched.log.until = float(step_ends[-1])
         if self._streams:
             for ch, events in self._window_events(w, m, step_ends.tolist(), reqs):
                 ch.items.extend(events)
@@ -606,8 +552,8 @@ class Engine:
             self._finish(req)
 
     def _window_events(
-        self, w: WindowPlan, m: int, times: list[float], reqs: list[Req]
-    ) -> list[tuple[_Channel, list[TokenEvent]]]:
+        self, w: WindowPlan, m: int, times: list[float], reqs: list[Request]
+    ) -> list[tuple[Channel, list[TokenEvent]]]:
         """A committed window's token events for the requests streamed through `generate`."""
         output_ids = self.scheduler.output_ids
         # without drafts every row emits one token per step of a window
@@ -615,7 +561,7 @@ class Engine:
         out = []
         for req, col in zip(reqs, cols, strict=True):
             ch = req.sink
-            if type(ch) is not _Channel:
+            if type(ch) is not Channel:
                 continue
             ids = output_ids(req, sum(col))
             at = 0
@@ -627,9 +573,9 @@ class Engine:
             out.append((ch, events))
         return out
 
-    def _finish(self, req: Req, undelivered: int = 0) -> None:
+    def _finish(self, req: Request, undelivered: int = 0, reason: str | None = None) -> None:
         """End a request's stream; `undelivered`: tokens of steps applied ahead that it will
-        not get (it was aborted while they ran)."""
+        not get (it was aborted while they ran); `reason`: the finish reason, if not its own."""
         ch = req.sink
         if ch is None:
             return
@@ -637,7 +583,7 @@ class Engine:
             prompt_tokens=req.prompt_len,
             completion_tokens=req.num_output - undelivered,
             cached_tokens=max(req.cached_tokens, 0),
-            finish_reason=req.finish_reason or "length",
+            finish_reason=reason or req.finish_reason or "length",
         )
         if type(ch) is Timeline:
             ch.done = True
@@ -645,7 +591,7 @@ class Engine:
             if not ch.finished.done():
                 ch.finished.set_result(usage)
             return
-        assert isinstance(ch, _Channel)
+        assert isinstance(ch, Channel)
         ch.done = True
         ch.items.append(usage)
         ch.wake()
@@ -660,7 +606,7 @@ class Engine:
             if req is not None:
                 self._finish(req, undelivered)
 
-    def _undelivered(self, req: Req) -> int:
+    def _undelivered(self, req: Request) -> int:
         """Tokens a request emitted in priced steps applied ahead of their end (async
         scheduling): its collected chunks leave them out, and so does its usage if aborted."""
         log = self.scheduler.log
@@ -677,9 +623,6 @@ class Engine:
             {"id": slot_req[s].id, "tokens": n, "cached_tokens": max(slot_req[s].cached_tokens, 0)}  # type: ignore[union-attr]
             for s, n in zip(plan.slots.tolist(), plan.num_sched.tolist(), strict=True)
         ]
-
-    def _observe_step(self, plan: StepPlan, t0: float, t: float, rows: list[Any]) -> None:
-        self._emit_record(t0, t - t0, *self._record_fields(plan, rows))
 
     @staticmethod
     def _record_fields(plan: StepPlan, rows: list[Any]) -> tuple[Any, ...]:

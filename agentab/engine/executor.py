@@ -7,7 +7,7 @@ scheduler updates its requests from that output only. Two kinds exist:
 - `measured = True` (a real model, `agentab.engine.local`): the step runs on the device and
   returns the measured duration and the sampled tokens; the engine launches and collects it in
   a worker thread so the server keeps streaming while the device works, and on a GPU launches
-  the next step before collecting this one (async scheduling, `Engine._loop_measured`).
+  the next step before collecting this one (async scheduling, `launches_async`).
 
 SimExecutor prices a step from a HardwareProfile.
 
@@ -23,32 +23,62 @@ added to every step that has a decoding row when speculative decoding is on.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from agentab.engine.noise import StepNoise
-from agentab.engine.outputs import StepInputs, StepOutput
+from agentab.engine.outputs import StepInputs, StepOutput, StepPlan, WindowPlan, synthetic_outcome
 from agentab.engine.profile import HardwareProfile
-from agentab.engine.scheduler import StepPlan, WindowPlan, synthetic_outcome
 from agentab.engine.spec_decode import SpecConfig
 
 
 class Executor(Protocol):
-    """Runs scheduled steps (see the module docstring for `measured` and `needs_inputs`)."""
+    """Everything the engine calls on an executor (agentab.engine.core).
 
-    measured: bool  # True: execute() does real work and measures it
-    needs_inputs: bool  # True: execute() needs the step's StepInputs (a real model)
+    A step is `launch`ed and later `collect`ed: a measured executor queues the step's work on
+    its device in `launch` and waits for it in `collect` (the engine runs both in worker
+    threads); a priced one knows the outcome at once, so `launch` returns it and `collect` hands
+    it back. `execute` is the two in one.
+    """
 
-    def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput: ...
+    # True: steps do real work and their durations are measured (a model on a device); False:
+    # steps are priced by a cost model and the engine sleeps for the price on its clock
+    measured: bool
+    # True: launch() needs the step's StepInputs (tokens, positions, block tables)
+    needs_inputs: bool
+    # True: launch() returns before the work is done, so the engine schedules the next step
+    # while this one runs (async scheduling of a measured executor)
+    launches_async: bool
 
-    # A measured executor also splits execute into launch (queue the work; returns a handle)
-    # and collect (wait for it; the StepOutput), and says whether launch returns before the
-    # work is done (`launches_async`), which lets the engine schedule one step ahead.
+    def launch(self, plan: StepPlan, inputs: StepInputs | None = None) -> Any:
+        """Start the step; returns a handle for `collect`."""
+        ...
 
-    def describe(self) -> dict[str, Any]: ...
+    def collect(self, launched: Any) -> StepOutput:
+        """The outcome of a launched step (waits for its work)."""
+        ...
 
-    def metrics(self) -> dict[str, float]: ...
+    def execute(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput:
+        """Launch and collect one step."""
+        ...
+
+    def window_seconds(self, w: WindowPlan) -> np.ndarray:
+        """Each step's duration in a window of pure-decode steps (the simulator's fast path,
+        agentab.engine.window); a measured executor, which runs steps, raises."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What a run manifest records about the executor."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Its counters, under Prometheus names."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (another process, a device); called once, at the engine's stop."""
+        ...
 
 
 class SimExecutor:
@@ -56,6 +86,7 @@ class SimExecutor:
 
     measured = False
     needs_inputs = False
+    launches_async = False
 
     def __init__(
         self,
@@ -100,11 +131,21 @@ class SimExecutor:
             seconds *= self.noise.one()
         return synthetic_outcome(plan, self.spec, seconds)
 
+    def launch(self, plan: StepPlan, inputs: StepInputs | None = None) -> StepOutput:
+        """The priced outcome (known at once)."""
+        return self.execute(plan, inputs)
+
+    def collect(self, launched: StepOutput) -> StepOutput:
+        return launched
+
     def describe(self) -> dict[str, Any]:
         return {}
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    def close(self) -> None:
+        return None
 
     def step_seconds(self, plan: StepPlan) -> float:
         if plan.total_tokens == 0:
@@ -137,3 +178,7 @@ class SimExecutor:
         if self.noise is not None:
             seconds = seconds * self.noise.many(len(seconds))
         return seconds
+
+
+if TYPE_CHECKING:  # mypy checks that the simulator's executor is one
+    _SIM_IS_AN_EXECUTOR: type[Executor] = SimExecutor

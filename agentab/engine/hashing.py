@@ -152,29 +152,15 @@ class PrefixHashes:
             return chain_hashes_raw(prompt, bs)
         tag = prompt[:bs].tobytes()
         same, base = self._shared_blocks(prompt, n_full, tag, prefix)
-        if compiled.ENABLED:
-            keys = np.empty(n_full, dtype=np.uint64)
-            raw = np.empty(n_full, dtype=np.uint64)
-            prev = np.uint64(0)
-            if same:
-                assert base is not None
-                keys[:same] = base[0][:same]
-                raw[:same] = base[1][:same]
-                prev = raw[same - 1]
-            compiled.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
-        elif same == 0:
-            keys, raw = chain_hashes_raw(prompt, bs)
-        else:
+        keys = np.empty(n_full, dtype=np.uint64)
+        raw = np.empty(n_full, dtype=np.uint64)
+        prev = np.uint64(0)
+        if same:
             assert base is not None
-            old_keys, old_raw = base
-            if same == n_full:
-                keys, raw = old_keys[:same], old_raw[:same]
-            else:
-                rest, rest_raw = chain_hashes_raw(
-                    prompt[same * bs : n_full * bs], bs, same, int(old_raw[same - 1])
-                )
-                keys = np.concatenate([old_keys[:same], rest])
-                raw = np.concatenate([old_raw[:same], rest_raw])
+            keys[:same] = base[0][:same]
+            raw[:same] = base[1][:same]
+            prev = raw[same - 1]
+        compiled.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
         # the caller's prompt may change after this call; `keep` will not
         tokens = keep[: n_full * bs] if keep is not None else prompt[: n_full * bs].copy()
         _remember(self._memo, tag, (tokens, keys, raw), self.max_entries)
@@ -195,11 +181,7 @@ class PrefixHashes:
             return 0, None
         old_tokens, old_keys, old_raw = entry
         n = min(len(old_keys), n_full) * self.block_size
-        if compiled.ENABLED:
-            same = compiled.first_diff(old_tokens, prompt, n) // self.block_size
-        else:
-            diff = np.flatnonzero(old_tokens[:n] != prompt[:n])
-            same = (int(diff[0]) if len(diff) else n) // self.block_size
+        same = int(compiled.first_diff(old_tokens, prompt, n)) // self.block_size
         return same, (old_keys, old_raw)
 
 
@@ -237,6 +219,22 @@ def output_ids_from_seed(seed: int, n: int, vocab_size: int = 32000) -> np.ndarr
     with np.errstate(over="ignore"):
         z = mix64(pos + np.uint64(seed))
     return (z % np.uint64(vocab_size - 1)).astype(np.int64) + 1
+
+
+def synthetic_output_keys(
+    tokens: np.ndarray, prompt_len: int, keys: np.ndarray, raw: int, bs: int, vocab_size: int
+) -> tuple[np.ndarray, int]:
+    """Fill tokens[prompt_len:] with the synthetic output ids of the prompt tokens[:prompt_len]
+    (whose full blocks' keys are `keys`, raw value `raw` after them) and hash the blocks after
+    the prompt's full ones; returns every full block's keys and the raw value after them."""
+    n_full = prompt_len // bs
+    compiled.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab_size)
+    total = len(tokens) // bs
+    out = np.empty(total, dtype=np.uint64)
+    out[:n_full] = keys
+    raws = np.empty(total - n_full, dtype=np.uint64)
+    last = compiled.chain_into(tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws)
+    return out, int(last)
 
 
 def synthetic_output_ids(

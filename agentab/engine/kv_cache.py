@@ -13,15 +13,17 @@ blocks is one append. When the tail reaches the buffer's end the live entries ar
 front in order (stale entries are never taken, so when this happens changes nothing else);
 the buffer holds 3x the block count, so that costs about one pass per entry appended.
 
-The hash -> block map is an open-addressing table in numpy arrays (linear probing), so looking
-up a 256k-token prompt's 16k block keys is a few vectorized passes, not 16k dict lookups. A
+The hash -> block map is an open-addressing table in numpy arrays (linear probing), probed by
+one compiled loop (agentab.engine.compiled) that stops at a prompt's first miss, not 16k dict
+lookups for a 256k-token prompt. A
 slot's key and block id sit side by side in one (size, 2) array (`_tkey`, `_tblk` are its
 columns): a probe of a table much larger than the CPU caches then costs one cache miss, not
 two. Entries are never deleted on
 eviction: an entry is live only while its block still holds its key, and dead slots are reused
 by insertion; the table is rebuilt from the live blocks when a quarter of its slots have been
-used (linear probing clusters: a sparse table keeps the longest probe chain, hence the number of
-vectorized passes, short).
+used (linear probing clusters: a sparse table keeps the longest probe chain short). Each
+operation's loop is a kernel in agentab.engine.compiled, the one implementation (plain Python
+without numba; tests/engine/test_compiled.py checks the two give the same pool).
 """
 
 from __future__ import annotations
@@ -69,35 +71,10 @@ class BlockPool:
         n = len(hashes)
         if n == 0:
             return np.zeros(0, dtype=np.int64)
-        if compiled.ENABLED:
-            keys = np.ascontiguousarray(hashes, dtype=np.uint64)
-            out = np.empty(n, dtype=np.int64)
-            hit = compiled.lookup_into(keys, out, self._tkey, self._tblk, self.hash, self._mask)
-            return out[:hit]
-        found = self._find(np.ascontiguousarray(hashes, dtype=np.uint64))
-        ok = found >= 0
-        if ok.all():
-            return found
-        return found[: int(np.argmin(ok))]
-
-    def _find(self, keys: np.ndarray) -> np.ndarray:
-        """Live block holding each key, or -1."""
-        res = np.full(len(keys), -1, dtype=np.int64)
-        idx = np.arange(len(keys))
-        pos = (keys & self._mask).astype(np.int64)
-        q = keys
-        tkey, tblk, held, mask = self._tkey, self._tblk, self.hash, int(self._mask)
-        while len(idx):
-            k = tkey[pos]
-            b = tblk[pos]
-            empty = k == 0
-            hit = (k == q) & (held[b] == q) & ~empty
-            if hit.any():
-                res[idx[hit]] = b[hit]
-            go = ~(hit | empty)
-            idx, q = idx[go], q[go]
-            pos = (pos[go] + 1) & mask
-        return res
+        keys = np.ascontiguousarray(hashes, dtype=np.uint64)
+        out = np.empty(n, dtype=np.int64)
+        hit = compiled.lookup_into(keys, out, self._tkey, self._tblk, self.hash, self._mask)
+        return out[:hit]
 
     def register(self, ids: np.ndarray, hashes: np.ndarray) -> None:
         """Mark full, computed blocks as holding these prefix hashes (cacheable from now on)."""
@@ -119,45 +96,24 @@ class BlockPool:
             self._insert(live.astype(np.int64), self.hash[live])
 
     def _insert(self, ids: np.ndarray, keys: np.ndarray) -> None:
-        """Vectorized linear-probing insert; contested slots are resolved by writing and
-        reading back (numpy keeps the last write), the losers probe on."""
-        if compiled.ENABLED:
-            self._used += compiled.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
-            return
-        tkey, tblk, held, mask = self._tkey, self._tblk, self.hash, int(self._mask)
-        pos = (keys & self._mask).astype(np.int64)
-        while len(keys):
-            k = tkey[pos]
-            # a slot is free if never used, dead (its block no longer holds its key), or ours
-            free = (k == 0) | (held[tblk[pos]] != k) | (k == keys)
-            cp = pos[free]
-            tkey[cp] = keys[free]
-            tblk[cp] = ids[free]
-            won = free & (tblk[pos] == ids)
-            self._used += int(np.count_nonzero(won & (k == 0)))
-            rest = ~won
-            pos = (pos + ~free)[rest] & mask
-            ids, keys = ids[rest], keys[rest]
+        """Linear-probing insert in rounds (compiled.insert): a slot is free if never used,
+        dead (its block no longer holds its key) or holding the same key; of the keys that
+        contest one slot in a round the last write stays, the others probe on."""
+        self._used += compiled.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
 
     # -- reference counts -----------------------------------------------------------------
     def num_free_among(self, ids: np.ndarray) -> int:
         """How many of these (cached) blocks sit in the free queue (they count as free space)."""
         if len(ids) == 0:
             return 0
-        if compiled.ENABLED:
-            return compiled.count_free(ids, self.ref)
-        return int(np.count_nonzero(self.ref[ids] == 0))
+        return int(compiled.count_free(ids, self.ref))
 
     def touch(self, ids: np.ndarray) -> None:
         """Take a reference on hit blocks, which are distinct (those that were free leave the
         free queue)."""
         if len(ids) == 0:
             return
-        if compiled.ENABLED:
-            self.num_free -= compiled.touch(ids, self.ref)
-            return
-        self.num_free -= int(np.count_nonzero(self.ref[ids] == 0))
-        self.ref[ids] += 1
+        self.num_free -= int(compiled.touch(ids, self.ref))
 
     def allocate(self, n: int) -> np.ndarray:
         """Take `n` blocks from the head of the free queue, evicting their cached hashes."""
@@ -166,33 +122,14 @@ class BlockPool:
         if n == 0:
             return np.zeros(0, dtype=np.int64)
         tail = self._head + self._entries
-        if compiled.ENABLED:
-            out = np.empty(n, dtype=np.int64)
-            got, head = compiled.take_live(
-                self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, n, out, 0
-            )
-            assert got == n
-            self._entries -= head - self._head
-            self._head = head
-            return self._hand_out(out)
-        taken: list[np.ndarray] = []
-        need = n
-        while need:
-            window = max(4 * need, 1024)
-            lo, hi = self._head, min(self._head + window, tail)
-            seg = self._qids[lo:hi]
-            live = (self.ref[seg] == 0) & (self.gen[seg] == self._qgens[lo:hi])
-            pos = np.flatnonzero(live)
-            if len(pos) >= need:
-                pos = pos[:need]
-                consumed = int(pos[-1]) + 1
-            else:
-                consumed = len(seg)
-            taken.append(seg[pos])
-            need -= len(pos)
-            self._head += consumed
-            self._entries -= consumed
-        return self._hand_out(np.concatenate(taken) if len(taken) > 1 else taken[0])
+        out = np.empty(n, dtype=np.int64)
+        got, head = compiled.take_live(
+            self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, n, out, 0
+        )
+        assert got == n
+        self._entries -= head - self._head
+        self._head = head
+        return self._hand_out(out)
 
     def _hand_out(self, out: np.ndarray) -> np.ndarray:
         """Allocated blocks: their cached hashes evicted, one reference each."""
@@ -213,18 +150,9 @@ class BlockPool:
         if self._head + self._entries + len(ids) > len(self._qids):
             self._compact()
         tail = self._head + self._entries
-        if compiled.ENABLED:
-            added = compiled.release(
-                ids, self.ref, self.gen, self._next_gen, self._qids, self._qgens, tail
-            )
-        else:
-            self.ref[ids] -= 1
-            zero = ids[self.ref[ids] == 0]
-            added = len(zero)
-            gens = np.arange(self._next_gen, self._next_gen + added, dtype=np.int64)
-            self.gen[zero] = gens
-            self._qids[tail : tail + added] = zero
-            self._qgens[tail : tail + added] = gens
+        added = int(
+            compiled.release(ids, self.ref, self.gen, self._next_gen, self._qids, self._qgens, tail)
+        )
         self._next_gen += added
         self._entries += added
         self.num_free += added
@@ -232,14 +160,7 @@ class BlockPool:
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""
         lo, hi = self._head, self._head + self._entries
-        if compiled.ENABLED:
-            kept = compiled.compact(self._qids, self._qgens, lo, hi, self.ref, self.gen)
-        else:
-            ids, gens = self._qids[lo:hi], self._qgens[lo:hi]
-            live = (self.ref[ids] == 0) & (self.gen[ids] == gens)
-            kept = int(np.count_nonzero(live))
-            self._qids[:kept] = ids[live]
-            self._qgens[:kept] = gens[live]
+        kept = int(compiled.compact(self._qids, self._qgens, lo, hi, self.ref, self.gen))
         self._head = 0
         self._entries = kept
 

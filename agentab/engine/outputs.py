@@ -1,17 +1,97 @@
 """What crosses the seam between the scheduler and an executor, in both directions.
 
-The scheduler decides what a step runs (`scheduler.StepPlan`); an executor runs it and says what
-came out (`StepOutput`); the scheduler then updates its requests from that output alone
-(`Scheduler.update`), as vLLM's `update_from_output` does. An executor that runs a real model
-also needs the step's tokens, positions and KV block tables (`StepInputs`), which the scheduler
-builds on request, so the simulator pays nothing for them.
+The scheduler decides what a step runs (`StepPlan`, vLLM's `SchedulerOutput`); an executor runs
+it and says what came out (`StepOutput`); the scheduler then updates its requests from that
+output alone (`Scheduler.update`, vLLM's `update_from_output`) and says what that did
+(`Advance`). An executor that runs a real model also needs the step's tokens, positions and KV
+block tables (`StepInputs`), which the scheduler builds on request, so the simulator pays
+nothing for them. `WindowPlan` is the simulator's fast path: many pure-decode steps of the
+same rows planned at once (agentab.engine.window).
+
+Speculative decoding uses the same types: a decoding row scheduled for 1 + k tokens verifies
+`StepPlan.drafts[i]` draft tokens; the executor reports how many it accepted
+(`StepOutput.accepted[i]`) and, for a real model, the 1 + accepted tokens it sampled
+(`StepOutput.sampled[i, :1 + accepted]`); the scheduler rolls back the rejected drafts' KV.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from agentab.engine.spec_decode import SpecConfig
+
+if TYPE_CHECKING:
+    from agentab.engine.request import Request
+
+
+@dataclass
+class StepPlan:
+    """What one step runs: rows (slots) in schedule order and their token counts."""
+
+    slots: np.ndarray
+    num_sched: np.ndarray
+    computed_before: np.ndarray
+    is_decode: np.ndarray
+    drafts: np.ndarray  # draft tokens each decoding row verifies (0: a plain decode row)
+    keys: np.ndarray  # rows' request keys (a synthetic acceptance draws from them)
+    spec_index: np.ndarray  # rows' verify-step counters
+    path: str
+    total_tokens: int
+    padded_tokens: int
+    preempted: list[str]
+    num_running: int
+    num_waiting: int
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return int(self.num_sched[~self.is_decode].sum())
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return int(self.num_sched[self.is_decode].sum())
+
+    @property
+    def decode_context_tokens(self) -> int:
+        """Context tokens the decode rows attend to (their KV read this step)."""
+        d = self.is_decode
+        return int((self.computed_before[d] + self.num_sched[d]).sum())
+
+
+@dataclass
+class WindowPlan:
+    """`num_steps` pure-decode steps of the same rows, priced at once (agentab.engine.window)."""
+
+    slots: np.ndarray
+    q: int
+    path: str
+    padded_tokens: int
+    emitted: np.ndarray  # (steps, rows) tokens emitted per step, capped at max_tokens
+    accepted: np.ndarray  # (steps, rows) drafts accepted
+    context: np.ndarray  # (steps,) context tokens read per step (sum over rows)
+    computed0: np.ndarray  # (rows,) computed tokens at the window start
+    cum_uncapped: np.ndarray  # (steps, rows) inclusive cumulative emitted before capping
+    num_running: int
+    num_waiting: int
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.emitted.shape[0])
+
+
+@dataclass
+class Advance:
+    """What applying one step did: the requests that emit tokens (how many each, where in
+    their token buffers, from which row of the step) and the requests that finished."""
+
+    reqs: list[Request]
+    counts: list[int]
+    finished: list[Request]
+    starts: list[int]
+    rows: list[int]
+    step: int = 0  # its number among the steps advanced ahead of their tokens (0: not one)
 
 
 @dataclass
@@ -98,3 +178,13 @@ def flat_layout(
     positions = np.arange(int(starts[-1]), dtype=np.int64) - starts[row_of] + computed[row_of]
     slots = block_tables[row_of, positions // block_size] * block_size + positions % block_size
     return starts, positions, slots
+
+
+def synthetic_outcome(plan: StepPlan, spec: SpecConfig, duration_s: float) -> StepOutput:
+    """The simulator's outcome of a step: drafts accepted by the synthetic acceptance model
+    (drawn per request and verify step, so independent of batching), no sampled tokens (the
+    output ids were fixed at admission)."""
+    accepted = None
+    if spec.enabled and plan.is_decode.any():
+        accepted = spec.accepted(plan.keys, plan.spec_index, plan.drafts)
+    return StepOutput(duration_s=duration_s, accepted=accepted)

@@ -49,8 +49,7 @@ class SpecConfig:
             )
         if has_len:
             a = self.acceptance_length
-            ok = isinstance(a, int | float) and not isinstance(a, bool)
-            if not ok or not 1 <= a <= k + 1:
+            if isinstance(a, bool) or not isinstance(a, int | float) or not 1 <= a <= k + 1:
                 raise AgentabError(f"acceptance_length: {a!r} must be a number in [1, {k + 1}]")
         else:
             p = self.acceptance_probs or ()

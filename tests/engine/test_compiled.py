@@ -1,8 +1,10 @@
-"""The compiled kernels (agentab.engine.compiled) against the numpy code they stand in for.
+"""The compiled kernels (agentab.engine.compiled): compiled against their plain-Python run, and
+against the numpy code of the same arithmetic where there is one.
 
-Without numba installed the kernels run as plain Python, so these comparisons hold either way;
-the simulation test runs the numpy path (AGENTAB_NUMBA=0) and the default path in subprocesses
-and compares every record byte for byte.
+The block pool's operations run on two pools, one with the compiled kernels and one with their
+Python functions (`tests.engine.kernels.plain_python`, what runs without numba); the simulation
+test runs a whole simulation with AGENTAB_NUMBA=0 and with numba in subprocesses and compares
+every record byte for byte.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from agentab.engine.kv_cache import BlockPool
 from agentab.replay.records import scan_metrics, scan_records
 from agentab.workloads.generator import generate, load_config
 from agentab.workloads.native import dump_native
+from tests.engine.kernels import plain_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,16 +37,19 @@ def _state(pool: BlockPool) -> tuple:
 
 
 def _both(monkeypatch, pools: tuple[BlockPool, BlockPool], op: str, *args):
-    """Run `op` on the numpy pool and on the kernel pool; both results."""
-    out = []
-    for pool, on in zip(pools, (False, True), strict=True):
-        monkeypatch.setattr(compiled, "ENABLED", on)
-        out.append(getattr(pool, op)(*[a.copy() if isinstance(a, np.ndarray) else a for a in args]))
+    """Run `op` on the compiled pool and on the plain-Python one; both results."""
+
+    def call(pool: BlockPool):
+        return getattr(pool, op)(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+
+    out = [call(pools[0])]
+    with plain_python(monkeypatch):
+        out.append(call(pools[1]))
     return out
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_pool_kernels_leave_the_same_state_as_numpy(monkeypatch, seed: int) -> None:
+def test_pool_kernels_leave_the_same_state_compiled_and_plain(monkeypatch, seed: int) -> None:
     """Allocation, registration (duplicate keys, keys of evicted blocks, table rebuilds),
     lookups and frees give the same ids, and the same queue and table, step by step."""
     rng = np.random.default_rng(seed)
@@ -98,7 +104,7 @@ def test_block_table_kernels_match_the_ragged_numpy_updates() -> None:
 
 
 def test_a_simulation_without_numba_gives_the_same_records(tmp_path: Path) -> None:
-    """The numpy path (AGENTAB_NUMBA=0) and the default path, under KV-cache pressure with
+    """Plain-Python kernels (AGENTAB_NUMBA=0) and the default path, under KV-cache pressure with
     preemptions and drafts (every kernel runs), write identical records."""
     workload = tmp_path / "w.jsonl"
     dump_native(generate(load_config("agentx-coding"), 24, 3), workload)

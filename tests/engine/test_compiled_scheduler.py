@@ -1,13 +1,17 @@
-"""The scheduler's compiled paths (agentab.engine.compiled) against its numpy code, op by op.
+"""The scheduler's kernels (agentab.engine.compiled) compiled against the same functions run as
+plain Python, op by op.
 
-Two schedulers receive the same random stream of requests, steps, decode windows and aborts,
-one with the compiled kernels (`compiled.ENABLED`), one without; after every operation their
-plans, their per-slot arrays, their block pools and emission logs must be equal. Without numba
-the kernels run as plain Python, so the comparison holds either way. The hashing kernels are
+The scheduler has one implementation of each step phase: a kernel in agentab.engine.compiled,
+compiled by numba. The same random stream of requests, steps, decode windows and aborts runs
+through a scheduler with the compiled kernels and through one whose kernels are their plain
+Python functions (`py_func`, what runs without numba); after every operation their plans,
+per-slot arrays, block pools and emission logs must be equal. The hashing kernels are
 compared with the numpy functions they stand in for.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -21,6 +25,7 @@ from agentab.engine.hashing import (
 )
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
+from tests.engine.kernels import KERNELS, plain_python
 
 SLOT_ARRAYS = ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached", "nhashed")
 SLOT_ARRAYS += ("spec_idx", "keys", "in_decode", "block_table", "hash_table")
@@ -29,7 +34,7 @@ POOL_SCALARS = ("_head", "_entries", "num_free", "evictions", "_used", "_next_ge
 
 
 def _state(s: Scheduler) -> tuple:
-    slots = tuple(getattr(s, name).tobytes() for name in SLOT_ARRAYS)
+    slots = tuple(getattr(s.state, name).tobytes() for name in SLOT_ARRAYS)
     pool = tuple(getattr(s.pool, name).tobytes() for name in POOL_ARRAYS)
     scalars = tuple(getattr(s.pool, name) for name in POOL_SCALARS)
     log = s.log
@@ -38,7 +43,15 @@ def _state(s: Scheduler) -> tuple:
     emissions = (log.base, log.n, log.times[:used].tobytes(), log.counts[:used].tobytes())
     waiting = [r.id for r in s.waiting]
     reqs = sorted(
-        (r.id, r.slot, r.num_output, r.cached_tokens, r.num_preemptions, r.tokens.tobytes())
+        (
+            r.id,
+            r.status,
+            r.slot,
+            r.num_output,
+            r.cached_tokens,
+            r.num_preemptions,
+            r.tokens.tobytes(),
+        )
         for r in s.requests.values()
     )
     return (slots, pool, scalars, emissions, s.run.tolist(), waiting, reqs, s.counters)
@@ -103,44 +116,57 @@ def _window(s: Scheduler, steps: int, frac: float, t: float) -> tuple | None:
     return _plan_fields(w), m, s.commit_window(w, m)
 
 
-@pytest.mark.parametrize("case", ["pressure", "drafts", "specialized"])
-@pytest.mark.parametrize("seed", range(3))
-def test_compiled_scheduler_matches_numpy_op_by_op(monkeypatch, case: str, seed: int) -> None:
+def _run_ops(case: str, seed: int) -> list[tuple]:
+    """A random stream of operations on one scheduler: each one's result and the state after."""
     rng = np.random.default_rng(seed)
-    pair = (Scheduler(_config(case)), Scheduler(_config(case)))
-    for s in pair:
-        s.collect_timelines()
+    s = Scheduler(_config(case))
+    s.collect_timelines()
     # conversations: a new turn extends an earlier prompt (prefix hits, hash reuse)
     contexts = [rng.integers(1, 500, size=int(rng.integers(5, 30))) for _ in range(4)]
-    t, n_req, preemptions = 0.0, 0, 0
+    t, n_req = 0.0, 0
+    trace = []
     for _ in range(500):
         action = int(rng.integers(10))
-        if action < 2 and len(pair[0].requests) < 9:
+        call: Callable[[], object]
+        if action < 2 and len(s.requests) < 9:
             c = int(rng.integers(len(contexts)))
             grown = rng.integers(1, 500, size=int(rng.integers(1, 12)))
             contexts[c] = np.concatenate([contexts[c], grown])[:60]
             args = (f"r{n_req}", contexts[c].copy(), int(rng.integers(1, 40)))
             n_req += 1
-            op, call = "add", lambda s, a=args: s.add(*a)
-        elif action == 2 and pair[0].requests:
-            rid = sorted(pair[0].requests)[int(rng.integers(len(pair[0].requests)))]
-            op, call = "abort", lambda s, r=rid: s.abort(r)
+            op, call = "add", lambda a=args: s.add(*a)
+        elif action == 2 and s.requests:
+            rid = sorted(s.requests)[int(rng.integers(len(s.requests)))]
+            op, call = "abort", lambda r=rid: s.abort(r)
         elif action < 6:
             t += 0.01
-            op, call = "step", lambda s, t=t: _step(s, t)
+            op, call = "step", lambda t=t: _step(s, t)
         else:
             steps, frac = int(rng.integers(2, 9)), float(rng.random())
-            op, call = "window", lambda s, a=(steps, frac, t): _window(s, *a)
-        results = []
-        for s, on in zip(pair, (False, True), strict=True):
-            monkeypatch.setattr(compiled, "ENABLED", on)
-            results.append(_outcome(call(s)))
-        assert results[0] == results[1], op
-        assert _state(pair[0]) == _state(pair[1]), op
-        preemptions = int(pair[0].counters["num_preemptions"])
-    assert n_req > 50
+            op, call = "window", lambda a=(steps, frac, t): _window(s, *a)
+        trace.append((op, _outcome(call()), _state(s)))
+    return trace
+
+
+@pytest.mark.parametrize("case", ["pressure", "drafts", "specialized"])
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_kernels_match_their_plain_python_op_by_op(
+    monkeypatch, case: str, seed: int
+) -> None:
+    fast = _run_ops(case, seed)
+    with plain_python(monkeypatch):
+        plain = _run_ops(case, seed)
+    assert len(fast) == len(plain)
+    for a, b in zip(fast, plain, strict=True):
+        assert a == b, a[0]
+    assert sum(op == "add" for op, _, _ in fast) > 50
     if case == "pressure":
-        assert preemptions > 0  # the pressure path ran
+        assert fast[-1][2][-1]["num_preemptions"] > 0  # the pressure path ran
+
+
+@pytest.mark.skipif(not compiled.ENABLED, reason="numba not in use")
+def test_every_kernel_is_compiled() -> None:
+    assert len(KERNELS) >= 20
 
 
 def test_hash_kernels_match_the_numpy_functions() -> None:
@@ -172,15 +198,19 @@ def test_hash_kernels_match_the_numpy_functions() -> None:
 
 
 def test_prefix_hashes_reuse_matches_hashing_from_scratch(monkeypatch) -> None:
-    """Both paths of PrefixHashes give chain_hashes_raw's keys for prompts that share,
-    extend or part from a remembered one."""
+    """PrefixHashes gives chain_hashes_raw's keys for prompts that share, extend or part from
+    a remembered one, compiled and as plain Python."""
     rng = np.random.default_rng(3)
     base = rng.integers(1, 32000, size=200)
     prompts = [base[:100], base[:180], np.concatenate([base[:50], [7, 7, 7]]), base[:16], base]
-    for on in (False, True):
-        monkeypatch.setattr(compiled, "ENABLED", on)
+
+    def check() -> None:
         memo = PrefixHashes(16)
         for p in prompts:
             keys, raws = memo.hashes(p, keep=p.astype(np.int64))
             want_keys, want_raws = chain_hashes_raw(p, 16)
             assert keys.tolist() == want_keys.tolist() and raws.tolist() == want_raws.tolist()
+
+    check()
+    with plain_python(monkeypatch):
+        check()

@@ -58,8 +58,8 @@ def test_chunked_prefill_of_a_long_prompt():
         sched, emitted, _, _ = step(s)
         assert sched == {"L": chunk}
         assert emitted == ({"L": 1} if i == 2 else {})  # a token only when the prompt is done
-        assert s.nblocks[req.slot] == held  # ceil(computed / 4)
-        assert s.ncached[req.slot] == cached  # floor(computed / 4) full blocks
+        assert s.state.nblocks[req.slot] == held  # ceil(computed / 4)
+        assert s.state.ncached[req.slot] == cached  # floor(computed / 4) full blocks
     assert step(s)[:2] == ({"L": 1}, {"L": 1})
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -34,8 +34,8 @@ from agentab.engine.local.forward import (
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
 from agentab.engine.local.tensor_parallel import TPGroup
-from agentab.engine.outputs import StepInputs, StepOutput
-from agentab.engine.scheduler import StepPlan
+from agentab.engine.outputs import StepInputs, StepOutput, StepPlan, WindowPlan
+from agentab.errors import AgentabError
 
 _HOST_RING = 3  # pinned buffers for sampled ids: more than the steps ever in flight (2)
 
@@ -139,7 +139,12 @@ class TorchExecutor:
                 events = (timed, torch.cuda.Event(enable_timing=True), torch.cuda.Event())
             graphs = self.graphs.get(plan.path)
             size = graphs.size_for(n) if graphs is not None else None
-            if self.cuda and size is not None and bool(plan.is_decode.all()):
+            if (
+                graphs is not None
+                and events is not None
+                and size is not None
+                and bool(plan.is_decode.all())
+            ):  # (events exist on the GPU alone)
                 graphs.load(inputs, size)
                 events[0].record()
                 ids = graphs.replay(size)[:n]  # the graph also writes last_sampled
@@ -205,6 +210,10 @@ class TorchExecutor:
                 c["decode_device_idle_seconds"] += out.idle_s
         self._last_end = end
 
+    def window_seconds(self, w: WindowPlan) -> np.ndarray:
+        """Never called: a window is priced, and this executor runs its steps one by one."""
+        raise AgentabError("the local engine runs steps one at a time; windows are priced")
+
     def close(self) -> None:
         """Stop the other ranks (rank 0) and leave the process group."""
         if not (self.tp.active and self.tp.rank == 0):
@@ -250,3 +259,9 @@ class TorchExecutor:
             "agentab:decode_device_idle_seconds_total": c["decode_device_idle_seconds"],
             "agentab:host_launch_seconds_total": c["host_launch_seconds"],
         }
+
+
+if TYPE_CHECKING:  # mypy checks that the local engine's executor is one
+    from agentab.engine.executor import Executor
+
+    _TORCH_IS_AN_EXECUTOR: type[Executor] = TorchExecutor

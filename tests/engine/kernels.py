@@ -1,0 +1,27 @@
+"""Running agentab.engine.compiled's kernels as plain Python, for tests that compare the two.
+
+Each kernel is one implementation: numba compiles it, and without numba the same function runs
+as Python. `plain_python` swaps every compiled kernel for its Python function (`py_func`) for
+the duration of a `with` block, so one test can run the same operations both ways.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from agentab.engine import compiled
+
+KERNELS = [name for name, fn in vars(compiled).items() if hasattr(fn, "py_func")]
+
+
+@contextmanager
+def plain_python(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    with monkeypatch.context() as m, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # numpy scalars' wrapping uint64 math
+        for name in KERNELS:
+            m.setattr(compiled, name, getattr(compiled, name).py_func)
+        yield

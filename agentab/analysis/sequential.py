@@ -94,7 +94,9 @@ def block_estimate(a: RunSummary, b: RunSummary, metric: Metric = HEADLINE) -> B
 
 
 def half_width(
-    log_ratios: Sequence[float], confidence: float, precision: float = MIXTURE_PRECISION
+    log_ratios: Sequence[float] | np.ndarray,
+    confidence: float,
+    precision: float = MIXTURE_PRECISION,
 ) -> float:
     """Half-width of the confidence sequence for the mean log ratio after these blocks (inf
     while too few blocks fix the scale); see the module docstring for the formula."""

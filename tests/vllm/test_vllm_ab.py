@@ -212,7 +212,8 @@ def test_tp2_on_one_gpu_is_refused_before_anything_starts(tmp_path: Path) -> Non
     result = run_cli("ab", str(exp), "-o", str(out), timeout=60)
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == (
-        "agentab: error: vllm launch: tensor_parallel_size 2 x pipeline_parallel_size 1 = 2 "
+        f"agentab: error: {exp}:15: vllm launch: tensor_parallel_size 2 x "
+        "pipeline_parallel_size 1 = 2 "
         "GPUs, but the experiment's gpus give 1 (0); they must be equal"
     )
     assert not marker.exists()

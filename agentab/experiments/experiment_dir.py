@@ -15,10 +15,10 @@ from pathlib import Path
 
 import orjson
 
-from agentab.analysis.load import MANIFEST
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import Experiment
 from agentab.replay.options import new_prompt_salt
+from agentab.rundir import MANIFEST
 
 COPY = "experiment.toml"
 SALT_FILE = "prompt_salt"

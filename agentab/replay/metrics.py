@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentab.replay.records import PartWriter
+from agentab.rundir import PartWriter
 
 Sample = tuple[str, dict[str, str], float]
 

@@ -20,7 +20,7 @@ import pytest
 
 from agentab.engine import loops_numba
 from agentab.engine.kv_cache import BlockPool
-from agentab.replay.records import scan_metrics, scan_records
+from agentab.rundir import scan_metrics, scan_records
 from agentab.workloads.generator import generate, load_config
 from agentab.workloads.native import dump_native
 from tests.engine.kernels import plain_python

@@ -327,7 +327,7 @@ def comparison_html(
     )
     headline = headline_line(comparison)
     body.append(f'<p class="headline">{md_inline(headline)}</p>')
-    rows = metric_rows(comparison, [m.name for m in METRICS])
+    rows = metric_rows(comparison, [m.name for m in METRICS])  # goodput added when set
     body.append(html_table(TABLE_HEADER, rows))
     server = server_rows(comparison)
     if server:

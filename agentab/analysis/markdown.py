@@ -15,6 +15,7 @@ from typing import Any
 from agentab.analysis.caveats import simulator_caveats
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
+from agentab.analysis.sample import GOODPUT
 from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, SPREAD_KEYS, STAT_KEYS, RunSummary
 
@@ -62,6 +63,12 @@ DEFINITIONS = (
     "'better'/'worse' when the CI excludes 1, 'equivalent' when it lies within the equivalence "
     "margin, else 'no significant difference'; 'could detect' is the smallest change the "
     "comparison finds with 80% power.",
+)
+GOODPUT_DEFINITION = (
+    "- **goodput** (with service-level objectives, `--slo`): successful requests within every "
+    "limit set (TTFT, ITL_i, E2E) per second of the profiling window, as vLLM bench serve's "
+    "`--goodput` and AIPerf count it; **SLO attainment** is their share of all profiling "
+    "requests. Both count every request of the window, matched or not."
 )
 
 
@@ -160,6 +167,11 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         f"{comparison.seed}, {100 * comparison.confidence:.0f}% CI.",
     ]
     lines.append(f"- {interval_method(comparison)}")
+    if comparison.slo is not None:
+        lines.append(
+            f"- Service-level objectives: {comparison.slo.describe()} per request; goodput counts "
+            "the successful requests that met all of them (per second of the profiling window)."
+        )
     if comparison.matching is not None:
         lines.append(f"- Paired design: {comparison.matching.describe()}.")
     manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
@@ -224,10 +236,16 @@ def headline_line(comparison: Comparison) -> str:
     )
 
 
+def table_metrics(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) -> list[str]:
+    """The rows a report prints: `names`, then goodput when the comparison has objectives."""
+    return [*names, *(m.name for m in GOODPUT if m.name in comparison.metrics)]
+
+
 def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) -> list[list[str]]:
-    """Table cells per metric: label, better-when, A, B, ratio, CI, verdict, run spreads."""
+    """Table cells per metric: label, better-when, A, B, ratio, CI, verdict, run spreads (and
+    the goodput rows when the comparison has objectives)."""
     rows = []
-    for name in names:
+    for name in table_metrics(comparison, names):
         r = comparison.metrics[name]
         unit = r.metric.unit
         rows.append(
@@ -312,6 +330,8 @@ def comparison_markdown(
     if server:
         lines += ["", *markdown_table(["server metric", "A per run", "B per run"], server)]
     lines += ["", "Definitions:", *DEFINITIONS]
+    if comparison.slo is not None:
+        lines.append(GOODPUT_DEFINITION)
     return "\n".join(lines) + "\n"
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from agentab.analysis.bootstrap import batches, percentile_ci, resample_weights, work_per_row
+from agentab.analysis.breakdown import breakdowns
 from agentab.analysis.guard import (
     Difference,
     check,
@@ -145,6 +146,8 @@ class Comparison:
     matching: Matching | None = None  # paired design: the requests both arms completed
     equivalence_margin: float = DEFAULT_EQUIVALENCE_MARGIN
     slo: Slo | None = None  # the objectives goodput counts against (none: no goodput rows)
+    # per context-length and turn bucket, both arms over the latency metrics' requests
+    breakdowns: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -173,6 +176,7 @@ class Comparison:
                 "limits_s": self.slo.limits(),
             },
             "sample": {"a": self.size_a.to_json(), "b": self.size_b.to_json()},
+            "breakdowns": self.breakdowns,
             "verdict_withheld": self.withheld,
             "runs": {
                 "a": [str(s.run.path) for s in self.runs_a],
@@ -444,6 +448,10 @@ def compare_summaries(
         matching=None if matched is None else matched[2],
         equivalence_margin=equivalence_margin,
         slo=slo,
+        breakdowns=breakdowns(
+            matched[0] if matched else [s.requests for s in runs_a],
+            matched[1] if matched else [s.requests for s in runs_b],
+        ),
     )
 
 

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from agentab.analysis.breakdown import BREAKDOWNS
 from agentab.analysis.caveats import simulator_caveats
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
@@ -283,6 +284,50 @@ TABLE_HEADER = [
 ]
 
 
+BREAKDOWN_HEADER = [
+    "requests (A / B)",
+    "ITL p50 A",
+    "B",
+    "B/A",
+    "P90 interactivity A (tok/s/user)",
+    "B",
+    "B/A",
+    "TTFT p50 A",
+    "B",
+    "B/A",
+]
+
+
+def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Table cells of one breakdown (agentab.analysis.breakdown): bucket, counts, figures."""
+    out = []
+    for r in rows:
+        cells = [r["bucket"], f"{r['requests_a']:,} / {r['requests_b']:,}"]
+        for fig, unit in (
+            ("itl_p50_s", "s"),
+            ("p90_interactivity_tok_s", "tok/s/user"),
+            ("ttft_p50_s", "s"),
+        ):
+            cells += [fmt(r[f"{fig}_a"], unit), fmt(r[f"{fig}_b"], unit), _ratio(r[f"{fig}_ratio"])]
+        out.append(cells)
+    return out
+
+
+def breakdown_sections(comparison: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of each breakdown the comparison has."""
+    sections = []
+    for name, rows in comparison.breakdowns.items():
+        if not rows:
+            continue
+        _, what, _ = BREAKDOWNS[name]
+        title = (
+            f"By {what}: point estimates per bucket over the requests the latency metrics "
+            "compare (no interval or verdict per bucket: each holds a part of the sample)"
+        )
+        sections.append((title, [what, *BREAKDOWN_HEADER], breakdown_rows(rows)))
+    return sections
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
@@ -329,6 +374,8 @@ def comparison_markdown(
     server = server_rows(comparison)
     if server:
         lines += ["", *markdown_table(["server metric", "A per run", "B per run"], server)]
+    for title, head, rows in breakdown_sections(comparison):
+        lines += ["", f"{title}:", "", *markdown_table(head, rows)]
     lines += ["", "Definitions:", *DEFINITIONS]
     if comparison.slo is not None:
         lines.append(GOODPUT_DEFINITION)

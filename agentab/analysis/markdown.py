@@ -176,11 +176,30 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
     if comparison.matching is not None:
         lines.append(f"- Paired design: {comparison.matching.describe()}.")
     manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
+    drained = _drain_line(manifests)
+    if drained:
+        lines.append(f"- {drained}")
     lines += [f"- {line}" for line in simulator_caveats(manifests)]
     lines += [f"- {line}" for line in header]
     for note in comparison.notes:
         lines.append(f"- Not compared (differs by design): {note.describe()}.")
     return lines
+
+
+def _drain_line(manifests: Sequence[dict[str, Any]]) -> str:
+    """How many requests the drain cap cut, over the compared runs ('' when none)."""
+    runs = cut = 0
+    for m in manifests:
+        stats = m.get("stats")
+        if isinstance(stats, dict) and str(stats.get("message", "")).startswith("drain cap:"):
+            runs += 1
+            cut += int(stats.get("cancelled") or 0)
+    if not runs:
+        return ""
+    return (
+        f"Drain cap: {cut} request(s) in {runs} run(s) were still in flight when their run's "
+        "drain cap passed and were cut (recorded as cancelled, in no metric)."
+    )
 
 
 def interval_method(comparison: Comparison) -> str:

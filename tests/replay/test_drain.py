@@ -62,3 +62,22 @@ def test_a_trace_played_over_and_over_warns(tmp_path: Path) -> None:
     workload = generate(load_config("agentx-coding"), 1, 5)
     with pytest.warns(AgentabWarning, match=r"the trace's 1 session\(s\) were played \d+ times"):
         _run(tmp_path / "short", workload, duration_s=600.0, start_window=(0.0, 0.0))
+
+
+def test_the_ab_report_counts_the_cut_requests(tmp_path: Path) -> None:
+    from agentab.analysis.compare import compare_runs
+    from agentab.analysis.load import load_run
+    from agentab.analysis.markdown import comparison_markdown
+
+    workload = generate(load_config("agentx-coding"), 8, 5)
+    runs = []
+    for k in (0, 1):
+        path = tmp_path / f"run-{k}"
+        manifest, _ = _run(path, workload, duration_s=60.0, drain_s=0.25, seed=42 + k)
+        runs.append((load_run(path), manifest["stats"]["cancelled"]))
+    cut = sum(n for _, n in runs)
+    result = compare_runs([runs[0][0]], [runs[1][0]], resamples=100)
+    assert (
+        f"- Drain cap: {cut} request(s) in 2 run(s) were still in flight when their run's drain "
+        "cap passed and were cut (recorded as cancelled, in no metric)."
+    ) in comparison_markdown(result)

@@ -175,6 +175,9 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         )
     if comparison.matching is not None:
         lines.append(f"- Paired design: {comparison.matching.describe()}.")
+    few = _few_repeats_line(comparison)
+    if few:
+        lines.append(f"- {few}")
     manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
     drained = _drain_line(manifests)
     if drained:
@@ -184,6 +187,18 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
     for note in comparison.notes:
         lines.append(f"- Not compared (differs by design): {note.describe()}.")
     return lines
+
+
+def _few_repeats_line(comparison: Comparison) -> str:
+    """Why the intervals are wide when the repeats are two ('' otherwise): a t interval over
+    two repeat ratios has one degree of freedom, whose 97.5% quantile is 12.7."""
+    if comparison.repeat_pairing != "paired" or len(comparison.runs_a) != 2:
+        return ""
+    return (
+        "Two repeats per arm: the interval over the repeats has 1 degree of freedom (t quantile "
+        "12.7, against 4.3 with three repeats and 2.8 with five), so it is wide whatever the "
+        "runs show; run more repeats for a usable one."
+    )
 
 
 def _drain_line(manifests: Sequence[dict[str, Any]]) -> str:

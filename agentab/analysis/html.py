@@ -350,14 +350,20 @@ def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         + "</tr>"
         for row in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    # the wrapper scrolls a table wider than the page, so the page itself never does
+    return (
+        f'<div class="table-wrap"><table><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1200px; color: #222; }
 table { border-collapse: collapse; font-size: 13px; margin: 1em 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; white-space: nowrap; }
+th { white-space: normal; vertical-align: bottom; }
 td:first-child, th:first-child { text-align: left; white-space: normal; }
+.table-wrap { max-width: 100%; overflow-x: auto; }
 tbody tr:first-child { font-weight: bold; }
 td.better { color: #11702a; font-weight: bold; }
 td.worse { color: #b00020; font-weight: bold; }

@@ -37,6 +37,29 @@ def _chromium_args(chromium: str, profile: Path) -> list[str]:
     ]
 
 
+def overflow_px(chromium: str, page: Path, width: int, tmp: Path) -> int:
+    """How many pixels `page` is wider than a `width`-pixel window (0: no horizontal scroll).
+
+    A headless browser prints no layout, so a wrapper page loads the report in a frame of that
+    width and writes the frame's scroll overflow into its own title, which --dump-dom shows."""
+    wrapper = tmp / "overflow.html"
+    wrapper.write_text(
+        '<!DOCTYPE html><html><head><title>pending</title></head><body style="margin:0">'
+        f'<iframe id="f" src="{page.resolve().as_uri()}" '
+        f'style="width:{width}px;height:1500px;border:0"></iframe><script>'
+        "document.getElementById('f').onload = function () {"
+        " var d = this.contentDocument.documentElement;"
+        " document.title = 'overflow:' + (d.scrollWidth - d.clientWidth); };"
+        "</script></body></html>"
+    )
+    args = [*_chromium_args(chromium, tmp / "overflow-profile"), "--allow-file-access-from-files"]
+    command = [*args, "--dump-dom", wrapper.resolve().as_uri()]
+    dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r"<title>overflow:(-?\d+)</title>", dom)
+    assert found is not None, dom[:500]
+    return int(found.group(1))
+
+
 @pytest.fixture(scope="module")
 def report_html(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("html")
@@ -130,3 +153,10 @@ def test_the_histogram_shares_its_bins_and_normalises_each_arm(tmp_path: Path) -
     import numpy as np
 
     assert log_ticks(np.array([9.0, 31.0])) == [5.0, 10.0, 20.0, 50.0]
+
+
+@pytest.mark.chromium
+def test_report_fits_a_1280_pixel_window(
+    report_html: Path, chromium_path: str, tmp_path: Path
+) -> None:
+    assert overflow_px(chromium_path, report_html, 1280, tmp_path) == 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.analysis.test_html import _chromium_args
+from tests.analysis.test_html import _chromium_args, overflow_px
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sweep-gb300-tp16.toml"
 pytestmark = pytest.mark.slow
@@ -74,3 +74,5 @@ def test_the_example_report_renders_in_headless_chromium(
     assert "B/A of P90 interactivity per point" in dom
     assert "Share of decode steps served by the specialized path" in dom
     assert "<b>Recommendation</b>: latency_specialized raises P90 interactivity" in dom
+    # the point table is wide: it scrolls inside its own box, the page does not
+    assert overflow_px(chromium_path, page, 1280, tmp_path) == 0

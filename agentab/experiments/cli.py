@@ -66,6 +66,15 @@ import click
     "duration_s, which is the default.",
 )
 @click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="A [sweep] on the simulator: run N simulations at a time, one per process (default: "
+    "the cores this process may use). The run dirs are those one process writes. Real engines "
+    "always run one run at a time (their arms share the GPUs).",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Check the file and print the runs it calls for, without running them; with -o naming "
@@ -88,6 +97,7 @@ def ab(
     until_decided: bool,
     max_repeats: int | None,
     block_seconds: float | None,
+    workers: int | None,
     dry_run: bool,
     effect: float,
 ) -> None:
@@ -113,8 +123,10 @@ def ab(
             raise click.UsageError("--max-runs applies to an A/B without a [sweep] table")
         if until_decided:
             raise click.UsageError("--until-decided applies to an A/B without a [sweep] table")
-        _ab_sweep(experiment, out, progress, fail_if_worse)
+        _ab_sweep(experiment, out, progress, fail_if_worse, workers)
         return
+    if workers is not None:
+        raise click.UsageError("--workers applies to a [sweep] on the simulator")
     from agentab.analysis.compare import WORSE
     from agentab.experiments.ab import run_experiment
 
@@ -142,12 +154,22 @@ def ab(
         raise SystemExit(1)
 
 
-def _ab_sweep(experiment, out: Path | None, progress: bool, fail_if_worse: bool) -> None:
+def _ab_sweep(
+    experiment, out: Path | None, progress: bool, fail_if_worse: bool, workers: int | None
+) -> None:
+    from agentab.experiments.pool import default_workers
     from agentab.experiments.sweep import run_sweep
     from agentab.experiments.sweep_report import write_sweep_reports
 
     out = out if out is not None else Path("runs") / experiment.name
-    points = run_sweep(experiment, out, progress=progress)
+    if workers is None:
+        workers = default_workers(experiment)
+    elif workers > 1 and experiment.engine_kind != "simulator":
+        raise click.UsageError(
+            f"--workers {workers}: only simulated runs are spread over processes (the arms of "
+            f"a {experiment.engine_kind} engine share its GPUs and run one at a time)"
+        )
+    points = run_sweep(experiment, out, progress=progress and workers == 1, workers=workers)
     data, markdown = write_sweep_reports(experiment, points, out)
     click.echo(markdown, nl=False)
     worse = data["recommendation"]["worse_points"]

@@ -34,17 +34,17 @@ from agentab.analysis.compare import Comparison, compare_runs
 from agentab.analysis.guard import check, manifest_differences
 from agentab.analysis.load import Run, load_run
 from agentab.analysis.markdown import comparison_markdown
-from agentab.analysis.summary import SUMMARY_FILE, summarize_run, write_summary
+from agentab.analysis.summary import SUMMARY_FILE, write_summary
 from agentab.errors import AgentabError
-from agentab.experiments.ab import Log, check_before_running, load_workload, run_arm, stderr_line
+from agentab.experiments.ab import Log, check_before_running, load_workload, stderr_line
 from agentab.experiments.experiment import Experiment, Sweep
 from agentab.experiments.experiment_dir import (
     check_same_engine_code,
-    clear_unfinished,
     experiment_salt,
     is_complete,
     prepare_dir,
 )
+from agentab.experiments.pool import RunDone, RunTask, execute, run_in_pool
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,17 @@ def run_dir(out_dir: Path, sweep: Sweep, point: int | float, arm: str, repeat: i
 
 
 def run_sweep(
-    experiment: Experiment, out_dir: Path, *, progress: bool = False, log: Log = stderr_line
+    experiment: Experiment,
+    out_dir: Path,
+    *,
+    progress: bool = False,
+    log: Log = stderr_line,
+    workers: int = 1,
 ) -> list[SweepPoint]:
-    """Run every missing (point, repeat, arm), then guard and compare every point."""
+    """Run every missing (point, repeat, arm), then guard and compare every point.
+
+    `workers` > 1 (the simulator only): the runs go to that many processes
+    (agentab.experiments.pool); the run dirs are the same as one process writes."""
     sweep = experiment.sweep
     if sweep is None:
         raise AgentabError(f"{experiment.path}: no [sweep] table")
@@ -94,28 +102,32 @@ def run_sweep(
     else:
         log(f"agentab ab: {experiment.name}: {what} -> {out_dir}")
     salt = experiment_salt(out_dir)
-    for done, (point, repeat, arm) in enumerate(todo, start=1):
-        path = run_dir(out_dir, sweep, point, arm.name, repeat)
-        clear_unfinished(path)
-        t0 = time.monotonic()
-        run_arm(
-            experiment,
-            arm,
-            repeat,
-            workload,
-            path,
-            progress=progress,
-            point=point,
-            prompt_salt=salt,
-        )
-        summary = summarize_run(load_run(path))
-        write_summary(summary)
-        p90 = summary.values["p90_interactivity_tok_s"]
+    tasks = [
+        RunTask(run_dir(out_dir, sweep, point, arm.name, repeat), arm.name, repeat, point, salt)
+        for point, repeat, arm in todo
+    ]
+    count = iter(range(1, len(tasks) + 1))
+
+    def logged(done: RunDone) -> None:
+        t = done.task
+        p90 = done.p90_interactivity
         log(
-            f"  [{done}/{len(todo)}] {sweep.variable} {point:g} {arm.name} repeat {repeat + 1}: "
-            f"P90 interactivity {'–' if p90 is None else f'{p90:.1f}'} tok/s/user "
-            f"({time.monotonic() - t0:.1f} s)"
+            f"  [{next(count)}/{len(tasks)}] {sweep.variable} {t.point:g} {t.arm} repeat "
+            f"{t.repeat + 1}: P90 interactivity {'–' if p90 is None else f'{p90:.1f}'} "
+            f"tok/s/user ({done.seconds:.1f} s)"
         )
+
+    if workers > 1 and len(tasks) > 1:
+        if experiment.engine_kind != "simulator":
+            raise AgentabError(
+                f"--workers {workers}: only simulated runs are spread over processes (the arms "
+                f"of a {experiment.engine_kind} engine share its GPUs and run one at a time)"
+            )
+        log(f"agentab ab: {len(tasks)} runs on {min(workers, len(tasks))} processes")
+        run_in_pool(experiment, tasks, workers, logged)
+    else:
+        for task in tasks:
+            logged(execute(experiment, workload, task, progress=progress))
     points = analyse_sweep(experiment, out_dir)
     log(f"agentab ab: sweep done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
     return points

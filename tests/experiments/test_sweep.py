@@ -15,6 +15,7 @@ import pytest
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import load_experiment
 from agentab.experiments.experiment_dir import is_complete
+from agentab.rundir import scan_records
 
 SWEEP = """\
 name = "tiny-sweep"
@@ -80,7 +81,7 @@ def sweep(
     path = root / "sweep.toml"
     path.write_text(SWEEP)
     out = root / "out"
-    return path, out, agentab("ab", path, "-o", out)
+    return path, out, agentab("ab", path, "-o", out, "--workers", "1")  # one run at a time
 
 
 def test_every_point_runs_both_arms_interleaved_with_the_same_seeds(sweep) -> None:
@@ -145,7 +146,7 @@ def test_an_interrupted_sweep_completes_only_its_missing_runs(tmp_path: Path) ->
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentab", "ab", str(path), "-o", str(out)],
+        [sys.executable, "-m", "agentab", "ab", str(path), "-o", str(out), "--workers", "1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -271,3 +272,34 @@ def test_sweep_mistakes_are_one_line_naming_where(
     with pytest.raises(AgentabError) as exc:
         load_experiment(path)
     assert expected in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_two_workers_write_the_runs_one_process_writes(sweep, tmp_path: Path) -> None:
+    path, out, first = sweep
+    assert first.returncode == 0, first.stderr
+    (tmp_path / "out").mkdir()
+    # the same prompt salt as the one-process sweep, so both send the same prompts
+    (tmp_path / "out" / "prompt_salt").write_text((out / "prompt_salt").read_text())
+    (tmp_path / "out" / "experiment.toml").write_text((out / "experiment.toml").read_text())
+    result = agentab("ab", path, "-o", tmp_path / "out", "--workers", "2")
+    assert result.returncode == 0, result.stderr
+    assert "agentab ab: 8 runs on 2 processes" in result.stderr
+    for c, arm, k in RUNS:
+        run = f"concurrency-{c}/{arm}/run-{k}"
+        one = scan_records(out / run).collect().sort("request_id")
+        two = scan_records(tmp_path / "out" / run).collect().sort("request_id")
+        assert one.equals(two), run
+    points = [json.loads((d / "sweep.json").read_text())["points"] for d in (out, tmp_path / "out")]
+    for p in points:
+        for point in p:
+            for side in ("a", "b"):
+                point[side].pop("runs", None)
+    assert points[0] == points[1]
+
+
+def test_workers_apply_to_a_simulated_sweep_only(tmp_path: Path) -> None:
+    path = tmp_path / "ab.toml"
+    path.write_text(SWEEP.replace("[sweep]\nconcurrency = [8, 2]\n", ""))
+    result = agentab("ab", path, "-o", tmp_path / "out", "--workers", "2")
+    assert result.returncode == 2
+    assert "--workers applies to a [sweep] on the simulator" in result.stderr

@@ -65,6 +65,9 @@ def cli() -> None:
     agentab replays AgentX-style coding-agent traffic (long contexts, multi-turn sessions,
     pauses, subagents, prefix-cache reuse) against an engine, runs A/B comparisons that hold the
     GPU count fixed so only the decode path changes, and reports P90 per-user interactivity.
+
+    Output paths (-o/--out, --output, --html, --profile-out): missing parent folders are
+    created before a command starts its work; a path that cannot be written is refused then.
     """
 
 

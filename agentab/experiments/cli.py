@@ -7,17 +7,21 @@ from pathlib import Path
 
 import click
 
+from agentab.outputs import OutputPath, output_help
+
 
 @click.command()
 @click.argument("experiment_file", type=click.Path(path_type=Path))
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=OutputPath("dir"),
     default=None,
-    help="Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS; a sweep: runs/NAME, so that the "
-    "same command resumes it). A dir of the same experiment is resumed: only its missing runs "
-    "are run.",
+    help=output_help(
+        "Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS; a sweep: runs/NAME, so that the "
+        "same command resumes it). A dir of the same experiment is resumed: only its missing "
+        "runs are run; a dir another `agentab ab` is running in is refused."
+    ),
 )
 @click.option(
     "--progress/--no-progress",

@@ -102,6 +102,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:
+        # An optional dependency a command imports on its first line (`serve --engine local`
+        # and torch): the install command, not a traceback. Any other missing module is a bug.
+        from agentab.extras import EXTRA_OF, missing_message
+
+        name = (exc.name or "").split(".")[0]
+        if name not in EXTRA_OF:
+            raise
+        words = sys.argv[1:] if argv is None else argv
+        command = " ".join(["agentab", *words[:1]])
+        click.echo(f"agentab: error: {missing_message(name, command)}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

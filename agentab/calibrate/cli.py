@@ -11,6 +11,7 @@ import click
 from agentab.calibrate.load import DEFAULT_BATCHES
 from agentab.calibrate.write import ASSUMABLE
 from agentab.errors import AgentabError
+from agentab.extras import require
 from agentab.outputs import OutputPath, output_help
 
 
@@ -172,6 +173,7 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
     if kw["engine_kind"] == "local":
         if kw["url"] or kw["specialized_url"]:
             raise AgentabError("--engine local launches its own servers; drop --url")
+        require("torch", "--engine local (the local torch engine)")
         if kw["engine_config"] is not None:
             local = _engine_options(kw["engine_config"])
         elif not kw["preset"]:

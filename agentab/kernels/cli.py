@@ -19,10 +19,11 @@ from agentab.outputs import OutputPath, output_help
 
 
 def _need_cuda() -> None:
-    try:
-        import torch
-    except ImportError:
-        raise AgentabError("kernels: needs torch (pip install 'agentab[gpu]')") from None
+    from agentab.extras import require
+
+    require("torch", "agentab kernels", extra="gpu")
+    import torch
+
     if not torch.cuda.is_available():
         raise AgentabError("kernels: needs a CUDA GPU (none visible to torch)")
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentab.clock import is_virtual, run_real, run_virtual
 from agentab.errors import AgentabError, AgentabWarning
+from agentab.redact import has_credentials, redact_url
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
@@ -313,6 +314,11 @@ def replay_to_dir(
     """Replay against an OpenAI-compatible server at `url` on the real clock."""
     from agentab.replay.targets.http import HttpTarget, api_key_from_env
 
+    if api_key_env and has_credentials(url):
+        raise AgentabError(
+            f"--url {redact_url(url)}: carries credentials (user:password@) and --api-key-env "
+            f"{api_key_env} sends a key too; give the server one of them"
+        )
     target = HttpTarget(
         url,
         model=model,

@@ -15,6 +15,7 @@ import click
 
 from agentab import __version__
 from agentab.errors import AgentabError, AgentabWarning
+from agentab.redact import redact_text
 
 # command name -> "module:attribute"; the module is imported only when the command runs.
 COMMANDS: dict[str, str] = {
@@ -73,7 +74,7 @@ def cli() -> None:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]
     if issubclass(category, AgentabWarning):
-        click.echo(f"agentab: warning: {message}", err=True)
+        click.echo(f"agentab: warning: {redact_text(str(message))}", err=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
 
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="agentab", standalone_mode=False)
     except AgentabError as exc:
-        click.echo(f"agentab: error: {exc}", err=True)
+        # a server's URL in a message loses its credentials (a terminal's output is logged too)
+        click.echo(f"agentab: error: {redact_text(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("agentab: aborted", err=True)

@@ -84,7 +84,11 @@ def report(run_dir: Path, as_json: bool, allow_incomplete: bool) -> None:
     "--resamples", type=click.IntRange(min=100), default=DEFAULT_RESAMPLES, show_default=True
 )
 @click.option(
-    "--seed", type=int, default=42, show_default=True, help="Bootstrap seed (as `ab`'s default)."
+    "--seed",
+    type=click.IntRange(min=0),
+    default=42,
+    show_default=True,
+    help="Bootstrap seed (as `ab`'s default).",
 )
 @click.option(
     "--equivalence-margin",

@@ -282,7 +282,9 @@ DEFAULT_RUN_NOISE = 0.005
     help=f"Simulated pilot: per-run log sigma (default {DEFAULT_RUN_NOISE}).",
 )
 @click.option("--resamples", type=click.IntRange(min=200), default=2000, show_default=True)
-@click.option("--seed", type=int, default=42, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--seed", type=click.IntRange(min=0), default=42, show_default=True, help="Bootstrap seed."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(
     source: Path,

@@ -195,6 +195,10 @@ def load_experiment(path: str | Path) -> Experiment:
         raise AgentabError(f"{path}: no such experiment file") from None
     except UnicodeDecodeError as exc:
         raise AgentabError(f"{path}: not UTF-8 text (byte {exc.start}); TOML is UTF-8") from None
+    except IsADirectoryError:
+        raise AgentabError(f"{path}: is a folder, not an experiment file (.toml)") from None
+    except OSError as exc:
+        raise AgentabError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

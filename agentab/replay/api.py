@@ -149,6 +149,7 @@ def _backend_label(facts: dict[str, Any], extra: dict[str, Any] | None) -> dict[
     experiment declares; a server that contradicts the declared label is refused (two attach
     URLs swapped would otherwise report the specialized server as `auto`)."""
     declared = (extra or {}).get("decode_backend")
+    declared = getattr(declared, "value", declared)  # an experiment's arm gives the enum
     server = facts.get("server")
     if not isinstance(server, dict):
         server = {}

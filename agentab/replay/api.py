@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentab.clock import is_virtual, run_real, run_virtual
+from agentab.dir_lock import lock_dir, release_dir
 from agentab.errors import AgentabError, AgentabWarning
 from agentab.redact import has_credentials, redact_url
 from agentab.replay.eager import eager_tasks
@@ -69,9 +70,15 @@ def run_to_dir(
         plan = build_plan(workload, replay)
         if workload.num_requests() == 0:
             raise AgentabError(f"{workload.source or 'workload'}: no requests to replay")
-        run_dir = prepare_run_dir(out_dir)
-        coro = _run(workload, target, plan, run_dir, replay, manifest_extra, progress, label)
-        stats, _manifest = run_virtual(coro) if virtual else run_real(coro)
+        # one process per run dir, taken before its manifest is looked for: two replays into
+        # one dir would interleave their records
+        lock_dir(Path(out_dir), f"agentab {label}", "--out")
+        try:
+            run_dir = prepare_run_dir(out_dir)
+            coro = _run(workload, target, plan, run_dir, replay, manifest_extra, progress, label)
+            stats, _manifest = run_virtual(coro) if virtual else run_real(coro)
+        finally:
+            release_dir(Path(out_dir))
     _raise_if_failed(stats, replay, run_dir)
     return run_dir
 

@@ -39,14 +39,19 @@ sys.meta_path[:] = [Hide(f) for f in sys.meta_path]
 """
 
 
+def hiding(tmp_path: Path) -> Path:
+    """A folder holding the sitecustomize that hides modules, to put first on PYTHONPATH."""
+    site = tmp_path / "hide"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(HIDE)
+    return site
+
+
 def without(
     modules: str, tmp_path: Path, *args: str | Path, cwd: Path = REPO
 ) -> subprocess.CompletedProcess[str]:
     """`agentab ARGS` in a fresh interpreter where `modules` (comma-separated) are not found."""
-    site = tmp_path / "hide"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(HIDE)
-    path = os.pathsep.join([str(site), str(REPO), os.environ.get("PYTHONPATH", "")])
+    path = os.pathsep.join([str(hiding(tmp_path)), str(REPO), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path, "AGENTAB_TEST_HIDE": modules}
     return subprocess.run(
         [sys.executable, "-m", "agentab", *map(str, args)],
@@ -59,9 +64,7 @@ def without(
 
 
 def test_the_hiding_works(tmp_path: Path) -> None:
-    site = tmp_path / "hide"
-    without("torch", tmp_path, "--version")
-    env = {**os.environ, "PYTHONPATH": str(site), "AGENTAB_TEST_HIDE": "torch"}
+    env = {**os.environ, "PYTHONPATH": str(hiding(tmp_path)), "AGENTAB_TEST_HIDE": "torch"}
     probe = "import importlib.util as u; print(u.find_spec('torch'))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env)
     assert out.stdout == "None\n", out.stderr

@@ -46,7 +46,8 @@ def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
     if any(p.name != LOCK_NAME for p in out_dir.iterdir()):
         copied = out_dir / COPY
         try:
-            data = tomllib.loads(copied.read_text(encoding="utf-8"))
+            text = copied.read_text(encoding="utf-8")
+            data = tomllib.loads(text)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             raise AgentabError(
                 f"{out_dir}: exists and is not a dir of this experiment (no readable {COPY}); "
@@ -59,6 +60,8 @@ def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
                 f"{out_dir}: holds a different experiment ({copied} differs from "
                 f"{experiment.path}); resume only with the same file, or use -o NEW_DIR"
             )
+        if redact_text(text) != text:  # a copy written before copies were redacted
+            copied.write_text(redact_text(text), encoding="utf-8")
         return True
     write_copy(experiment, out_dir / COPY)
     return False

@@ -82,10 +82,13 @@ def test_no_copy_in_the_experiment_dir_holds_the_password(
     assert (out / "experiment.toml").read_text() == text.replace(f"alice:{SECRET}@", "<redacted>@")
     manifest = (out / "auto" / "run-1" / "manifest.json").read_text()
     assert f'"url": "{servers[0].replace("http://", "http://<redacted>@")}"' in manifest
-    # the redacted copy still names this experiment: the same command resumes it
+    # the redacted copy still names this experiment: the same command resumes it, and a copy
+    # that still held the password (written by an older agentab) is redacted then
+    (out / "experiment.toml").write_text(text)
     again = subprocess.run(ab(path, "-o", out), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "resuming" in again.stderr and "2 of 2 runs complete, 0 to run" in again.stderr
+    assert SECRET not in (out / "experiment.toml").read_text()
 
 
 def test_a_second_ab_on_a_dir_in_use_is_refused(servers: tuple[str, str], tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import click
 
 from agentab import __version__
 from agentab.errors import AgentabError, AgentabWarning
+from agentab.redact import redact_text
 
 # command name -> "module:attribute"; the module is imported only when the command runs.
 COMMANDS: dict[str, str] = {
@@ -65,12 +66,15 @@ def cli() -> None:
     agentab replays AgentX-style coding-agent traffic (long contexts, multi-turn sessions,
     pauses, subagents, prefix-cache reuse) against an engine, runs A/B comparisons that hold the
     GPU count fixed so only the decode path changes, and reports P90 per-user interactivity.
+
+    Output paths (-o/--out, --output, --html, --profile-out): missing parent folders are
+    created before a command starts its work; a path that cannot be written is refused then.
     """
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # type: ignore[no-untyped-def]
     if issubclass(category, AgentabWarning):
-        click.echo(f"agentab: warning: {message}", err=True)
+        click.echo(f"agentab: warning: {redact_text(str(message))}", err=True)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
 
@@ -84,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="agentab", standalone_mode=False)
     except AgentabError as exc:
-        click.echo(f"agentab: error: {exc}", err=True)
+        # a server's URL in a message loses its credentials (a terminal's output is logged too)
+        click.echo(f"agentab: error: {redact_text(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("agentab: aborted", err=True)
@@ -99,6 +104,18 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except ModuleNotFoundError as exc:
+        # An optional dependency a command imports on its first line (`serve --engine local`
+        # and torch): the install command, not a traceback. Any other missing module is a bug.
+        from agentab.extras import EXTRA_OF, missing_message
+
+        name = (exc.name or "").split(".")[0]
+        if name not in EXTRA_OF:
+            raise
+        words = sys.argv[1:] if argv is None else argv
+        command = " ".join(["agentab", *words[:1]])
+        click.echo(f"agentab: error: {missing_message(name, command)}", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import click
 import orjson
 
 from agentab.analysis.compare import DEFAULT_RESAMPLES
+from agentab.outputs import OutputPath, output_help
 
 ALLOW_INCOMPLETE = click.option(
     "--allow-incomplete",
@@ -27,7 +28,7 @@ ALLOW_DIFF = click.option(
 @click.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
-    "-o", "--out", type=click.Path(path_type=Path), required=True, help="The Parquet file."
+    "-o", "--out", type=OutputPath(), required=True, help=output_help("The Parquet file.")
 )
 @ALLOW_INCOMPLETE
 def export(run_dirs: tuple[Path, ...], out: Path, allow_incomplete: bool) -> None:
@@ -76,12 +77,18 @@ def report(run_dir: Path, as_json: bool, allow_incomplete: bool) -> None:
 @ALLOW_DIFF
 @ALLOW_INCOMPLETE
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of Markdown.")
-@click.option("--html", type=click.Path(path_type=Path), default=None, help="Also write this.")
+@click.option(
+    "--html", type=OutputPath(), default=None, help=output_help("Also write this HTML report.")
+)
 @click.option(
     "--resamples", type=click.IntRange(min=100), default=DEFAULT_RESAMPLES, show_default=True
 )
 @click.option(
-    "--seed", type=int, default=42, show_default=True, help="Bootstrap seed (as `ab`'s default)."
+    "--seed",
+    type=click.IntRange(min=0),
+    default=42,
+    show_default=True,
+    help="Bootstrap seed (as `ab`'s default).",
 )
 @click.option(
     "--equivalence-margin",

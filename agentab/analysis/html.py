@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import html
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from agentab.analysis.markdown import (
 from agentab.analysis.metrics import chunk_table
 from agentab.analysis.sample import METRICS
 from agentab.analysis.summary import RunSummary
+from agentab.errors import AgentabWarning
 
 COLORS = ("#1f77b4", "#e4572e")
 CDF_POINTS = 1000
@@ -300,7 +302,17 @@ def report_page(title: str, body: list[str], figures: Any, height: int) -> str:
             fig.update_layout(template="plotly_white", height=height, margin={"t": 60})
             body.append(fig.to_html(full_html=False, include_plotlyjs=False))
     else:
-        body.append("<p>Plots need plotly: <code>pip install 'agentab[report]'</code>.</p>")
+        from agentab.extras import install_command
+
+        command = install_command("report")
+        body.append(f"<p>Plots need plotly: <code>{html.escape(command, quote=False)}</code>.</p>")
+        warnings.warn(
+            AgentabWarning(
+                "the HTML report has no plots: plotly is not installed here; install it with: "
+                + command
+            ),
+            stacklevel=2,
+        )
     body.append("<h2>Definitions</h2><ul>")
     body += [f"<li>{md_inline(d[2:])}</li>" for d in DEFINITIONS]
     body.append("</ul>")

@@ -34,6 +34,7 @@ from agentab.calibrate.write import (
 from agentab.clock import run_real
 from agentab.engine.options import DecodeBackend
 from agentab.errors import AgentabError
+from agentab.redact import redact_url
 
 DEFAULT_MAX_MODEL_LEN = 4096  # the load's own cap when a server states none
 
@@ -90,7 +91,7 @@ def calibrate(
             req, path, f, one_prefill_step=timing == "engine" and f.engine_clock == "vllm"
         )
         echo(
-            f"agentab calibrate: {path} path on {f.engine} {f.version or ''} at {url} "
+            f"agentab calibrate: {path} path on {f.engine} {f.version or ''} at {redact_url(url)} "
             f"({timing} timing): {len(load.decode)} decode phases, "
             f"{len(load.prefill)} prefill requests, {len(load.mixed)} mixed phases"
         )

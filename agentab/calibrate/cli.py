@@ -11,6 +11,8 @@ import click
 from agentab.calibrate.load import DEFAULT_BATCHES
 from agentab.calibrate.write import ASSUMABLE
 from agentab.errors import AgentabError
+from agentab.extras import require
+from agentab.outputs import OutputPath, output_help
 
 
 def _ints(value: str, flag: str) -> tuple[int, ...]:
@@ -60,8 +62,10 @@ def _engine_options(path: Path) -> dict[str, Any]:
     "--out",
     "out",
     required=True,
-    type=click.Path(path_type=Path),
-    help="Profile to write (NAME.toml); the fit report goes beside it as NAME.fit.json.",
+    type=OutputPath(),
+    help=output_help(
+        "Profile to write (NAME.toml); the fit report goes beside it as NAME.fit.json."
+    ),
 )
 @click.option("--url", default=None, help="Server to time (running decode_backend auto).")
 @click.option(
@@ -169,6 +173,7 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
     if kw["engine_kind"] == "local":
         if kw["url"] or kw["specialized_url"]:
             raise AgentabError("--engine local launches its own servers; drop --url")
+        require("torch", "--engine local (the local torch engine)")
         if kw["engine_config"] is not None:
             local = _engine_options(kw["engine_config"])
         elif not kw["preset"]:
@@ -265,7 +270,14 @@ LIVE_ONLY = ("workload", "url", *REPLAY_OPTIONS, "fmt", "model", "b_url")
     show_default=True,
     help="What the B server runs (the simulator runs the same).",
 )
-@click.option("-o", "--out", "out_dir", required=True, type=click.Path(path_type=Path))
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    required=True,
+    type=OutputPath("dir"),
+    help=output_help("Folder for fidelity.json, fidelity.md and the run dirs."),
+)
 @click.option("--concurrency", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--passes", type=int, default=1, show_default=True, help="Sessions per lane.")
 @click.option("--max-requests", type=int, default=None, help="Stop after N requests.")

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from agentab.errors import AgentabError
+from agentab.redact import redact_value
 from agentab.replay.options import ReplayOptions
 from agentab.workloads.model import Workload
 
@@ -243,6 +244,7 @@ def _fmt(v: float | None) -> str:
 
 def write_result(out_dir: Path, result: dict[str, Any]) -> Path:
     path = out_dir / "fidelity.json"
+    result = redact_value(result)  # the servers' URLs, without their credentials
     path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     (out_dir / "fidelity.md").write_text(render_table(result) + "\n")
     return path

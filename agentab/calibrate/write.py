@@ -25,6 +25,7 @@ from agentab.calibrate.facts import EngineFacts
 from agentab.calibrate.fit import Coefficient, DecodeFit, Fit
 from agentab.engine.profile import parse_profile
 from agentab.errors import AgentabError
+from agentab.redact import redact_text
 
 # The latency_specialized path's limits (docs/engine.md, "Decode paths"): rules, not costs.
 SPECIALIZED_MAX_PADDED = 64
@@ -315,8 +316,10 @@ def write_report(profile_path: Path, report: dict[str, Any]) -> Path:
 
 
 def _write_whole(target: Path, data: bytes) -> None:
+    """Write `data` whole (a temporary name, then a rename), with the credentials of any URL in
+    it (the servers timed, the command line) redacted."""
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_bytes(data)
+    tmp.write_bytes(redact_text(data.decode()).encode())
     tmp.replace(target)
 
 

@@ -51,6 +51,7 @@ from agentab.experiments.experiment_dir import (
     is_complete,
     prepare_dir,
 )
+from agentab.extras import require
 from agentab.replay import replay_to_dir, simulate_to_dir
 
 Log = Callable[[str], None]
@@ -292,6 +293,9 @@ def check_before_running(experiment: Experiment, window_s: float | None = None) 
     for point in points:
         for repeat in range(experiment.repeats):
             replay_options(experiment, repeat, point, window_s=window_s)
+    if experiment.engine_kind == "local":
+        # each arm's server is this interpreter running `agentab serve --engine local`
+        require("torch", f'{experiment.path}: [engine] kind "local" (the local torch engine)')
     if experiment.engine_kind != "simulator":
         return
     from agentab.engine.profile import load_profile

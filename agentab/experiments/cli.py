@@ -7,17 +7,21 @@ from pathlib import Path
 
 import click
 
+from agentab.outputs import OutputPath, output_help
+
 
 @click.command()
 @click.argument("experiment_file", type=click.Path(path_type=Path))
 @click.option(
     "-o",
     "--out",
-    type=click.Path(path_type=Path),
+    type=OutputPath("dir"),
     default=None,
-    help="Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS; a sweep: runs/NAME, so that the "
-    "same command resumes it). A dir of the same experiment is resumed: only its missing runs "
-    "are run.",
+    help=output_help(
+        "Experiment dir (default: runs/NAME-YYYYmmdd-HHMMSS; a sweep: runs/NAME, so that the "
+        "same command resumes it). A dir of the same experiment is resumed: only its missing "
+        "runs are run; a dir another `agentab ab` is running in is refused."
+    ),
 )
 @click.option(
     "--progress/--no-progress",
@@ -300,7 +304,9 @@ DEFAULT_RUN_NOISE = 0.005
     help=f"Simulated pilot: per-run log sigma (default {DEFAULT_RUN_NOISE}).",
 )
 @click.option("--resamples", type=click.IntRange(min=200), default=2000, show_default=True)
-@click.option("--seed", type=int, default=42, show_default=True, help="Bootstrap seed.")
+@click.option(
+    "--seed", type=click.IntRange(min=0), default=42, show_default=True, help="Bootstrap seed."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(
     source: Path,

@@ -35,6 +35,7 @@ from agentab.engine.options import (
 )
 from agentab.engine.vllm.args import VllmLaunch
 from agentab.errors import AgentabError
+from agentab.redact import has_credentials
 
 ENGINE_KINDS = ("simulator", "http", "vllm", "local")
 # Set outside [engine]: each arm's decode backend, and the simulator's seed (the experiment's
@@ -194,6 +195,10 @@ def load_experiment(path: str | Path) -> Experiment:
         raise AgentabError(f"{path}: no such experiment file") from None
     except UnicodeDecodeError as exc:
         raise AgentabError(f"{path}: not UTF-8 text (byte {exc.start}); TOML is UTF-8") from None
+    except IsADirectoryError:
+        raise AgentabError(f"{path}: is a folder, not an experiment file (.toml)") from None
+    except OSError as exc:
+        raise AgentabError(f"{path}: cannot read ({exc.strerror or exc})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -253,6 +258,7 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
             f"(got {kind!r})"
         )
     arms = _arms(data.get("arms"), kind, gpu_count, where)
+    _check_one_credential(arms, engine.get("api_key_env"), where)
     attach = arms[0].url is not None
     options = _engine_options(kind, engine, where, attach=attach, gpus=list(ids) or gpu_count)
     if options is not None and not isinstance(options, VllmLaunch):
@@ -460,6 +466,21 @@ def _decode_engine(
         raise AgentabError(f"{where('engine')}: {exc}") from None
 
 
+def _toml_type(value: Any) -> str:
+    """How TOML calls the type of a parsed value, for errors."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a float"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "a date or time"
+
+
 def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm]:
     if not isinstance(arms, list) or len(arms) != 2:
         count = len(arms) if isinstance(arms, list) else 0
@@ -467,6 +488,11 @@ def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm
     parsed = []
     for i, arm in enumerate(arms):
         table = f"arms.{i}"
+        if not isinstance(arm, dict):
+            raise AgentabError(
+                f"{where('', 'arms')}: arm {i + 1} is {_toml_type(arm)}, not a table: write each "
+                "arm as an [[arms]] table (decode_backend = ...)"
+            )
         for key in arm:
             if key not in ARM_KEYS:
                 raise AgentabError(
@@ -508,3 +534,17 @@ def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm
             "experiment two names"
         )
     return parsed[0], parsed[1]
+
+
+def _check_one_credential(arms: tuple[Arm, Arm], api_key_env: Any, where: _Where) -> None:
+    """A URL's user:password and [engine] api_key_env both set the Authorization header: the
+    server would get one of them, so the file must choose."""
+    if not api_key_env:
+        return
+    for i, arm in enumerate(arms):
+        if arm.url is not None and has_credentials(arm.url):
+            raise AgentabError(
+                f"{where(f'arms.{i}', 'url')}: arm {arm.name!r}: the url carries credentials "
+                f"(user:password@) and [engine] api_key_env = {api_key_env!r} sends a key too; "
+                "give the server one of them"
+            )

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import orjson
 
+from agentab.dir_lock import LOCK_NAME, lock_dir
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import Experiment
+from agentab.redact import redact_text, redact_value
 from agentab.replay.options import new_prompt_salt
 from agentab.rundir import MANIFEST
 
@@ -34,29 +36,46 @@ def is_complete(path: Path) -> bool:
 
 
 def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
-    """Create the experiment dir, or accept it for a resume when it holds this experiment.
+    """Create and lock the experiment dir (for this process's lifetime: a second `ab` on it is
+    refused), or accept it for a resume when it holds this experiment.
 
     Returns whether it is a resume. The copy is compared as parsed TOML, so a comment edited in
     the file does not block a resume, while any changed value does.
     """
-    if out_dir.exists() and any(out_dir.iterdir()):
+    lock_dir(out_dir, "agentab ab")  # before anything in the dir is read or written
+    if any(p.name != LOCK_NAME for p in out_dir.iterdir()):
         copied = out_dir / COPY
         try:
-            data = tomllib.loads(copied.read_text(encoding="utf-8"))
+            text = copied.read_text(encoding="utf-8")
+            data = tomllib.loads(text)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             raise AgentabError(
                 f"{out_dir}: exists and is not a dir of this experiment (no readable {COPY}); "
                 "use -o NEW_DIR"
             ) from None
-        if data != experiment.raw:
+        # the copy holds no URL credentials: compared without them (a changed password is the
+        # same experiment)
+        if redact_value(data) != redact_value(experiment.raw):
             raise AgentabError(
                 f"{out_dir}: holds a different experiment ({copied} differs from "
                 f"{experiment.path}); resume only with the same file, or use -o NEW_DIR"
             )
+        if redact_text(text) != text:  # a copy written before copies were redacted
+            copied.write_text(redact_text(text), encoding="utf-8")
         return True
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(experiment.path, out_dir / COPY)
+    write_copy(experiment, out_dir / COPY)
     return False
+
+
+def write_copy(experiment: Experiment, target: Path) -> None:
+    """The experiment file as it was run, comments included, with the credentials of every URL
+    in it redacted: the dir is shared with its reports, and an arm's `http://user:key@host`
+    must not travel with it."""
+    try:
+        text = experiment.path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise AgentabError(f"{experiment.path}: cannot read ({exc.strerror or exc})") from None
+    target.write_text(redact_text(text), encoding="utf-8")
 
 
 def check_same_engine_code(experiment: Experiment, kept: list[Path]) -> None:

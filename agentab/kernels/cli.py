@@ -15,13 +15,15 @@ from agentab.errors import AgentabError
 from agentab.kernels.check import parse_batches
 from agentab.kernels.config import PRESETS, get_preset
 from agentab.kernels.paths import PATH_NAMES, check_path_names
+from agentab.outputs import OutputPath, output_help
 
 
 def _need_cuda() -> None:
-    try:
-        import torch
-    except ImportError:
-        raise AgentabError("kernels: needs torch (pip install 'agentab[gpu]')") from None
+    from agentab.extras import require
+
+    require("torch", "agentab kernels", extra="gpu")
+    import torch
+
     if not torch.cuda.is_available():
         raise AgentabError("kernels: needs a CUDA GPU (none visible to torch)")
 
@@ -37,7 +39,8 @@ def kernels() -> None:
 @click.option("--context", default=512, show_default=True, type=click.IntRange(1))
 @click.option("--paths", default=",".join(PATH_NAMES), show_default=True,
               help="standard (compiled, vLLM's design), standard-eager, specialized")  # fmt: skip
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path), default=None)
+@click.option("-o", "--out", type=OutputPath(), default=None,
+              help=output_help("Write the results as JSON here."))  # fmt: skip
 def check(preset: str, batch: str, context: int, paths: str, out: Path | None) -> None:
     """Every path against the fp32 reference at every batch size (exit 1 on any failure)."""
     from agentab.kernels.check import run_check
@@ -63,10 +66,10 @@ def check(preset: str, batch: str, context: int, paths: str, out: Path | None) -
 @click.option("--layers", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(5))
 @click.option("--standard-extra", default="", help="batch sizes timed for the standard path only")
-@click.option("-o", "--out", type=click.Path(dir_okay=False, path_type=Path),
-              default=Path("results.json"), show_default=True)  # fmt: skip
-@click.option("--profile-out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="also write the simulator HardwareProfile TOML here")  # fmt: skip
+@click.option("-o", "--out", type=OutputPath(), default=Path("results.json"),
+              show_default=True, help=output_help("The results (JSON)."))  # fmt: skip
+@click.option("--profile-out", type=OutputPath(), default=None,
+              help=output_help("Also write the simulator HardwareProfile TOML here."))  # fmt: skip
 def bench(
     preset: str,
     batch: str,

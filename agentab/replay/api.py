@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentab.clock import is_virtual, run_real, run_virtual
+from agentab.dir_lock import lock_dir, release_dir
 from agentab.errors import AgentabError, AgentabWarning
+from agentab.redact import has_credentials, redact_url
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
@@ -68,9 +70,15 @@ def run_to_dir(
         plan = build_plan(workload, replay)
         if workload.num_requests() == 0:
             raise AgentabError(f"{workload.source or 'workload'}: no requests to replay")
-        run_dir = prepare_run_dir(out_dir)
-        coro = _run(workload, target, plan, run_dir, replay, manifest_extra, progress, label)
-        stats, _manifest = run_virtual(coro) if virtual else run_real(coro)
+        # one process per run dir, taken before its manifest is looked for: two replays into
+        # one dir would interleave their records
+        lock_dir(Path(out_dir), f"agentab {label}", "--out")
+        try:
+            run_dir = prepare_run_dir(out_dir)
+            coro = _run(workload, target, plan, run_dir, replay, manifest_extra, progress, label)
+            stats, _manifest = run_virtual(coro) if virtual else run_real(coro)
+        finally:
+            release_dir(Path(out_dir))
     _raise_if_failed(stats, replay, run_dir)
     return run_dir
 
@@ -148,6 +156,7 @@ def _backend_label(facts: dict[str, Any], extra: dict[str, Any] | None) -> dict[
     experiment declares; a server that contradicts the declared label is refused (two attach
     URLs swapped would otherwise report the specialized server as `auto`)."""
     declared = (extra or {}).get("decode_backend")
+    declared = getattr(declared, "value", declared)  # an experiment's arm gives the enum
     server = facts.get("server")
     if not isinstance(server, dict):
         server = {}
@@ -313,6 +322,11 @@ def replay_to_dir(
     """Replay against an OpenAI-compatible server at `url` on the real clock."""
     from agentab.replay.targets.http import HttpTarget, api_key_from_env
 
+    if api_key_env and has_credentials(url):
+        raise AgentabError(
+            f"--url {redact_url(url)}: carries credentials (user:password@) and --api-key-env "
+            f"{api_key_env} sends a key too; give the server one of them"
+        )
     target = HttpTarget(
         url,
         model=model,

@@ -13,6 +13,7 @@ import click
 
 from agentab.engine.cli import simulator_options, simulator_options_of
 from agentab.errors import AgentabError
+from agentab.outputs import OutputPath, output_help
 from agentab.replay.options import ENDPOINTS, ReplayOptions
 
 
@@ -28,7 +29,11 @@ def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="Tokens per hash block of a Mooncake trace (default 512).",
         ),
         click.option(
-            "--out", "out_dir", required=True, type=click.Path(path_type=Path), help="Run dir."
+            "--out",
+            "out_dir",
+            required=True,
+            type=OutputPath("dir"),
+            help=output_help("Run dir."),
         ),
         click.option(
             "--concurrency",

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from agentab.errors import AgentabError
+from agentab.redact import redact_value
 from agentab.rundir.schema import MANIFEST
 
 
@@ -24,12 +25,13 @@ def is_run_dir(path: Path) -> bool:
 
 
 def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    """Replace `run_dir/manifest.json` as a whole (temporary name, then rename)."""
+    """Replace `run_dir/manifest.json` as a whole (temporary name, then rename); the
+    credentials of every URL in it are redacted (a server's, a command line's)."""
     path = run_dir / MANIFEST
     tmp = run_dir / f".tmp-{MANIFEST}"
     tmp.write_bytes(
         orjson.dumps(
-            manifest,
+            redact_value(manifest),
             option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
             default=str,
         )

@@ -33,6 +33,7 @@ from agentab.workloads.checks import (
     opt_num,
     opt_str,
     session_header,
+    shown,
     str_tuple,
 )
 from agentab.workloads.model import PARENT_AGENT_ID, Request, Session, Subagent, Workload
@@ -154,7 +155,7 @@ def parse_session(obj: object, ctx: Ctx) -> Session:
     d, sid, block_size = session_header(ctx, obj, SESSION_FIELDS)
     scope = d.get("hash_id_scope", "local")
     if scope not in ("local", "global"):
-        ctx.fail(f"field 'hash_id_scope' must be 'local' or 'global', got {scope!r}")
+        ctx.fail(f"field 'hash_id_scope' must be 'local' or 'global', got {shown(scope)}")
     requests = need_list(ctx, d, "requests", None)
     if not requests:
         ctx.fail("session has no requests")
@@ -236,7 +237,7 @@ def _parse_items(
         elif typ is None and "type" not in d:
             ctx.fail("missing field 'type'", path)
         else:
-            ctx.fail(f"unknown request type {typ!r} (expected 'n', 's' or 'subagent')", path)
+            ctx.fail(f"unknown request type {shown(typ)} (expected 'n', 's' or 'subagent')", path)
     return tuple(items)
 
 

@@ -16,13 +16,15 @@ error or warning otherwise. Nothing here warns or raises for bad input.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 import orjson
 
 from agentab.workloads.checks import (
     MAX_COUNT,
+    MAX_STRING_CHARS,
+    MAX_STRINGS,
     MAX_SUBAGENT_DEPTH,
     MAX_TOKENS,
     RELATIVE_TOLERANCE_S,
@@ -34,6 +36,9 @@ _U64_MAX = 2**64 - 1  # orjson (the validating reader's parser) reads larger int
 _COMMA, _CLOSE = ord(","), ord("]")
 _NULL = msgspec.Raw(b"null")
 Number = int | float
+# Strings and lists of strings past the validating reader's bounds: left to it, which names them
+Str = Annotated[str, msgspec.Meta(max_length=MAX_STRING_CHARS)]
+Strs = Annotated[list[Str], msgspec.Meta(max_length=MAX_STRINGS)]
 
 
 class _Unsure(Exception):
@@ -45,10 +50,10 @@ class _Request(msgspec.Struct, tag_field="type", tag="n", forbid_unknown_fields=
     in_: int = msgspec.field(name="in")
     out: int
     hash_ids: msgspec.Raw = _NULL
-    model: str | None = None
-    input_types: list[str] | None = None
-    output_types: list[str] | None = None
-    stop: str | None = None
+    model: Str | None = None
+    input_types: Strs | None = None
+    output_types: Strs | None = None
+    stop: Str | None = None
     api_time: Number | None = None
     think_time: Number | None = None
     ttft: Number | None = None
@@ -62,14 +67,14 @@ class _Subagent(
     msgspec.Struct, tag_field="type", tag="subagent", forbid_unknown_fields=True, gc=False
 ):
     t: Number
-    agent_id: str
+    agent_id: Str
     requests: list[_Item]
-    subagent_type: str | None = None
+    subagent_type: Str | None = None
     duration_ms: Number | None = None
     total_tokens: int | None = None
     tool_use_count: int | None = None
-    status: str | None = None
-    models: list[str] | None = None
+    status: Str | None = None
+    models: Strs | None = None
     tool_tokens: int | None = None
     system_tokens: int | None = None
 
@@ -78,11 +83,11 @@ _Item = _Request | _StreamingRequest | _Subagent
 
 
 class _Session(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    id: str
+    id: Str
     block_size: int
     requests: list[_Item]
-    hash_id_scope: str = "local"
-    models: list[str] | None = None
+    hash_id_scope: Str = "local"
+    models: Strs | None = None
     tool_tokens: int | None = None
     system_tokens: int | None = None
     totals: msgspec.Raw = _NULL  # read by no one: kept unparsed

@@ -23,6 +23,12 @@ MAX_COUNT = 2**31 - 1
 MAX_TOKENS = 10_000_000
 """Largest prompt or output length of one request. Today's longest context windows are a few
 million tokens; a value beyond this is a corrupt field, and replaying it would cost hours."""
+MAX_STRING_CHARS = 1024
+"""Longest string field (session id, agent id, model, stop reason, subagent type, status, a
+content type). Ids and names run to tens of characters; each is copied into every record of its
+requests, so a megabyte-long one would multiply into gigabytes of records."""
+MAX_STRINGS = 1024
+"""Most elements of a list of strings (models, input_types, output_types)."""
 MAX_SUBAGENT_DEPTH = 32
 """Deepest nesting of subagents inside subagents (real traces nest one or two levels)."""
 RELATIVE_TOLERANCE_S = 1.0
@@ -63,9 +69,18 @@ class Ctx:
                 continue
             self.warned.add(key)
             warnings.warn(
-                WorkloadWarning(f"{self.where(path)}: ignoring unknown field {key!r}"),
+                WorkloadWarning(f"{self.where(path)}: ignoring unknown field {shown(key)}"),
                 stacklevel=2,
             )
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """`repr(value)` for an error line, cut to about `limit` characters: a bad field may be
+    megabytes long, and the message must stay one readable line."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _typename(value: object) -> str:
@@ -149,12 +164,24 @@ def opt_num(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> float 
 
 
 def need_str(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> str:
+    """A required string of at most MAX_STRING_CHARS characters."""
     v = d.get(key)
     if type(v) is str:
+        if len(v) > MAX_STRING_CHARS:
+            too_long(ctx, key, len(v), path)
         return v
     if v is None and key not in d:
         ctx.fail(f"missing field {key!r}", path)
     ctx.fail(f"field {key!r} must be a string, got {_typename(v)}", path)
+
+
+def too_long(ctx: Ctx, key: str, length: int, path: Path_ | None) -> NoReturn:
+    """A string field past MAX_STRING_CHARS: named, its length given, its value not echoed."""
+    ctx.fail(
+        f"field {key!r} is {length:,} characters long; at most {MAX_STRING_CHARS:,} are "
+        "accepted (an id or a name; is the field corrupt?)",
+        path,
+    )
 
 
 def opt_str(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None, default: str = "") -> str:
@@ -173,6 +200,10 @@ def str_tuple(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> tupl
         return ()
     if type(v) is not list:
         ctx.fail(f"field {key!r} must be an array of strings, got {_typename(v)}", path)
+    if len(v) > MAX_STRINGS:
+        ctx.fail(
+            f"field {key!r} holds {len(v):,} strings; at most {MAX_STRINGS:,} are accepted", path
+        )
     try:
         known = _STR_TUPLES.get(tuple(v))
     except TypeError:  # an unhashable element: not a string
@@ -182,6 +213,8 @@ def str_tuple(ctx: Ctx, d: dict[str, Any], key: str, path: Path_ | None) -> tupl
     for x in v:
         if type(x) is not str:
             ctx.fail(f"field {key!r} must hold strings, found {_typename(x)}", path)
+        if len(x) > MAX_STRING_CHARS:
+            too_long(ctx, key, len(x), path)
     return intern_str_tuple(tuple(v))
 
 
@@ -211,6 +244,8 @@ def session_header(
     sid = d.get("id")
     if type(sid) is not str or not sid:
         ctx.fail("session field 'id' must be a non-empty string")
+    if len(sid) > MAX_STRING_CHARS:  # checked before the id names the session in errors
+        too_long(ctx, "id", len(sid), None)
     ctx.session = sid
     if not d.keys() <= fields:
         ctx.unknown(d.keys(), fields, None)
@@ -230,7 +265,7 @@ def check_ids(ctx: Ctx, ids: list[Any], key: str, path: Path_ | None) -> None:
     """Every element a non-negative integer (the caller checks only ids it has not seen)."""
     for x in ids:
         if type(x) is not int or x < 0:
-            ctx.fail(f"field {key!r} must hold integers >= 0, found {x!r}", path)
+            ctx.fail(f"field {key!r} must hold integers >= 0, found {shown(x)}", path)
 
 
 def chained_ids(

@@ -12,6 +12,7 @@ from typing import Any
 import click
 import orjson
 
+from agentab.outputs import OutputPath, output_help
 from agentab.workloads.checks import WorkloadWarning
 from agentab.workloads.source import FORMATS
 
@@ -52,7 +53,9 @@ def workload() -> None:
 @click.option("--preset", default="agentx-coding", show_default=True, help="Generator preset.")
 @click.option("--sessions", type=int, required=True, help="Number of sessions.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output.")
+@click.option(
+    "-o", "--output", type=OutputPath(), required=True, help=output_help("Workload file.")
+)
 @click.option(
     "--config",
     type=click.Path(path_type=Path),
@@ -106,7 +109,13 @@ def inspect(path: Path, fmt: str | None, block_size: int | None, as_json: bool) 
 
 @workload.command()
 @click.argument("src", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Output.")
+@click.option(
+    "-o",
+    "--output",
+    type=OutputPath("any"),
+    required=True,
+    help=output_help("Workload file (AgentX: a .json/.jsonl file or a folder)."),
+)
 @click.option("--to", "to", type=click.Choice(["native", "agentx"]), required=True)
 @FORMAT_OPTION
 @BLOCK_SIZE_OPTION

@@ -17,6 +17,7 @@ import orjson
 
 from agentab.errors import AgentabError
 from agentab.workloads.checks import (
+    MAX_STRING_CHARS,
     Ctx,
     Path_,
     check_blocks,
@@ -31,7 +32,9 @@ from agentab.workloads.checks import (
     opt_num,
     opt_str,
     session_header,
+    shown,
     str_tuple,
+    too_long,
 )
 from agentab.workloads.model import (
     PARENT_AGENT_ID,
@@ -120,7 +123,7 @@ def load_native(path: Path) -> Workload:
         raise AgentabError(f"{path}:{lineno}: not an agentab workload (no header line)")
     if header[NATIVE_HEADER_KEY] != VERSION:
         raise AgentabError(
-            f"{path}:{lineno}: native format version {header[NATIVE_HEADER_KEY]!r} is not "
+            f"{path}:{lineno}: native format version {shown(header[NATIVE_HEADER_KEY])} is not "
             f"supported (this agentab reads version {VERSION})"
         )
     sessions: list[Session] = []
@@ -146,6 +149,8 @@ def _parse_session(ctx: Ctx, obj: object) -> Session:
     scope = d.get("hash_scope")
     if scope is not None and type(scope) is not str:
         ctx.fail("field 'hash_scope' must be a string or null")
+    if scope is not None and len(scope) > MAX_STRING_CHARS:
+        too_long(ctx, "hash_scope", len(scope), None)
     items = _parse_items(ctx, need_list(ctx, d, "items", None), (), block_size, parent=True)
     if not items:
         ctx.fail("session has no requests")
@@ -176,7 +181,7 @@ def _parse_items(
             items.append(_parse_subagent(ctx, d, path, block_size))
             continue
         if typ not in ("n", "s"):
-            ctx.fail(f"unknown request type {typ!r} (expected 'n', 's' or 'subagent')", path)
+            ctx.fail(f"unknown request type {shown(typ)} (expected 'n', 's' or 'subagent')", path)
         if not d.keys() <= REQUEST_FIELDS:
             ctx.unknown(d.keys(), REQUEST_FIELDS, path)
         t = need_num(ctx, d, "t", path)
@@ -197,7 +202,7 @@ def _parse_items(
         check_blocks(ctx, len(ids), block_size, in_tokens, path, "hash ids")
         kind = need_str(ctx, d, "kind", path)
         if kind not in ("parent", "subagent"):
-            ctx.fail(f"field 'kind' must be 'parent' or 'subagent', got {kind!r}", path)
+            ctx.fail(f"field 'kind' must be 'parent' or 'subagent', got {shown(kind)}", path)
         prev = ids
         items.append(
             Request(

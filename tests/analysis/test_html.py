@@ -123,9 +123,14 @@ def test_without_plotly_the_page_keeps_its_tables(
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ImportError
     monkeypatch.setitem(sys.modules, "plotly.offline", None)
     run = write_run(report_html.parent / "np-a", records(2), manifest())
-    page = comparison_html(compare_runs([load_run(run)], [load_run(run)], resamples=100))
+    from agentab.errors import AgentabWarning
+    from agentab.extras import install_command
+
+    comparison = compare_runs([load_run(run)], [load_run(run)], resamples=100)
+    with pytest.warns(AgentabWarning, match="the HTML report has no plots"):
+        page = comparison_html(comparison)
     assert "<table>" in page and "plotly-graph-div" not in page
-    assert "pip install 'agentab[report]'" in page
+    assert f"<code>{install_command('report')}</code>" in page
 
 
 def test_the_histogram_shares_its_bins_and_normalises_each_arm(tmp_path: Path) -> None:

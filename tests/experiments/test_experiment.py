@@ -103,6 +103,40 @@ def test_mistakes_are_one_line_naming_where(
     assert expected in error(tmp_path, VALID.replace(old, new, 1))
 
 
+@pytest.mark.parametrize(
+    ("arms", "expected"),
+    [
+        ("arms = [1, 2]", "exp.toml:1: arm 1 is an integer, not a table: write each arm as an "
+         "[[arms]] table (decode_backend = ...)"),
+        ('arms = [{ decode_backend = "auto" }, "fast"]',
+         "exp.toml:1: arm 2 is a string, not a table"),
+        ("arms = [[], []]", "exp.toml:1: arm 1 is an array, not a table"),
+    ],
+)  # fmt: skip
+def test_arms_that_are_not_tables(tmp_path: Path, arms: str, expected: str) -> None:
+    text = arms + "\n" + VALID.split("[[arms]]")[0]
+    assert error(tmp_path, text).startswith(f"{tmp_path}/{expected}")
+
+
+HTTP_WITH_CREDENTIALS = (
+    VALID.replace('kind = "simulator"\nprofile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7',
+                  'kind = "http"\napi_key_env = "KEY"')
+    .replace('decode_backend = "auto"', 'decode_backend = "auto"\nurl = "http://a:1"')
+    .replace('decode_backend = "latency_specialized"',
+             'decode_backend = "latency_specialized"\nurl = "http://bob:pw@b:1"')
+)  # fmt: skip
+
+
+def test_url_credentials_and_an_api_key_are_refused_naming_the_arm(tmp_path: Path) -> None:
+    assert error(tmp_path, HTTP_WITH_CREDENTIALS) == (
+        f"{tmp_path / 'exp.toml'}:25: arm 'latency_specialized': the url carries credentials "
+        "(user:password@) and [engine] api_key_env = 'KEY' sends a key too; give the server one "
+        "of them"
+    )
+    either = HTTP_WITH_CREDENTIALS.replace('\napi_key_env = "KEY"', "")
+    assert load_experiment(write(tmp_path, either)).arms[1].url == "http://bob:pw@b:1"
+
+
 def test_http_arms_must_share_the_gpu_count(tmp_path: Path) -> None:
     text = (
         VALID.replace('kind = "simulator"\nprofile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7',

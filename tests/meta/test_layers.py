@@ -16,7 +16,16 @@ PACKAGE = REPO / "agentab"
 
 # Bottom up. A module may import its own layer and any layer below it, never one above.
 LAYERS: list[set[str]] = [
-    {"errors", "clock", "numba_jit", "__init__"},  # shared by every layer
+    {
+        "errors",
+        "clock",
+        "numba_jit",
+        "outputs",
+        "extras",
+        "redact",
+        "dir_lock",
+        "__init__",
+    },  # shared by every layer
     {"rundir"},  # the run dir's format: replay writes it, analysis reads it
     {"workloads"},
     {"kernels"},

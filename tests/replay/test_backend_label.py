@@ -58,6 +58,16 @@ def test_a_server_that_contradicts_the_declared_backend_is_refused(tmp_path: Pat
         _replay_against("latency_specialized", "auto", tmp_path / "swapped")
 
 
+def test_the_refusal_names_an_enum_backend_by_its_value(tmp_path: Path) -> None:
+    """`ab` declares its arms' backends as DecodeBackend members: named as in the file."""
+    from agentab.engine.options import DecodeBackend
+
+    with pytest.raises(AgentabError) as exc:
+        _replay_against("auto", DecodeBackend.LATENCY_SPECIALIZED, tmp_path / "swapped")  # type: ignore[arg-type]
+    assert "the arm declares 'latency_specialized' but http://127.0.0.1:" in str(exc.value)
+    assert "runs 'auto' (are the arms' URLs swapped?)" in str(exc.value)
+
+
 def test_a_backend_the_server_reports_is_marked_observed(tmp_path: Path) -> None:
     run = _replay_against("latency_specialized", "latency_specialized", tmp_path / "ok")
     manifest = orjson.loads((run / "manifest.json").read_bytes())

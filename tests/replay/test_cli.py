@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,26 @@ def test_replay_unreachable_server_is_one_line(workload: Path, tmp_path: Path) -
     )
     assert proc.returncode == 2
     assert "cannot reach the server" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_url_credentials_with_an_api_key_are_one_line(workload: Path, tmp_path: Path) -> None:
+    """Both set the Authorization header; the HTTP client would raise deep in its request."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentab", "replay", str(workload), "--url",
+         "http://u:secret@127.0.0.1:9/", "--api-key-env", "AGENTAB_TEST_KEY", "--out",
+         str(tmp_path / "r"), "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "AGENTAB_TEST_KEY": "k"},
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "agentab: error: --url http://<redacted>@127.0.0.1:9/: carries credentials "
+        "(user:password@) and --api-key-env AGENTAB_TEST_KEY sends a key too; give the server "
+        "one of them\n"
+    )
+    assert not (tmp_path / "r").exists()
 
 
 def test_every_workload_form_is_accepted(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from agentab.analysis.bootstrap import batches, percentile_ci, resample_weights, work_per_row
+from agentab.analysis.faults import faults_json
 from agentab.analysis.guard import (
     Difference,
     check,
@@ -164,6 +165,7 @@ class Comparison:
             "matched_requests": None if self.matching is None else self.matching.to_json(),
             "equivalence_margin": self.equivalence_margin,
             "sample": {"a": self.size_a.to_json(), "b": self.size_b.to_json()},
+            **faults_json(self.runs_a, self.runs_b),
             "verdict_withheld": self.withheld,
             "runs": {
                 "a": [str(s.run.path) for s in self.runs_a],

@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from agentab.analysis.compare import Comparison
+from agentab.analysis.faults import FAULT_HEADER, FAULTS_TITLE, fault_rows
 from agentab.analysis.markdown import (
     DEFINITIONS,
     TABLE_HEADER,
@@ -332,6 +333,9 @@ def comparison_html(
     server = server_rows(comparison)
     if server:
         body.append(html_table(["server metric", "A per run", "B per run"], server))
+    faults = fault_rows(comparison.runs_a, comparison.runs_b)
+    body.append(f"<p>{html.escape(FAULTS_TITLE)}</p>")
+    body.append(html_table(FAULT_HEADER, faults) if faults else "<p>None.</p>")
     return report_page(f"agentab: {heading}", body, lambda: _figures(comparison), 420)
 
 

@@ -45,7 +45,7 @@ SERVER_FAULT_MODES = (
     "abort",  # n/2 chunks, the last with finish_reason "abort", usage n/2, [DONE]
     "usage_over_chunks",  # n/2 chunks without token ids, usage claiming n
 )
-HUGE = "huge"  # one chunk, then one data line of `huge_bytes`, then the rest as "ok"
+HUGE = "huge"  # one chunk, then one data line of `huge_bytes` (n - 1 more and usage if read)
 _NODE = re.compile(r"N(\d+)$")
 
 
@@ -216,11 +216,17 @@ class FaultServer:
             await self._server_fault(resp, mode, n, prompt)
             return resp
         if mode == HUGE:
-            await resp.write(chunk(0))
             try:
+                await resp.write(chunk(0))
                 await resp.write(huge_line(self.huge_bytes))
-            except ConnectionResetError:  # the client refused the line, as it should
-                return resp
+                for i in range(1, n):
+                    await resp.write(chunk(i))
+                await resp.write(usage_chunk(prompt, n, None))
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+            except ConnectionError:  # the client refused the line and closed, as it should
+                pass
+            return resp
         hold = self.hold_after(rid)
         for i in range(n):
             await resp.write(chunk(i))

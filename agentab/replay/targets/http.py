@@ -207,7 +207,7 @@ class HttpTarget:
                 try:
                     await self._read_stream(resp, out, loop, deadline)
                     if out.error_class is None:
-                        check_complete(out, spec.max_tokens)
+                        _check_complete(out, spec.max_tokens)
                 finally:
                     if deadline is not None:
                         deadline.cancel()
@@ -405,7 +405,7 @@ class _ReadDeadline:
             self._handle = None
 
 
-def check_complete(out: Outcome, max_tokens: int) -> None:
+def _check_complete(out: Outcome, max_tokens: int) -> None:
     """A 200 stream that ended properly but did not deliver what was asked is a failure.
 
     Every request asks for `max_tokens` with `ignore_eos` and usage in the last chunk, so an

@@ -2,12 +2,13 @@
 
 Why its own piece: the body arrives in reads of at most a few tens of kilobytes, and a line can
 span thousands of them. Joining the pending part with every new read (`buf + data`) and
-splitting the whole again copies the pending part on every read, which is quadratic: one 128 MB
-`data:` line took 58-118 s and held the event loop, so every other stream of the run saw no
-progress and timed out. Here a pending line is a list of pieces that is joined once, when its
-newline arrives, and each read is scanned only for its own newlines. A line longer than
-`max_line_bytes` is refused as soon as that many bytes are pending, before it is joined or
-parsed: what a server may make the client hold for one event is bounded.
+splitting the whole again copies the pending part on every read, which is quadratic: one 128 MiB
+`data:` line took 50-118 s and held the event loop for up to 0.8 s at a time, so the other
+streams of the run were timed late and could time out (benchmarks/bench_sse_line.py). Here a
+pending line is a list of pieces that is joined once, when its newline arrives, and each read is
+scanned only for its own newlines. A line longer than `max_line_bytes` is refused as soon as
+that many bytes are pending, before it is joined or parsed: what a server may make the client
+hold for one event is bounded.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ SERVER_FAULT_MODES = (
     "usage_over_ids",  # n/2 chunks with one token id each, usage claiming n
     "over_generation",  # n + 3 chunks, usage saying so: max_tokens ignored
     "empty_text",  # n chunks, every other one (the first included) with text "", usage n
-    "abort",  # n/2 chunks, the last with finish_reason "abort", usage n/2, [DONE]
+    "abort",  # n chunks, the last with finish_reason "abort", usage n, [DONE]
+    "abort_early",  # as "abort" after n/2 chunks, usage n/2 (aborted, not short_output)
     "usage_over_chunks",  # n/2 chunks without token ids, usage claiming n
 )
 HUGE = "huge"  # one chunk, then one data line of `huge_bytes` (n - 1 more and usage if read)
@@ -251,9 +252,10 @@ class FaultServer:
         elif mode == "empty_text":
             texts = ["" if i % 2 == 0 else " tok" for i in range(n)]
             body = [chunk(i, t) for i, t in enumerate(texts)] + [usage_chunk(prompt, n, None)]
-        elif mode == "abort":
-            body = [chunk(i, finish="abort" if i == half - 1 else None) for i in range(half)]
-            body.append(usage_chunk(prompt, half, None))
+        elif mode in ("abort", "abort_early"):
+            sent = n if mode == "abort" else half
+            body = [chunk(i, finish="abort" if i == sent - 1 else None) for i in range(sent)]
+            body.append(usage_chunk(prompt, sent, None))
         else:  # usage_over_chunks
             body = [chunk(i) for i in range(half)] + [usage_chunk(prompt, n, None)]
         for part in body:

@@ -39,7 +39,8 @@ EXPECTED = {
         "3 chunk(s) without text or token ids, not timed as tokens",
         3,
     ),
-    "abort": ("aborted", None, 'finish_reason "abort" after 3 content chunk(s)', 3),
+    "abort": ("aborted", None, 'finish_reason "abort" after 6 content chunk(s)', 6),
+    "abort_early": ("aborted", None, 'finish_reason "abort" after 3 content chunk(s)', 3),
     "usage_over_chunks": (
         None,
         "usage_above_chunks",
@@ -136,14 +137,14 @@ def test_the_reports_name_every_class_per_arm(tmp_path: Path) -> None:
         )
     a, b = summarize_run(load_run(run_a)), summarize_run(load_run(run_b))
     assert a.values["errors_by_class"] == {
-        "aborted": 1,
+        "aborted": 2,
         "over_generation": 1,
         "usage_above_delivered": 1,
     }
     assert a.values["warnings_by_class"] == {"empty_chunks": 1, "usage_above_chunks": 1}
     assert a.values["requests_ok"] == 3  # a warning does not fail its request
     assert fault_rows([a], [b]) == [
-        ["aborted", "error", "1", "0"],
+        ["aborted", "error", "2", "0"],
         ["over_generation", "error", "1", "0"],
         ["usage_above_delivered", "error", "1", "0"],
         ["empty_chunks", "warning", "1", "0"],
@@ -165,7 +166,7 @@ def test_the_reports_name_every_class_per_arm(tmp_path: Path) -> None:
     markdown = comparison_markdown(comparison)
     assert (
         f"{FAULTS_TITLE}\n\n| class | kind | A requests | B requests |\n|---|---|---|---|\n"
-        "| aborted | error | 1 | 0 |\n"
+        "| aborted | error | 2 | 0 |\n"
     ) in markdown
     assert "| usage_above_chunks | warning | 1 | 0 |\n\nDefinitions:" in markdown
     page = comparison_html(comparison)
@@ -173,6 +174,6 @@ def test_the_reports_name_every_class_per_arm(tmp_path: Path) -> None:
         page.replace(' class=""', "")
     )
     assert comparison.to_json()["errors_by_class"] == {
-        "a": {"aborted": 1, "over_generation": 1, "usage_above_delivered": 1},
+        "a": {"aborted": 2, "over_generation": 1, "usage_above_delivered": 1},
         "b": {},
     }

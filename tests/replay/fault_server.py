@@ -37,6 +37,7 @@ MODES = (
     "keepalive_done",  # 200, a few keep-alive comments, [DONE]
     "404",  # a wrong model name, as vLLM answers it
 )
+HUGE_ERROR = "500_endless"  # a 500 whose body streams "boom " until the client leaves (or stall_s)
 # Faults a replay once recorded as success (n = max_tokens; served by mode, not in MODES' cycle).
 SERVER_FAULT_MODES = (
     "usage_over_ids",  # n/2 chunks with one token id each, usage claiming n
@@ -153,6 +154,17 @@ class FaultServer:
         prompt = len(body.get("prompt", []))
         if mode == "500":
             return web.Response(status=500, text="internal boom")
+        if mode == HUGE_ERROR:
+            endless = web.StreamResponse(status=500)
+            await endless.prepare(request)
+            until = time.monotonic() + self.stall_s
+            try:
+                while time.monotonic() < until:
+                    await endless.write(b"boom " * 13_000)
+                    await asyncio.sleep(0.001)
+            except ConnectionError:  # the client took its excerpt and left, as it should
+                pass
+            return endless
         if mode == "404":
             msg = f"The model `{body.get('model')}` does not exist."
             return web.json_response(

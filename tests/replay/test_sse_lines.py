@@ -3,6 +3,7 @@ hold up the other streams of a run (tests/replay/fault_server.py serves it over 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import polars as pl
@@ -20,7 +21,7 @@ from agentab.replay.targets.sse import (
 from agentab.rundir import scan_records
 from agentab.workloads.model import Request, Session, Workload
 
-from .fault_server import HUGE, FaultServer
+from .fault_server import HUGE, HUGE_ERROR, FaultServer
 
 
 def test_lines_are_the_same_however_the_body_is_cut() -> None:
@@ -88,3 +89,33 @@ def test_a_huge_line_fails_its_request_and_the_other_stream_keeps_going(tmp_path
     assert df["error_message"][0].endswith(f"(limit: {MAX_LINE_ENV})")
     assert df["chunk_times_s"].list.len().to_list() == [1, 150]  # the chunk before the line
     assert df.filter(pl.col("lane") == 1)["completion_tokens"].to_list() == [150]
+
+
+def test_an_endless_error_body_is_not_read_past_its_excerpt(tmp_path: Path) -> None:
+    # A 500 whose body never ends (the server stops after 60 s): the record gets the status and
+    # the start of the body, as for any 500, once 2,000 bytes of it are read; the client then
+    # closes the connection. Reading the whole body would take the server's 60 s and all the
+    # bytes it sent meanwhile (the bound on the run's wall time is loose on purpose).
+    request = Request(t=0.0, in_tokens=40, out_tokens=6, hash_ids=(1,), api_time=0.0)
+    opts = ReplayOptions(
+        concurrency=1,
+        passes=1,
+        duration_s=None,
+        start_window=(0.0, 0.0),
+        warmup_requests=0,
+        request_timeout_s=5.0,
+        max_error_rate=1.0,
+    )
+    started = time.monotonic()
+    with FaultServer(lambda rid: HUGE_ERROR, stall_s=60.0) as srv:
+        run = replay_to_dir(
+            Workload((Session("s0", 16, (request, request)),)),
+            url=srv.url,
+            replay=opts,
+            out_dir=tmp_path / "r",
+            progress=False,
+        )
+    df = scan_records(run).collect()
+    assert df["error_class"].to_list() == ["http", "http"]
+    assert df["error_message"].to_list() == ["HTTP 500: " + "boom " * 60] * 2
+    assert time.monotonic() - started < 30

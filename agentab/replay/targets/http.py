@@ -193,7 +193,7 @@ class HttpTarget:
         try:
             async with self._session.post(self.url + self.path, data=body, headers=headers) as resp:
                 if resp.status != 200:
-                    text = (await resp.read())[:2000].decode("utf-8", "replace")
+                    text = (await _read_head(resp, 2000)).decode("utf-8", "replace")
                     out.end = loop.time()
                     _classify_status(out, resp.status, text)
                     return
@@ -447,6 +447,19 @@ def _check_complete(out: Outcome, max_tokens: int) -> None:
             "usage_above_chunks",
             f"usage claims {usage} tokens over {chunks} content chunks without token ids",
         )
+
+
+async def _read_head(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most `limit` bytes of the body: an error's excerpt needs no more, and reading a
+    server's whole error body would let it make the client hold any amount (the connection,
+    left with unread bytes, is closed instead of reused)."""
+    head = b""
+    while len(head) < limit:
+        part = await resp.content.read(limit - len(head))
+        if not part:
+            break
+        head += part
+    return head
 
 
 def _take_usage(out: Outcome, usage: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from agentab.analysis.faults import FAULT_HEADER, FAULTS_TITLE, fault_rows
 from agentab.analysis.markdown import (
     DEFINITIONS,
     TABLE_HEADER,
+    breakdown_sections,
     confounded_line,
     headline_line,
     metric_rows,
@@ -328,11 +329,14 @@ def comparison_html(
     )
     headline = headline_line(comparison)
     body.append(f'<p class="headline">{md_inline(headline)}</p>')
-    rows = metric_rows(comparison, [m.name for m in METRICS])
+    rows = metric_rows(comparison, [m.name for m in METRICS])  # goodput added when set
     body.append(html_table(TABLE_HEADER, rows))
     server = server_rows(comparison)
     if server:
         body.append(html_table(["server metric", "A per run", "B per run"], server))
+    for title, head, brows in breakdown_sections(comparison):
+        body.append(f"<p>{html.escape(title)}:</p>")
+        body.append(html_table(head, brows))
     faults = fault_rows(comparison.runs_a, comparison.runs_b)
     body.append(f"<p>{html.escape(FAULTS_TITLE)}</p>")
     body.append(html_table(FAULT_HEADER, faults) if faults else "<p>None.</p>")

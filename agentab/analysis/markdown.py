@@ -12,10 +12,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from agentab.analysis.breakdown import BREAKDOWNS
 from agentab.analysis.caveats import simulator_caveats
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.faults import FAULT_HEADER, FAULTS_TITLE, fault_rows
 from agentab.analysis.guard import Difference
+from agentab.analysis.sample import GOODPUT
 from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, SPREAD_KEYS, STAT_KEYS, RunSummary
 
@@ -63,6 +65,12 @@ DEFINITIONS = (
     "'better'/'worse' when the CI excludes 1, 'equivalent' when it lies within the equivalence "
     "margin, else 'no significant difference'; 'could detect' is the smallest change the "
     "comparison finds with 80% power.",
+)
+GOODPUT_DEFINITION = (
+    "- **goodput** (with service-level objectives, `--slo`): successful requests within every "
+    "limit set (TTFT, ITL_i, E2E) per second of the profiling window, as vLLM bench serve's "
+    "`--goodput` and AIPerf count it; **SLO attainment** is their share of all profiling "
+    "requests. Both count every request of the window, matched or not."
 )
 
 
@@ -161,14 +169,53 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         f"{comparison.seed}, {100 * comparison.confidence:.0f}% CI.",
     ]
     lines.append(f"- {interval_method(comparison)}")
+    if comparison.slo is not None:
+        lines.append(
+            f"- Service-level objectives: {comparison.slo.describe()} per request; goodput counts "
+            "the successful requests that met all of them (per second of the profiling window)."
+        )
     if comparison.matching is not None:
         lines.append(f"- Paired design: {comparison.matching.describe()}.")
+    few = _few_repeats_line(comparison)
+    if few:
+        lines.append(f"- {few}")
     manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
+    drained = _drain_line(manifests)
+    if drained:
+        lines.append(f"- {drained}")
     lines += [f"- {line}" for line in simulator_caveats(manifests)]
     lines += [f"- {line}" for line in header]
     for note in comparison.notes:
         lines.append(f"- Not compared (differs by design): {note.describe()}.")
     return lines
+
+
+def _few_repeats_line(comparison: Comparison) -> str:
+    """Why the intervals are wide when the repeats are two ('' otherwise): a t interval over
+    two repeat ratios has one degree of freedom, whose 97.5% quantile is 12.7."""
+    if comparison.repeat_pairing != "paired" or len(comparison.runs_a) != 2:
+        return ""
+    return (
+        "Two repeats per arm: the interval over the repeats has 1 degree of freedom (t quantile "
+        "12.7, against 4.3 with three repeats and 2.8 with five), so it is wide whatever the "
+        "runs show; run more repeats for a usable one."
+    )
+
+
+def _drain_line(manifests: Sequence[dict[str, Any]]) -> str:
+    """How many requests the drain cap cut, over the compared runs ('' when none)."""
+    runs = cut = 0
+    for m in manifests:
+        stats = m.get("stats")
+        if isinstance(stats, dict) and str(stats.get("message", "")).startswith("drain cap:"):
+            runs += 1
+            cut += int(stats.get("cancelled") or 0)
+    if not runs:
+        return ""
+    return (
+        f"Drain cap: {cut} request(s) in {runs} run(s) were still in flight when their run's "
+        "drain cap passed and were cut (recorded as cancelled, in no metric)."
+    )
 
 
 def interval_method(comparison: Comparison) -> str:
@@ -225,10 +272,16 @@ def headline_line(comparison: Comparison) -> str:
     )
 
 
+def table_metrics(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) -> list[str]:
+    """The rows a report prints: `names`, then goodput when the comparison has objectives."""
+    return [*names, *(m.name for m in GOODPUT if m.name in comparison.metrics)]
+
+
 def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) -> list[list[str]]:
-    """Table cells per metric: label, better-when, A, B, ratio, CI, verdict, run spreads."""
+    """Table cells per metric: label, better-when, A, B, ratio, CI, verdict, run spreads (and
+    the goodput rows when the comparison has objectives)."""
     rows = []
-    for name in names:
+    for name in table_metrics(comparison, names):
         r = comparison.metrics[name]
         unit = r.metric.unit
         rows.append(
@@ -264,6 +317,50 @@ TABLE_HEADER = [
     "B per run",
     "B/A per repeat",
 ]
+
+
+BREAKDOWN_HEADER = [
+    "requests (A / B)",
+    "ITL p50 A",
+    "B",
+    "B/A",
+    "P90 interactivity A (tok/s/user)",
+    "B",
+    "B/A",
+    "TTFT p50 A",
+    "B",
+    "B/A",
+]
+
+
+def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Table cells of one breakdown (agentab.analysis.breakdown): bucket, counts, figures."""
+    out = []
+    for r in rows:
+        cells = [r["bucket"], f"{r['requests_a']:,} / {r['requests_b']:,}"]
+        for fig, unit in (
+            ("itl_p50_s", "s"),
+            ("p90_interactivity_tok_s", "tok/s/user"),
+            ("ttft_p50_s", "s"),
+        ):
+            cells += [fmt(r[f"{fig}_a"], unit), fmt(r[f"{fig}_b"], unit), _ratio(r[f"{fig}_ratio"])]
+        out.append(cells)
+    return out
+
+
+def breakdown_sections(comparison: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of each breakdown the comparison has."""
+    sections = []
+    for name, rows in comparison.breakdowns.items():
+        if not rows:
+            continue
+        _, what, _ = BREAKDOWNS[name]
+        title = (
+            f"By {what}: point estimates per bucket over the requests the latency metrics "
+            "compare (no interval or verdict per bucket: each holds a part of the sample)"
+        )
+        sections.append((title, [what, *BREAKDOWN_HEADER], breakdown_rows(rows)))
+    return sections
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -312,10 +409,14 @@ def comparison_markdown(
     server = server_rows(comparison)
     if server:
         lines += ["", *markdown_table(["server metric", "A per run", "B per run"], server)]
+    for title, head, rows in breakdown_sections(comparison):
+        lines += ["", f"{title}:", "", *markdown_table(head, rows)]
     faults = fault_rows(comparison.runs_a, comparison.runs_b)
     lines += ["", FAULTS_TITLE, ""]
     lines += markdown_table(FAULT_HEADER, faults) if faults else ["None."]
     lines += ["", "Definitions:", *DEFINITIONS]
+    if comparison.slo is not None:
+        lines.append(GOODPUT_DEFINITION)
     return "\n".join(lines) + "\n"
 
 

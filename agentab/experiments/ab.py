@@ -424,6 +424,7 @@ def run_experiment(
         seed=experiment.seed,
         confidence=experiment.confidence,
         equivalence_margin=experiment.equivalence_margin,
+        slo=experiment.slo,
     )
     header = [
         f"Experiment `{experiment.name}` ({experiment.path.name}), engine "

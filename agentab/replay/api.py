@@ -13,12 +13,13 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentab.clock import is_virtual, run_real, run_virtual
-from agentab.errors import AgentabError
+from agentab.errors import AgentabError, AgentabWarning
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
@@ -121,6 +122,7 @@ async def _run(
         ):
             stats = await runner.run()
         manifest["clock_t0"] = runner.t0
+        _warn_if_replayed_often(runner.plays, len(workload), replay)
     finally:
         stop_scrape.set()
         if scraper is not None:
@@ -250,6 +252,23 @@ def _gc_frozen(loop: asyncio.AbstractEventLoop) -> Iterator[None]:
                 guard.cancel()
             if paused:
                 gc.enable()
+
+
+REPLAYS_WARNED = 3
+"""A closed-loop run that plays its trace's sessions more often than this, on average, warns:
+its figures then rest on a few sessions weighed many times over."""
+
+
+def _warn_if_replayed_often(plays: int, sessions: int, replay: ReplayOptions) -> None:
+    if replay.open_loop or not sessions or plays <= REPLAYS_WARNED * sessions:
+        return
+    warnings.warn(
+        f"the trace's {sessions} session(s) were played {plays} times in this run "
+        f"({plays / sessions:.1f} plays each): the figures rest on few sessions weighed many "
+        "times; use a longer trace, a shorter duration_s or fewer lanes, or cap it with passes",
+        AgentabWarning,
+        stacklevel=2,
+    )
 
 
 def _status(stats: RunStats, replay: ReplayOptions) -> str:

@@ -51,6 +51,15 @@ def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Profiling window in seconds, counted from the end of the warmup (0: no limit).",
         ),
+        click.option(
+            "--drain",
+            "drain_s",
+            type=click.FloatRange(min=0.0, min_open=True),
+            default=None,
+            help="Seconds requests in flight when the window closes may take to finish; those "
+            "still running then are cut (recorded as cancelled, in no metric) and the manifest "
+            "says how many (default: the window's length).",
+        ),
         click.option("--max-requests", type=int, default=None, help="Stop after N requests."),
         click.option(
             "--lane-requests",
@@ -147,6 +156,7 @@ def _options(kw: dict[str, Any]) -> ReplayOptions:
         scrape_metrics=kw["scrape_metrics"],
         scrape_interval_s=kw["scrape_interval_s"],
         prompt_salt=kw["prompt_salt"],
+        drain_s=kw["drain_s"],
     )
 
 

@@ -30,7 +30,10 @@ class ReplayOptions:
     `None` for `duration_s`, `max_requests`, `lane_requests` and `passes` means "no limit from
     this rule". `lane_requests` ends each lane after that many profiling requests: two runs of
     one plan then send the same requests whatever their speeds (docs/replay.md).
-    Idle caps of 0 disable that compression rule.
+    Idle caps of 0 disable that compression rule. `drain_s` caps the drain: requests still in
+    flight that long after the window closed are cut (recorded as cancelled, in no metric);
+    None caps it at the window's own length, so a run never lasts more than twice its window.
+    The manifest records the cut (docs/replay.md).
     `prompt_salt` enters every play's salt: None draws a fresh one for each run (so a rerun
     against a warm server does not find its prompts in the prefix cache), and the manifest
     records the one used, so giving it back reproduces that run's exact prompts.
@@ -54,6 +57,7 @@ class ReplayOptions:
     scrape_metrics: bool = False
     scrape_interval_s: float = 1.0
     prompt_salt: str | None = None
+    drain_s: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start_window", tuple(float(x) for x in self.start_window))
@@ -88,6 +92,7 @@ class ReplayOptions:
         _check(self.endpoint in ENDPOINTS, "endpoint", f"one of {', '.join(ENDPOINTS)}")
         _check(_finite_pos(self.request_timeout_s), "request_timeout_s", "> 0")
         _check(_finite_pos(self.scrape_interval_s), "scrape_interval_s", "> 0")
+        _check(self.drain_s is None or _finite_pos(self.drain_s), "drain_s", "> 0")
         _check(
             self.prompt_salt is None or _salt_text(self.prompt_salt),
             "prompt_salt",
@@ -97,6 +102,14 @@ class ReplayOptions:
     @property
     def open_loop(self) -> bool:
         return self.rate is not None or self.time_scale is not None
+
+    @property
+    def drain_cap_s(self) -> float | None:
+        """How long requests in flight at the window's end may take to finish (None: no cap,
+        when there is no window)."""
+        if self.duration_s is None:
+            return None
+        return self.drain_s if self.drain_s is not None else self.duration_s
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the manifest's `replay` key); `from_mapping` reads it back."""

@@ -142,6 +142,8 @@ class Runner:
         self._signals: _RunSignals | None = None
         self._warmup_open = 0  # warmup requests not yet finished
         self.end_t = math.inf  # no dispatch due after this (the window's end, once it opened)
+        self._drain_handle: asyncio.TimerHandle | None = None  # the drain cap, once set
+        self.plays = 0  # session plays started (a short trace is played again and again)
 
     # -- public -----------------------------------------------------------------------------
 
@@ -185,6 +187,8 @@ class Runner:
                 self._on_signal(missed)
             if self._handle is not None:
                 self._handle.cancel()
+            if self._drain_handle is not None:
+                self._drain_handle.cancel()
         return self.stats
 
     def abort(self, reason: str, message: str) -> None:
@@ -212,6 +216,28 @@ class Runner:
         self.stats.profiling_start_s = t - self.t0
         if self.opts.duration_s:
             self.end_t = t + self.opts.duration_s
+            cap = self.opts.drain_cap_s
+            if cap is not None:
+                self._drain_handle = self.loop.call_at(self.end_t + cap, self._cut_drain, cap)
+
+    def _cut_drain(self, cap: float) -> None:
+        """The drain cap: cancel what is still in flight `cap` s after the window closed. The
+        window was measured in full, so the run still ends by its duration; the cut requests
+        are recorded as cancelled (in no metric), and the manifest's message says how many."""
+        self._drain_handle = None
+        if self._done.done() or not self.stats.inflight or self._stopping:
+            return
+        n = self.stats.inflight
+        self._stopping = True
+        self.stats.stop_reason = "duration"
+        self.stats.message = (
+            f"drain cap: {n} request(s) still in flight {cap:g} s after the profiling window "
+            "closed were cut (recorded as cancelled, in no metric)"
+        )
+        self._cancel_reason = f"cut by the drain cap ({cap:g} s after the window closed)"
+        for task in list(self._tasks):
+            task.cancel()
+        self._after_change(None)
 
     # -- signals ----------------------------------------------------------------------------
 
@@ -374,6 +400,7 @@ class Runner:
             if play is None:
                 return
             if play.schedule.nodes:
+                self.plays += 1
                 self._start_tree(play, t)
                 return
             pass_ += 1

@@ -196,3 +196,12 @@ def test_load_runs_finds_the_run_dirs_below_a_folder(
     assert [r.path for r in load_runs(a[0].parent.parent)] == sorted(a + b)
     with pytest.raises(AgentabError, match="no run dirs"):
         load_runs(a[0] / "records")
+
+
+def test_two_repeats_say_why_the_interval_is_wide(pair: tuple[list[Path], list[Path]]) -> None:
+    a, b = pair  # two repeats per arm
+    result = compare_runs([load_run(p) for p in a], [load_run(p) for p in b], resamples=200)
+    text = comparison_markdown(result)
+    assert "- Two repeats per arm: the interval over the repeats has 1 degree of freedom" in text
+    single = compare_runs([load_run(a[0])], [load_run(b[0])], resamples=200)
+    assert "Two repeats per arm" not in comparison_markdown(single)

@@ -71,6 +71,8 @@ def synthetic_records(n: int, seed: int = 0) -> pl.DataFrame:
         osl=pl.lit(1000, pl.Int64),
         error_class=pl.when("error").then(pl.lit("http_500")),
         error_message=pl.when("error").then(pl.lit("boom")),
+        warning_class=pl.lit(None, pl.String),
+        warning_message=pl.lit(None, pl.String),
     ).select(RECORD_SCHEMA.names()).cast(dict(RECORD_SCHEMA))  # fmt: skip
 
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from agentab.analysis.bootstrap import batches, percentile_ci, resample_weights, work_per_row
 from agentab.analysis.breakdown import breakdowns
+from agentab.analysis.faults import faults_json
 from agentab.analysis.guard import (
     Difference,
     check,
@@ -177,6 +178,7 @@ class Comparison:
             },
             "sample": {"a": self.size_a.to_json(), "b": self.size_b.to_json()},
             "breakdowns": self.breakdowns,
+            **faults_json(self.runs_a, self.runs_b),
             "verdict_withheld": self.withheld,
             "runs": {
                 "a": [str(s.run.path) for s in self.runs_a],

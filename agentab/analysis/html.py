@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 
 from agentab.analysis.compare import Comparison
+from agentab.analysis.faults import FAULT_HEADER, FAULTS_TITLE, fault_rows
 from agentab.analysis.markdown import (
     DEFINITIONS,
     TABLE_HEADER,
@@ -348,6 +349,9 @@ def comparison_html(
     for title, head, brows in breakdown_sections(comparison):
         body.append(f"<p>{html.escape(title)}:</p>")
         body.append(html_table(head, brows))
+    faults = fault_rows(comparison.runs_a, comparison.runs_b)
+    body.append(f"<p>{html.escape(FAULTS_TITLE)}</p>")
+    body.append(html_table(FAULT_HEADER, faults) if faults else "<p>None.</p>")
     return report_page(f"agentab: {heading}", body, lambda: _figures(comparison), 420)
 
 

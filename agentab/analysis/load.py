@@ -36,6 +36,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "cached_tokens",
     "error_class",
     "error_message",
+    "warning_class",
 )
 
 METRICS_COLUMNS: list[str] = ["t_s", "name", "labels", "value"]

@@ -15,6 +15,7 @@ from typing import Any
 from agentab.analysis.breakdown import BREAKDOWNS
 from agentab.analysis.caveats import simulator_caveats
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
+from agentab.analysis.faults import FAULT_HEADER, FAULTS_TITLE, fault_rows
 from agentab.analysis.guard import Difference
 from agentab.analysis.sample import GOODPUT
 from agentab.analysis.status import describe_status, incomplete_line
@@ -410,6 +411,9 @@ def comparison_markdown(
         lines += ["", *markdown_table(["server metric", "A per run", "B per run"], server)]
     for title, head, rows in breakdown_sections(comparison):
         lines += ["", f"{title}:", "", *markdown_table(head, rows)]
+    faults = fault_rows(comparison.runs_a, comparison.runs_b)
+    lines += ["", FAULTS_TITLE, ""]
+    lines += markdown_table(FAULT_HEADER, faults) if faults else ["None."]
     lines += ["", "Definitions:", *DEFINITIONS]
     if comparison.slo is not None:
         lines.append(GOODPUT_DEFINITION)
@@ -444,7 +448,8 @@ def run_markdown(summary: RunSummary) -> str:
         *(f"- {line}" for line in simulator_caveats([m])),
         f"- Requests (profiling): {v['requests']} ({v['requests_ok']} ok, {v['requests_error']} "
         f"errors = {fmt(v['error_rate'])}); warmup {v['requests_warmup']}; sessions "
-        f"{v['sessions']}; errors by class: {v['errors_by_class'] or 'none'}.",
+        f"{v['sessions']}; errors by class: {v['errors_by_class'] or 'none'}; warnings by class: "
+        f"{v.get('warnings_by_class') or 'none'}.",
         f"- Status: {status_text(m)}.",
         *(
             [f"- Warmup errors by class: {v['warmup_errors_by_class']}."]

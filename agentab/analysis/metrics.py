@@ -57,6 +57,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "ok",
     "error_class",
     "error_message",
+    "warning_class",
     "sent_s",
     "end_s",
     "first_s",

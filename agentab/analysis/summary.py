@@ -159,7 +159,7 @@ def summarize_requests(
     dist = [e for name, col in DISTRIBUTIONS.items() for e in stat_exprs(col, name)]
     lateness = stat_exprs("lateness_s", "dispatch_lateness_s")
     failed = ~pl.col("ok") & ~CANCELLED
-    head, dists, late, busy, errors, warmup_errors, examples = pl.collect_all(
+    head, dists, late, busy, errors, warmup_errors, examples, warnings = pl.collect_all(
         [
             lazy.select(aggregates),
             ok.select(dist),
@@ -178,6 +178,11 @@ def summarize_requests(
             .group_by("error_class")
             .agg(pl.col("error_message").first())
             .sort("error_class"),
+            # flagged requests, failed or not: a warning never fails a request on its own
+            lazy.filter(_profiling & pl.col("warning_class").is_not_null())
+            .group_by("warning_class")
+            .len()
+            .sort("warning_class"),
         ]
     )
     h = head.row(0, named=True)
@@ -191,6 +196,7 @@ def summarize_requests(
         "errors_by_class": dict(errors.iter_rows()),
         "warmup_errors_by_class": dict(warmup_errors.iter_rows()),
         "error_examples": dict(examples.iter_rows()),
+        "warnings_by_class": dict(warnings.iter_rows()),
         "sessions": h["sessions"],
     }
     values.update(_nest(dists.row(0, named=True)))

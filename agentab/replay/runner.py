@@ -55,6 +55,7 @@ class RunStats:
     warmup: int = 0
     error_classes: Counter[str] = field(default_factory=Counter)
     first_errors: dict[str, str] = field(default_factory=dict)  # class -> its first message
+    warning_classes: Counter[str] = field(default_factory=Counter)  # flagged, not failed
     stop_reason: str = "running"
     message: str = ""
     signal: int | None = None  # the signal that interrupted the run
@@ -78,6 +79,7 @@ class RunStats:
             "completion_tokens": self.completion_tokens,
             "error_classes": dict(sorted(self.error_classes.items())),
             "first_errors": dict(sorted(self.first_errors.items())),
+            "warning_classes": dict(sorted(self.warning_classes.items())),
             "elapsed_s": self.elapsed_s,
             "profiling_start_s": self.profiling_start_s,
         }
@@ -492,6 +494,8 @@ class Runner:
                 stats.errors += 1
                 stats.error_classes[out.error_class] += 1
                 stats.first_errors.setdefault(out.error_class, out.error_message or "")
+            if out.warning_class is not None:
+                stats.warning_classes[out.warning_class] += 1
             stats.completion_tokens += out.completion_tokens or len(out.chunk_times)
             self._complete(tree, idx, now)
             self._check_error_rate()
@@ -530,6 +534,8 @@ class Runner:
                 "osl": node.max_tokens,
                 "error_class": out.error_class,
                 "error_message": out.error_message,
+                "warning_class": out.warning_class,
+                "warning_message": out.warning_message,
             }
         )
 

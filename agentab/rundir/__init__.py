@@ -10,6 +10,7 @@ from agentab.rundir.manifest import is_run_dir, read_manifest, write_manifest
 from agentab.rundir.parts import part_files
 from agentab.rundir.read import scan_metrics, scan_records
 from agentab.rundir.schema import (
+    ADDED_RECORD_COLUMNS,
     MANIFEST,
     METRICS_DIR,
     METRICS_SCHEMA,
@@ -19,6 +20,7 @@ from agentab.rundir.schema import (
 from agentab.rundir.writer import PartWriter
 
 __all__ = [
+    "ADDED_RECORD_COLUMNS",
     "MANIFEST",
     "METRICS_DIR",
     "METRICS_SCHEMA",

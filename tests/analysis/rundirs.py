@@ -82,6 +82,8 @@ def rec(
         "osl": completion_tokens if completion_tokens is not None else sum(tokens),
         "error_class": error_class,
         "error_message": None if error_class is None else f"{error_class} happened",
+        "warning_class": None,
+        "warning_message": None,
     }
 
 

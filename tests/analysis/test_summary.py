@@ -220,6 +220,7 @@ def test_percentiles_match_numpy_on_random_data() -> None:
             "ok": True,
             "error_class": None,
             "error_message": None,
+            "warning_class": None,
             "sent_s": np.arange(n, dtype=float),
             "end_s": np.arange(n, dtype=float) + ttft + 10 * itl,
             "first_s": np.arange(n, dtype=float) + ttft,
@@ -234,7 +235,7 @@ def test_percentiles_match_numpy_on_random_data() -> None:
             "cached_tokens": 0,
             "lateness_s": 0.0,
         },
-        schema_overrides={"error_class": pl.String},
+        schema_overrides={"error_class": pl.String, "warning_class": pl.String},
     )
     values = summarize_requests(frame, gpu_count=8)
     for key, data in (("itl_s", itl), ("ttft_s", ttft), ("interactivity_tok_s", 1 / itl)):

@@ -37,6 +37,17 @@ MODES = (
     "keepalive_done",  # 200, a few keep-alive comments, [DONE]
     "404",  # a wrong model name, as vLLM answers it
 )
+HUGE_ERROR = "500_endless"  # a 500 whose body streams "boom " until the client leaves (or stall_s)
+# Faults a replay once recorded as success (n = max_tokens; served by mode, not in MODES' cycle).
+SERVER_FAULT_MODES = (
+    "usage_over_ids",  # n/2 chunks with one token id each, usage claiming n
+    "over_generation",  # n + 3 chunks, usage saying so: max_tokens ignored
+    "empty_text",  # n chunks, every other one (the first included) with text "", usage n
+    "abort",  # n chunks, the last with finish_reason "abort", usage n, [DONE]
+    "abort_early",  # as "abort" after n/2 chunks, usage n/2 (aborted, not short_output)
+    "usage_over_chunks",  # n/2 chunks without token ids, usage claiming n
+)
+HUGE = "huge"  # one chunk, then one data line of `huge_bytes` (n - 1 more and usage if read)
 _NODE = re.compile(r"N(\d+)$")
 
 
@@ -45,9 +56,21 @@ def node_of(request_id: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def chunk(i: int, text: str = " tok") -> bytes:
-    body = {"id": "cmpl-x", "object": "text_completion", "choices": [{"index": 0, "text": text}]}
+def chunk(
+    i: int, text: str = " tok", *, token_ids: list[int] | None = None, finish: str | None = None
+) -> bytes:
+    choice: dict[str, object] = {"index": 0, "text": text, "finish_reason": finish}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    body = {"id": "cmpl-x", "object": "text_completion", "choices": [choice]}
     return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def huge_line(size: int) -> bytes:
+    """One `data:` line of `size` bytes (newline included) holding a valid text chunk."""
+    head = b'data: {"id":"cmpl-x","choices":[{"index":0,"text":"'
+    tail = b'"}]}\n'
+    return head + b"x" * (size - len(head) - len(tail)) + tail
 
 
 def usage_chunk(prompt: int, completion: int, cached: int | None) -> bytes:
@@ -67,6 +90,7 @@ class FaultServer:
         token_interval_s: float = 0.002,
         stall_s: float = 30.0,
         hold_after: Callable[[str], int] = lambda rid: 0,
+        huge_bytes: int = 0,
     ) -> None:
         self.mode_for = mode_for
         self.token_interval_s = token_interval_s
@@ -74,6 +98,7 @@ class FaultServer:
         self.finished: dict[str, float] = {}  # request id -> monotonic end of a full response
         self.seen: list[str] = []
         self.hold_after = hold_after
+        self.huge_bytes = huge_bytes
         self.held: dict[str, int] = {}  # request id -> client port, for held responses
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -129,6 +154,17 @@ class FaultServer:
         prompt = len(body.get("prompt", []))
         if mode == "500":
             return web.Response(status=500, text="internal boom")
+        if mode == HUGE_ERROR:
+            endless = web.StreamResponse(status=500)
+            await endless.prepare(request)
+            until = time.monotonic() + self.stall_s
+            try:
+                while time.monotonic() < until:
+                    await endless.write(b"boom " * 13_000)
+                    await asyncio.sleep(0.001)
+            except ConnectionError:  # the client took its excerpt and left, as it should
+                pass
+            return endless
         if mode == "404":
             msg = f"The model `{body.get('model')}` does not exist."
             return web.json_response(
@@ -189,6 +225,21 @@ class FaultServer:
                 )
             transport.abort()
             return resp
+        if mode in SERVER_FAULT_MODES:
+            await self._server_fault(resp, mode, n, prompt)
+            return resp
+        if mode == HUGE:
+            try:
+                await resp.write(chunk(0))
+                await resp.write(huge_line(self.huge_bytes))
+                for i in range(1, n):
+                    await resp.write(chunk(i))
+                await resp.write(usage_chunk(prompt, n, None))
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+            except ConnectionError:  # the client refused the line and closed, as it should
+                pass
+            return resp
         hold = self.hold_after(rid)
         for i in range(n):
             await resp.write(chunk(i))
@@ -202,6 +253,28 @@ class FaultServer:
         await resp.write_eof()
         self.finished[rid] = time.monotonic()
         return resp
+
+    async def _server_fault(self, resp: web.StreamResponse, mode: str, n: int, prompt: int) -> None:
+        """A 200 stream that ends properly but misreports or misdelivers its tokens."""
+        half = n // 2
+        if mode == "usage_over_ids":
+            body = [chunk(i, token_ids=[7]) for i in range(half)] + [usage_chunk(prompt, n, None)]
+        elif mode == "over_generation":
+            body = [chunk(i) for i in range(n + 3)] + [usage_chunk(prompt, n + 3, None)]
+        elif mode == "empty_text":
+            texts = ["" if i % 2 == 0 else " tok" for i in range(n)]
+            body = [chunk(i, t) for i, t in enumerate(texts)] + [usage_chunk(prompt, n, None)]
+        elif mode in ("abort", "abort_early"):
+            sent = n if mode == "abort" else half
+            body = [chunk(i, finish="abort" if i == sent - 1 else None) for i in range(sent)]
+            body.append(usage_chunk(prompt, sent, None))
+        else:  # usage_over_chunks
+            body = [chunk(i) for i in range(half)] + [usage_chunk(prompt, n, None)]
+        for part in body:
+            await resp.write(part)
+            await asyncio.sleep(self.token_interval_s)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
 
     async def _hold(self, request: web.Request, rid: str) -> None:
         transport = request.transport

@@ -11,6 +11,7 @@ import pytest
 
 from agentab.errors import AgentabError
 from agentab.rundir import (
+    ADDED_RECORD_COLUMNS,
     RECORD_SCHEMA,
     PartWriter,
     part_files,
@@ -38,6 +39,8 @@ def _row(i: int, **over: object) -> dict[str, object]:
         "osl": 2,
         "error_class": None,
         "error_message": None,
+        "warning_class": None,
+        "warning_message": None,
     }
     row.update(over)
     return row
@@ -187,5 +190,24 @@ def test_a_torn_or_foreign_part_is_named_in_one_line(tmp_path: Path) -> None:
         scan_records(run)
     assert str(other.value) == (
         f"{foreign}: not a part of this run's table (missing request_id, session_id, lane and "
-        "15 more)"
+        "17 more)"
     )
+
+
+def test_a_part_written_before_the_warning_columns_reads_with_them_null(tmp_path: Path) -> None:
+    # Run dirs from before `warning_class` / `warning_message` existed keep being readable: their
+    # parts get the two columns as null, beside parts that have them.
+    run = _run_dir(tmp_path)
+    older = pl.Schema({k: v for k, v in RECORD_SCHEMA.items() if k not in ADDED_RECORD_COLUMNS})
+    with PartWriter(run / "records", older) as w:
+        w.add(_row(0))
+    with PartWriter(run / "records", RECORD_SCHEMA) as w:
+        w.add(_row(1, warning_class="empty_chunks", warning_message="1 chunk(s) without text"))
+    df = scan_records(run).collect().sort("request_id")
+    assert df.schema == RECORD_SCHEMA
+    assert df["warning_class"].to_list() == [None, "empty_chunks"]
+    assert df["chunk_times_s"].to_list() == [[0.1, 0.2], [0.1, 0.2]]
+    # A run dir of old parts only reads the same way.
+    for part in part_files(run / "records")[1:]:
+        part.unlink()
+    assert scan_records(run).collect()["warning_message"].to_list() == [None]

@@ -27,12 +27,23 @@ ERROR_CLASSES: tuple[str, ...] = (
     "empty_response",  # HTTP 200 and a proper end, but not one content chunk
     "short_output",  # fewer tokens than max_tokens although ignore_eos was asked
     "no_usage",  # the stream ended without the usage chunk that was asked for
+    "over_generation",  # more tokens than max_tokens (delivered, or claimed by usage)
+    "usage_above_delivered",  # usage counts more tokens than the chunks' token ids hold
+    "aborted",  # the server ended the stream with finish_reason "abort"
+    "line_too_long",  # one SSE line passed the client's line limit (it is not read further)
     "keepalive_timeout",  # only keep-alive comments, no data, for request_timeout_s
     "engine",  # the in-process engine refused or failed the request
     "client",  # an unexpected failure inside the client (a bug; the message says what)
     "cancelled",  # the run ended (signal, error-rate abort) while the request was in flight
 )
 """Values of the `error_class` record column (null on success)."""
+
+WARNING_CLASSES: tuple[str, ...] = (
+    "empty_chunks",  # chunks without text or token ids: received, not timed as tokens
+    "usage_above_chunks",  # usage above the chunk count, where chunks carry no token ids
+)
+"""Values of the `warning_class` record column (null when nothing was flagged). A warning never
+fails a request: its metrics stand, but a server fault may be behind it (docs/replay.md)."""
 
 
 @dataclass(slots=True)
@@ -62,11 +73,18 @@ class Outcome:
     cached_tokens: int | None = None
     error_class: str | None = None
     error_message: str | None = None
+    warning_class: str | None = None
+    warning_message: str | None = None
 
     def fail(self, error_class: str, message: str) -> None:
         if self.error_class is None:  # the first failure is the cause; keep it
             self.error_class = error_class
             self.error_message = message[:500]
+
+    def warn(self, warning_class: str, message: str) -> None:
+        if self.warning_class is None:  # as with failures, the first one flagged is kept
+            self.warning_class = warning_class
+            self.warning_message = message[:500]
 
 
 class Target(Protocol):

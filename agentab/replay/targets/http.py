@@ -23,6 +23,12 @@ import orjson
 
 from agentab.errors import AgentabError
 from agentab.replay.targets.base import Outcome, RequestSpec
+from agentab.replay.targets.sse import (
+    MAX_LINE_ENV,
+    LineSplitter,
+    LineTooLong,
+    max_line_bytes_from_env,
+)
 from agentab.workloads.tokens import prompt_text, prompt_token_ids
 
 _CONTEXT_MARKERS = (
@@ -72,6 +78,7 @@ class HttpTarget:
         api_key: str | None = None,
         timeout_s: float = 600.0,
         vocab_size: int = 32000,
+        max_line_bytes: int | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise AgentabError(f"--url {url}: expected http://HOST:PORT or https://HOST:PORT")
@@ -84,6 +91,8 @@ class HttpTarget:
         self._api_key = api_key
         self.timeout_s = timeout_s
         self.vocab_size = vocab_size
+        # the longest SSE line taken (agentab.replay.targets.sse): default, or the environment's
+        self.max_line_bytes = max_line_bytes or max_line_bytes_from_env()
         self._session: aiohttp.ClientSession | None = None
         self._server_facts: dict[str, Any] = {}
 
@@ -184,7 +193,7 @@ class HttpTarget:
         try:
             async with self._session.post(self.url + self.path, data=body, headers=headers) as resp:
                 if resp.status != 200:
-                    text = (await resp.read())[:2000].decode("utf-8", "replace")
+                    text = (await _read_head(resp, 2000)).decode("utf-8", "replace")
                     out.end = loop.time()
                     _classify_status(out, resp.status, text)
                     return
@@ -222,7 +231,13 @@ class HttpTarget:
         loop: asyncio.AbstractEventLoop,
         deadline: _ReadDeadline | None,
     ) -> None:
-        """Parse SSE `data:` lines; time every content chunk at the read that delivered it."""
+        """Parse SSE `data:` lines; time every content chunk at the read that delivered it.
+
+        A content chunk carries output: text, token ids, reasoning or a tool call. A chunk with
+        none of them (chat's role-only opening chunk, a closing chunk that only has the finish
+        reason, or an empty one) is not timed: it shows the user nothing, and timing it would
+        let an empty first chunk stand in for the first token.
+        """
         chat = self.endpoint == "chat"
         sent = out.sent
         assert sent is not None
@@ -230,7 +245,9 @@ class HttpTarget:
         assert isinstance(times, list)  # a fresh outcome's; arrays come from in-process engines
         tokens: list[int] | None = []
         reasoning = 0
-        buf = b""
+        empty = 0
+        finish: object = None
+        splitter = LineSplitter(self.max_line_bytes)
         done = False
         keepalives = 0
         content = resp.content
@@ -251,8 +268,13 @@ class HttpTarget:
             now = loop.time()
             stamp = now
             now -= sent
-            lines = (buf + data if buf else data).split(b"\n")
-            buf = lines.pop()  # an incomplete last line waits for the next read
+            try:
+                lines = splitter.feed(data)
+            except LineTooLong as exc:
+                out.fail("line_too_long", f"{exc} (limit: {MAX_LINE_ENV})")
+                out.end = loop.time()
+                resp.close()  # the rest of the line is not read
+                return
             for line in lines:
                 if not line.startswith(b"data:"):
                     # Blank separators, other SSE fields, and comments: a server's keep-alive
@@ -291,14 +313,22 @@ class HttpTarget:
                 if usage:
                     _take_usage(out, usage)
                 choice = choices[0]
+                reason = choice.get("finish_reason")
+                if reason is not None:
+                    finish = reason
+                ids = choice.get("token_ids")
                 if chat:
                     delta = choice.get("delta") or {}
                     is_reasoning = any(delta.get(k) for k in _REASONING_KEYS)
-                    if not (is_reasoning or delta.get("content") or delta.get("tool_calls")):
-                        continue  # the role-only opening chunk, or an empty delta
+                    if not (is_reasoning or delta.get("content") or delta.get("tool_calls") or ids):
+                        # the role-only opening chunk and a closing chunk are expected
+                        empty += reason is None and "role" not in delta
+                        continue
                     reasoning += is_reasoning
+                elif not (choice.get("text") or ids):
+                    empty += reason is None
+                    continue
                 if tokens is not None:
-                    ids = choice.get("token_ids")
                     if ids is None:
                         tokens = None
                     else:
@@ -308,6 +338,16 @@ class HttpTarget:
         out.chunk_tokens = tokens if tokens else None
         if chat:
             out.reasoning_chunks = reasoning
+        if empty:
+            out.warn(
+                "empty_chunks",
+                f"{empty} chunk(s) without text or token ids, not timed as tokens",
+            )
+        if finish == "abort":
+            out.fail(
+                "aborted",
+                f'finish_reason "abort" after {len(times)} content chunk(s)',
+            )
         if not done:
             out.fail("broken_stream", "the stream ended without data: [DONE]")
 
@@ -368,21 +408,58 @@ class _ReadDeadline:
 def _check_complete(out: Outcome, max_tokens: int) -> None:
     """A 200 stream that ended properly but did not deliver what was asked is a failure.
 
-    Every request asks for `max_tokens` with `ignore_eos` and usage in the last chunk, so a
-    stream with no content, with fewer tokens than asked, or without usage did not measure the
-    request that was planned: its TTFT and ITL would enter the metrics as if it had.
+    Every request asks for `max_tokens` with `ignore_eos` and usage in the last chunk, so an
+    honest server delivers exactly `max_tokens` tokens and says so. A stream with no content,
+    without usage, with fewer or more tokens than asked, or whose usage counts tokens its
+    chunks' token ids do not hold, did not measure the request that was planned: its TTFT, ITL
+    and OSL would enter the metrics as if it had (docs/replay.md, "Error classes"). Where the
+    chunks do not say how many tokens each carried, usage above the chunk count is only a
+    warning: servers stream several tokens per chunk (speculative decoding, merged outputs).
     """
-    if not out.chunk_times:
+    chunks = len(out.chunk_times)
+    if not chunks:
         out.fail("empty_response", "HTTP 200 and [DONE] without a content chunk")
         return
-    if out.completion_tokens is None:
+    usage = out.completion_tokens
+    if usage is None:
         out.fail("no_usage", "the stream ended without the usage chunk include_usage asks for")
         return
-    if out.completion_tokens < max_tokens:
+    if usage < max_tokens:
+        out.fail("short_output", f"{usage} of {max_tokens} tokens with ignore_eos")
+        return
+    ids = out.chunk_tokens
+    delivered = None if ids is None else int(sum(ids))
+    if usage > max_tokens or chunks > max_tokens or (delivered or 0) > max_tokens:
+        held = "" if delivered is None else f", {delivered} token ids"
         out.fail(
-            "short_output",
-            f"{out.completion_tokens} of {max_tokens} tokens with ignore_eos",
+            "over_generation",
+            f"usage {usage} tokens, {chunks} content chunks{held}, for max_tokens {max_tokens}",
         )
+        return
+    if delivered is not None and delivered < usage:
+        out.fail(
+            "usage_above_delivered",
+            f"usage claims {usage} tokens, the chunks' token ids hold {delivered}",
+        )
+        return
+    if delivered is None and chunks < usage:
+        out.warn(
+            "usage_above_chunks",
+            f"usage claims {usage} tokens over {chunks} content chunks without token ids",
+        )
+
+
+async def _read_head(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """At most `limit` bytes of the body: an error's excerpt needs no more, and reading a
+    server's whole error body would let it make the client hold any amount (the connection,
+    left with unread bytes, is closed instead of reused)."""
+    head = b""
+    while len(head) < limit:
+        part = await resp.content.read(limit - len(head))
+        if not part:
+            break
+        head += part
+    return head
 
 
 def _take_usage(out: Outcome, usage: dict[str, Any]) -> None:

@@ -131,6 +131,10 @@ def test_inputs_of_the_wrong_kind_are_one_line(tmp_path: Path) -> None:
         ("plan", "folder", "--seed", "-1"): (
             "Invalid value for '--seed': -1 is not in the range x>=0. (see 'agentab plan --help')"
         ),
+        ("serve", "--port", "99999"): (
+            "Invalid value for '--port': 99999 is not in the range 0<=x<=65535. (see 'agentab "
+            "serve --help')"
+        ),
     }
     for args, message in cases.items():
         result = subprocess.run(

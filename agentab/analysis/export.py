@@ -11,6 +11,7 @@ Columns (times in seconds from the request's send time; null where undefined):
 | `planned_s`, `sent_s` | when the plan had it due and when it left the client, seconds |
 |  | from the run's start (the difference is the client's lateness) |
 | `ok`, `error_class` | success; the error class of a failed request (null when ok) |
+| `warning_class` | a server fault that left the figures standing (docs/replay.md), else null |
 | `ttft_s` | first content chunk |
 | `itl_s` | mean inter-token latency, (last chunk - first chunk) / (OSL - 1): AIPerf's ITL |
 |  | and vLLM bench serve's TPOT; null when OSL < 2 or the output came in one chunk |
@@ -50,6 +51,7 @@ COLUMNS: tuple[str, ...] = (
     "sent_s",
     "ok",
     "error_class",
+    "warning_class",
     "ttft_s",
     "itl_s",
     "tpot_s",

@@ -64,7 +64,13 @@ def _with_simulator_options(command: Any) -> Any:
     help="Local engine: tensor-parallel ranks, one process each (CPU, gloo) [default: 1].",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=int, default=8000, show_default=True, help="0 picks a free port.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="0 picks a free port.",
+)
 @click.option(
     "--model",
     "model_name",

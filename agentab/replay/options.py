@@ -61,7 +61,11 @@ class ReplayOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start_window", tuple(float(x) for x in self.start_window))
-        _check(isinstance(self.concurrency, int) and self.concurrency >= 1, "concurrency", ">= 1")
+        _check(
+            isinstance(self.concurrency, int) and 1 <= self.concurrency <= MAX_CONCURRENCY,
+            "concurrency",
+            f"an integer from 1 to {MAX_CONCURRENCY:,} (lanes, each a live session tree)",
+        )
         _check(self.rate is None or _finite_pos(self.rate), "rate", "> 0")
         _check(self.time_scale is None or _finite_pos(self.time_scale), "time_scale", "> 0")
         _check(
@@ -144,6 +148,9 @@ class ReplayOptions:
 
 
 MAX_PROMPT_SALT_CHARS = 128
+MAX_CONCURRENCY = 100_000
+"""More lanes than any deployment serves sessions at once; a typo past it (1e8) would spend
+minutes building a plan before the first request."""
 
 
 def new_prompt_salt() -> str:

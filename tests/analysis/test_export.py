@@ -54,7 +54,7 @@ def test_each_column_of_a_hand_computed_request(exported: Path) -> None:
     assert r1["arm"] == "fast" and r1["session_id"] == "s1" and r1["phase"] == "profiling"
     assert (r1["lane"], r1["pass"], r1["turn"]) == (0, 0, 3)
     assert (r1["planned_s"], r1["sent_s"]) == (9.5, 10.0)
-    assert r1["ok"] is True and r1["error_class"] is None
+    assert r1["ok"] is True and r1["error_class"] is None and r1["warning_class"] is None
     assert r1["ttft_s"] == pytest.approx(0.5)
     assert r1["e2e_s"] == pytest.approx(1.1)
     assert r1["itl_s"] == pytest.approx((1.1 - 0.5) / (5 - 1))  # 0.15 s per token

@@ -248,7 +248,13 @@ def test_a_resume_onto_runs_of_other_engine_code_is_refused_before_running(
         ),
         (
             ("concurrency = 2", "concurrency = 0"),
-            "{path}:12: [replay]: replay option concurrency must be >= 1",
+            "{path}:12: [replay]: replay option concurrency must be an integer from 1 to "
+            "100,000 (lanes, each a live session tree)",
+        ),
+        (
+            ("concurrency = 2", "concurrency = 100000000"),
+            "{path}:12: [replay]: replay option concurrency must be an integer from 1 to "
+            "100,000 (lanes, each a live session tree)",
         ),
     ],
 )

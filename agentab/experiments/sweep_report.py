@@ -153,7 +153,7 @@ def _figures(data: dict[str, Any]) -> list:  # list[plotly Figure]
             name=name,
             mode="lines+markers+text",
             text=[f"{p['point']:g}" for p in points],
-            textposition="top center",
+            textposition="top right",  # clear of the vertical and horizontal error bars
             hovertext=labels,
             marker={"color": color, "size": 9},
             line={"color": color},

@@ -37,6 +37,7 @@ import numpy as np
 
 from agentab.clock import is_virtual
 from agentab.engine.executor import Executor
+from agentab.engine.metric_keys import series
 from agentab.engine.outputs import Advance, StepOutput, StepPlan, WindowPlan
 from agentab.engine.request import Request
 from agentab.engine.scheduler import Scheduler
@@ -45,6 +46,7 @@ from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
 
 StepObserver = Callable[[dict[str, Any]], None]
+_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
 class EngineFailed(AgentabError):
@@ -241,6 +243,10 @@ class Engine:
             "agentab:steps_specialized_total": c["steps_specialized"],
             "agentab:decode_steps_standard_total": c["decode_steps_standard"],
             "agentab:decode_steps_specialized_total": c["decode_steps_specialized"],
+            **{
+                series(_PER_POS, position=str(i)): float(n)
+                for i, n in enumerate(self.scheduler.accepted_per_pos.tolist())
+            },
             **self.executor.metrics(),
         }
 
@@ -325,8 +331,8 @@ class Engine:
         """Async scheduling: a measured executor whose launch returns before its work is done
         (a device runs it by itself; a CPU computes inside launch, so running ahead would only
         delay tokens), or a priced one whose profile says the engine schedules ahead."""
-        if self.executor.measured:
-            return self.executor.launches_async
+        if self.executor.measured:  # (not with drafts yet: a verify step's outcome is needed)
+            return self.executor.launches_async and not self.scheduler.k
         return self.async_scheduling
 
     def _start_threads(self, depth: int) -> None:
@@ -371,6 +377,8 @@ class Engine:
             rows = self._step_rows(plan) if self.step_observer is not None else []
             inputs = sched.model_inputs(plan)
             launched = loop.run_in_executor(self._worker, ex.launch, plan, inputs)
+            if sched.k:  # a verify step's outcome depends on its tokens: applied when collected
+                return _Step(start, start, [], [], (plan, rows), launched)
             adv = sched.advance(plan)
             return _Step(start, start, adv.finished, [], (plan, rows), launched, adv)
         output = ex.execute(plan)
@@ -413,7 +421,7 @@ class Engine:
 
     async def _collect(self, loop: asyncio.AbstractEventLoop, step: _Step) -> None:
         """A measured step: wait for the device, write the sampled tokens, stream them."""
-        assert step.launched is not None and step.adv is not None and step.record is not None
+        assert step.launched is not None and step.record is not None
         ex = self.executor
         output = await loop.run_in_executor(
             self._collector or self._worker, ex.collect, await step.launched
@@ -422,10 +430,13 @@ class Engine:
         plan, rows = step.record
         if self.step_observer is not None:
             self._emit_record(step.start, t - step.start, *self._record_fields(plan, rows))
-        adv = step.adv
         if output.sampled is None:
             raise AgentabError("a measured executor's step returned no sampled tokens")
-        self.scheduler.fill(adv, output.sampled)
+        adv = step.adv
+        if adv is None:  # a step with drafts: applied now, from what it accepted and sampled
+            adv = self.scheduler.apply(plan, output)
+        else:
+            self.scheduler.fill(adv, output.sampled)
         for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
             ch = req.sink
             if ch is None or ch.done:  # type: ignore[attr-defined]

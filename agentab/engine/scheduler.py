@@ -109,6 +109,8 @@ class Scheduler:
         self.slot_req: list[Request | None] = [None] * 16
         self._free_slots: list[int] = list(range(15, -1, -1))
         self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0.0)
+        # vLLM's spec_decode_num_accepted_tokens_per_pos: verify rows that accepted position i
+        self.accepted_per_pos = np.zeros(self.k, dtype=np.int64)
 
     # -- slots ---------------------------------------------------------------------------------
     def _grow(self, cap: int, cols: int) -> None:
@@ -502,12 +504,17 @@ class Scheduler:
         Without an output (tools and tests that drive the scheduler alone) the step's outcome
         is the simulator's: synthetic acceptance (`SpecConfig.accepted`), planned tokens.
         """
+        adv = self.apply(plan, output)
+        return adv.reqs, adv.counts, adv.finished
+
+    def apply(self, plan: StepPlan, output: StepOutput | None = None) -> Advance:
+        """`update`, returning the whole `Advance` (where each request's tokens went)."""
         if output is None:
             output = synthetic_outcome(plan, self.cfg.spec, 0.0)
         adv = self._advance(plan, output.accepted)
         if output.sampled is not None:
             self.fill(adv, output.sampled)
-        return adv.reqs, adv.counts, adv.finished
+        return adv
 
     def advance(self, plan: StepPlan) -> Advance:
         """Apply a step that is still running, before its tokens are known (async scheduling).
@@ -553,6 +560,9 @@ class Scheduler:
             st.spec_idx, counts_log, log_row, rows, counts, starts, done,
         )  # fmt: skip
         self.count_verified(verified, drafts, acc_sum)
+        if verified and len(acc):
+            v = plan.is_decode & (plan.drafts > 0)
+            self.count_positions(np.minimum(acc[v], plan.drafts[v]))
         c["generation_tokens"] += emitted
         rows = rows[:n]
         slot_req = self.slot_req
@@ -568,6 +578,13 @@ class Scheduler:
             c["spec_decode_num_drafts"] += rows
             c["spec_decode_num_draft_tokens"] += drafts
             c["spec_decode_num_accepted_tokens"] += accepted
+
+    def count_positions(self, accepted: np.ndarray) -> None:
+        """vLLM's per-position counter: a verify row that accepted `a` drafts counts one at
+        each of positions 0..a-1 (`accepted`: the verify rows' accepted drafts, any shape)."""
+        if self.k:
+            per_value = np.bincount(accepted.ravel(), minlength=self.k + 1)
+            self.accepted_per_pos += np.cumsum(per_value[::-1])[::-1][1 : self.k + 1]
 
     # -- a model's side (agentab.engine.model_io) ---------------------------------------------
     model_inputs = model_io.model_inputs

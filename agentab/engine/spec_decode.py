@@ -65,6 +65,9 @@ class SpecConfig:
     acceptance_length: float | None = None
     acceptance_probs: tuple[float, ...] | None = None
     seed: int = 0
+    # "synthetic": drafts are accepted by the model above; "standard": by a real model's
+    # greedy verification (the local engine's executor), which needs no acceptance model
+    rejection_sample_method: str = "synthetic"
     # derived in __post_init__: the conditional rates, and whether they decide every draw
     # (0s and 1s only: an integral acceptance length) with how many drafts then accepted
     _conditional: np.ndarray = field(
@@ -79,6 +82,15 @@ class SpecConfig:
             raise AgentabError(f"num_draft_tokens: {k} must be >= 0")
         has_len = self.acceptance_length is not None
         has_probs = self.acceptance_probs is not None
+        if self.rejection_sample_method not in ("synthetic", "standard"):
+            raise AgentabError(
+                f"rejection_sample_method: {self.rejection_sample_method!r} is not one of "
+                "standard, synthetic"
+            )
+        if self.rejection_sample_method == "standard":
+            if has_len or has_probs:
+                raise AgentabError("acceptance_length/acceptance_probs need synthetic rejection")
+            return
         if k == 0:
             if has_len or has_probs:
                 raise AgentabError("acceptance_length/acceptance_probs need num_draft_tokens > 0")
@@ -110,6 +122,11 @@ class SpecConfig:
         return self.num_draft_tokens > 0
 
     @property
+    def synthetic(self) -> bool:
+        """Whether drafts are accepted by the synthetic model (not by comparing tokens)."""
+        return self.enabled and self.rejection_sample_method == "synthetic"
+
+    @property
     def rates(self) -> tuple[float, ...]:
         """The per-position unconditional rates (empty without drafts)."""
         if self.acceptance_probs is not None:
@@ -137,6 +154,8 @@ class SpecConfig:
         shape = np.broadcast(keys, index, drafts).shape
         if not self.enabled:
             return np.zeros(shape, dtype=np.int64)
+        if not self.synthetic:
+            raise AgentabError("standard rejection: the executor accepts drafts (a real model)")
         cond = self._conditional
         k = self.num_draft_tokens
         if self._decided:  # rates of 0 and 1 only: u < 1 always holds, u < 0 never

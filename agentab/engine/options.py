@@ -181,7 +181,8 @@ OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
 
 class OptionsError(AgentabError):
     """A bad option: the message names it; `field` is its name in the struct (a file's
-    loader looks up the field's line with it), None when no one field is at fault."""
+    loader looks up the field's line with it; dotted inside a sub-table:
+    `speculative_config.num_speculative_tokens`), None when no one field is at fault."""
 
     def __init__(self, message: str, field: str | None) -> None:
         super().__init__(message)
@@ -254,13 +255,15 @@ def explain(
             f".{key}" if index is None else f"[{index}]" for key, index in parts[1:]
         )
         inner = _struct_at(cls, [key for key, index in parts if index is None])
+        dotted = ".".join(key for key, index in parts if index is None)
         if unknown := _UNKNOWN.match(message):
             listed = ", ".join(option_names(inner) if inner else ())
-            return parts[0][0], f"{where}.{unknown['field']}: unknown option (known: {listed})"
+            sub = unknown["field"]
+            return f"{dotted}.{sub}", f"{where}.{sub}: unknown option (known: {listed})"
         if missing := _MISSING.match(message):
-            return parts[0][0], f"{where}.{missing['field']}: missing (required)"
+            return dotted, f"{where}.{missing['field']}: missing (required)"
         if rule := _RULE.match(message):  # a struct's own check (__post_init__)
-            return parts[0][0], f"{where}.{rule['field']}: {rule['rest']}"
+            return f"{dotted}.{rule['field']}", f"{where}.{rule['field']}: {rule['rest']}"
     if unknown := _UNKNOWN.match(message):
         listed = ", ".join(option_names(cls) if known is None else known)
         return unknown["field"], f"{name(unknown['field'])}: unknown option (known: {listed})"
@@ -268,8 +271,8 @@ def explain(
         return missing["field"], f"{name(missing['field'])}: missing (required)"
     if not parts or parts[0][0] == "":
         return None, message[:1].lower() + message[1:]
-    field = parts[0][0]
-    label = name(field) + "".join(
+    field = ".".join(key for key, index in parts if index is None)
+    label = name(parts[0][0]) + "".join(
         f".{key}" if index is None else f"[{index}]" for key, index in parts[1:]
     )
     inner = _struct_at(cls, [key for key, index in parts[:-1] if index is None])

@@ -68,6 +68,12 @@ class _Step:
     adv: Advance | None = None  # a measured step applied before its tokens are known
     pending: tuple[StepPlan, StepOutput] | None = None  # a priced step applied at its end
 
+    @property
+    def unapplied(self) -> bool:
+        """A measured step with drafts, applied to the scheduler only when collected: its rows
+        must keep their slots until then (an abort waits for it)."""
+        return self.launched is not None and self.adv is None
+
 
 class Engine:
     """Continuous-batching engine: `Engine(scheduler, executor)`; see docs/interfaces.md."""
@@ -302,7 +308,8 @@ class Engine:
         windows = virtual and self.fast_forward and not ex.measured
         inflight = self._inflight
         while True:
-            if self._aborts:
+            # (not while a step with drafts runs: it is applied to its rows when collected)
+            if self._aborts and not (inflight and inflight[-1].unapplied):
                 self._apply_aborts()
             if sched.has_work() and len(inflight) < depth:
                 start = self._next_start(loop, virtual, depth)

@@ -324,3 +324,44 @@ def test_the_counters_on_metrics_equal_what_the_client_saw():
         labels, value = got["vllm:spec_decode_num_accepted_tokens_per_pos_total", str(i)]
         assert labels == {"model_name": "m", "position": str(i)}
         assert value == sum(a > i for a in verify)
+
+
+def test_the_engine_loop_serves_drafts_and_an_abort_mid_verify():
+    """Through `Engine.generate` (the loop, not hand stepping): a verify step is applied to
+    the scheduler when it is collected, so a client that leaves while one runs is aborted only
+    after it; the other requests get exactly plain greedy decoding's tokens."""
+    from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
+
+    async def serve(eng, leave_after: int | None) -> dict[str, list[int]]:
+        eng.start()
+
+        async def one(rid: str, p: np.ndarray, n: int, delay: float) -> list[int]:
+            await asyncio.sleep(delay)
+            ids: list[int] = []
+            events = 0
+            async for ev in eng.generate(EngineRequest(rid, p, n)):
+                if isinstance(ev, TokenEvent):
+                    ids.extend(ev.token_ids.tolist())
+                    events += 1
+                    if rid == "gone" and leave_after is not None and events == leave_after:
+                        break  # leaving the stream aborts the request
+                else:
+                    assert isinstance(ev, FinalUsage) and ev.completion_tokens == n
+            return ids
+
+        jobs = [("a", prompt(50, 3), 20, 0.0), ("gone", prompt(17, 9), 40, 0.0),
+                ("c", prompt(90, 4), 9, 0.05)]  # fmt: skip
+        try:
+            outs = await asyncio.gather(*(one(*j) for j in jobs))
+        finally:
+            await eng.stop()
+        return dict(zip(("a", "gone", "c"), outs, strict=True))
+
+    plain = asyncio.run(serve(engine(kv_blocks=64), None))
+    eng = engine("latency_specialized", greedy_spec(3, 3), kv_blocks=64)
+    assert eng.describe()["async_scheduling"] is False  # one step at a time while drafting
+    got = asyncio.run(serve(eng, 2))
+    assert got["a"] == plain["a"] and got["c"] == plain["c"]
+    assert got["gone"] == plain["gone"][: len(got["gone"])] and 1 < len(got["gone"]) < 40
+    assert eng.scheduler.counters["request_abort"] == 1
+    assert not eng.scheduler.requests and eng.scheduler.pool.num_free == 64

@@ -287,7 +287,18 @@ def server_rows(comparison: Comparison) -> list[list[str]]:
         if any(v is not None for v in a + b):
             unit = {"spec_acceptance_length": "x", "decode_step_device_s": "s"}.get(key, "")
             rows.append([label, _spread(a, unit), _spread(b, unit)])
+    rates = [[s.values.get("spec_acceptance_rates") for s in side]
+             for side in (comparison.runs_a, comparison.runs_b)]  # fmt: skip
+    if any(r for side in rates for r in side):
+        label = "spec-decode acceptance per draft position (server; synthetic_acceptance_rates)"
+        rows.append([label, *(_rates(side) for side in rates)])
     return rows
+
+
+def _rates(runs: Sequence[list[float] | None]) -> str:
+    """Per-position rates of each run, `[0.91, 0.78, ...]`, runs separated by `; `."""
+    shown = ["[" + ", ".join(f"{p:.3f}" for p in r) + "]" for r in runs if r]
+    return "; ".join(shown) if shown else "–"
 
 
 def comparison_markdown(

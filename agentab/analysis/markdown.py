@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from agentab.analysis.caveats import simulator_caveats
+from agentab.analysis.caveats import simulator_caveats, synthetic_acceptance_caveats
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
 from agentab.analysis.status import describe_status, incomplete_line
@@ -164,6 +164,7 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         lines.append(f"- Paired design: {comparison.matching.describe()}.")
     manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
     lines += [f"- {line}" for line in simulator_caveats(manifests)]
+    lines += [f"- {line}" for line in synthetic_acceptance_caveats(manifests)]
     lines += [f"- {line}" for line in header]
     for note in comparison.notes:
         lines.append(f"- Not compared (differs by design): {note.describe()}.")
@@ -352,6 +353,7 @@ def run_markdown(summary: RunSummary) -> str:
         f"- {m.get('gpu_count', '?')} x {m.get('gpu_name', '?')} GPUs, TP {m.get('tp', '?')}, "
         f"decode_backend {m.get('decode_backend', '?')}, engine {m.get('engine', '?')}.",
         *(f"- {line}" for line in simulator_caveats([m])),
+        *(f"- {line}" for line in synthetic_acceptance_caveats([m])),
         f"- Requests (profiling): {v['requests']} ({v['requests_ok']} ok, {v['requests_error']} "
         f"errors = {fmt(v['error_rate'])}); warmup {v['requests_warmup']}; sessions "
         f"{v['sessions']}; errors by class: {v['errors_by_class'] or 'none'}.",

@@ -173,3 +173,20 @@ def test_the_guard_refuses_arms_whose_speculative_configs_differ():
     # an arm without speculative decoding against one with it
     off = manifest_differences([a], [{**b, "spec": None}])
     assert {d.field for d in off} == {"spec", *(f"spec.{key}" for key in spec)}
+
+
+def test_a_report_says_when_acceptance_is_synthetic():
+    from agentab.analysis.caveats import synthetic_acceptance_caveats
+
+    spec = {"num_speculative_tokens": 7, "rejection_sample_method": "synthetic",
+            "synthetic_rates_resolved": [1, 1, 0.8, 0, 0, 0, 0]}  # fmt: skip
+    manifest = {"engine": "agentab-local", "spec": spec}
+    assert synthetic_acceptance_caveats([manifest, manifest]) == [
+        "**Synthetic acceptance**: engine agentab-local accepts drafts by vLLM's synthetic "
+        "method (7 draft tokens, per-position rates 1.00, 1.00, 0.80, 0.00, 0.00, 0.00, 0.00), "
+        "not by verifying them: the A/B measures the decode paths at this acceptance, not "
+        "whether a drafter reaches it on your prompts."
+    ]
+    greedy = {**spec, "rejection_sample_method": "standard"}
+    assert synthetic_acceptance_caveats([{"engine": "agentab-local", "spec": greedy}]) == []
+    assert synthetic_acceptance_caveats([{"engine": "agentab-sim", "spec": None}]) == []

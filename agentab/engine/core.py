@@ -338,8 +338,8 @@ class Engine:
         """Async scheduling: a measured executor whose launch returns before its work is done
         (a device runs it by itself; a CPU computes inside launch, so running ahead would only
         delay tokens), or a priced one whose profile says the engine schedules ahead."""
-        if self.executor.measured:  # (not with drafts yet: a verify step's outcome is needed)
-            return self.executor.launches_async and not self.scheduler.k
+        if self.executor.measured:
+            return self.executor.launches_async
         return self.async_scheduling
 
     def _start_threads(self, depth: int) -> None:
@@ -384,7 +384,7 @@ class Engine:
             rows = self._step_rows(plan) if self.step_observer is not None else []
             inputs = sched.model_inputs(plan)
             launched = loop.run_in_executor(self._worker, ex.launch, plan, inputs)
-            if sched.k:  # a verify step's outcome depends on its tokens: applied when collected
+            if sched.k and depth == 1:  # nothing runs ahead: applied, exactly, when collected
                 return _Step(start, start, [], [], (plan, rows), launched)
             adv = sched.advance(plan)
             return _Step(start, start, adv.finished, [], (plan, rows), launched, adv)
@@ -440,11 +440,14 @@ class Engine:
         if output.sampled is None:
             raise AgentabError("a measured executor's step returned no sampled tokens")
         adv = step.adv
+        finished_now: list[Request] = []
         if adv is None:  # a step with drafts: applied now, from what it accepted and sampled
             adv = self.scheduler.apply(plan, output)
-        else:
-            self.scheduler.fill(adv, output.sampled)
+        else:  # (with drafts, counts corrected by what the step accepted)
+            finished_now = self.scheduler.fill(adv, output.sampled, output.accepted, plan.drafts)
         for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
+            if n == 0:  # it reached max_tokens in an earlier step that accepted more drafts
+                continue
             ch = req.sink
             if ch is None or ch.done:  # type: ignore[attr-defined]
                 continue
@@ -454,7 +457,7 @@ class Engine:
                 assert isinstance(ch, Channel)
                 ch.items.append(TokenEvent(t, n, req.tokens[at : at + n]))
                 ch.wake()
-        for req in adv.finished:
+        for req in (*finished_now, *adv.finished):
             self._finish(req)
 
     def _hand_out(self, step: _Step) -> None:

@@ -524,10 +524,20 @@ class Scheduler:
         requests end at exactly max_tokens. So the next step can be scheduled at once; the
         tokens this step samples are marked pending (the next step's inputs refer to them by
         row, `StepInputs.prev_rows`) and `fill` writes them when the step returns.
+
+        With drafts (as vLLM schedules ahead of a verify step) every verify row is applied as
+        accepting none: one token, the rejected drafts rolled back. The next step plans the
+        row from there, and the executor shifts it by the drafts this step did accept (into
+        the k lookahead slots every row holds); `fill` corrects the counts when the step
+        returns (model_io).
         """
-        if self.k:
-            raise AgentabError("async scheduling needs num_draft_tokens = 0")
         adv = self._advance(plan, None)
+        if self.k:  # counted when collected, from what the step did (model_io.fill)
+            v = plan.is_decode & (plan.drafts > 0)
+            c = self.counters
+            c["generation_tokens"] -= sum(adv.counts)
+            c["spec_decode_num_drafts"] -= int(np.count_nonzero(v))
+            c["spec_decode_num_draft_tokens"] -= int(plan.drafts[v].sum())
         self._steps_advanced += 1
         adv.step = self._steps_advanced
         for req, row in zip(adv.reqs, adv.rows, strict=True):

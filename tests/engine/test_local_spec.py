@@ -326,13 +326,16 @@ def test_the_counters_on_metrics_equal_what_the_client_saw():
         assert value == sum(a > i for a in verify)
 
 
-def test_the_engine_loop_serves_drafts_and_an_abort_mid_verify():
-    """Through `Engine.generate` (the loop, not hand stepping): a verify step is applied to
-    the scheduler when it is collected, so a client that leaves while one runs is aborted only
-    after it; the other requests get exactly plain greedy decoding's tokens."""
+@pytest.mark.parametrize("ahead", [False, True])
+def test_the_engine_loop_serves_drafts_and_an_abort_mid_verify(ahead):
+    """Through `Engine.generate` (the loop, not hand stepping), one step at a time (a verify
+    step applied when collected) or scheduled ahead (applied as accepting nothing, corrected
+    when collected): a client that leaves mid-stream is aborted, its step in flight dropped
+    for it, and the other requests get exactly plain greedy decoding's tokens."""
     from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 
     async def serve(eng, leave_after: int | None) -> dict[str, list[int]]:
+        eng.executor.launches_async = ahead
         eng.start()
 
         async def one(rid: str, p: np.ndarray, n: int, delay: float) -> list[int]:
@@ -359,9 +362,88 @@ def test_the_engine_loop_serves_drafts_and_an_abort_mid_verify():
 
     plain = asyncio.run(serve(engine(kv_blocks=64), None))
     eng = engine("latency_specialized", greedy_spec(3, 3), kv_blocks=64)
-    assert eng.describe()["async_scheduling"] is False  # one step at a time while drafting
     got = asyncio.run(serve(eng, 2))
     assert got["a"] == plain["a"] and got["c"] == plain["c"]
     assert got["gone"] == plain["gone"][: len(got["gone"])] and 1 < len(got["gone"]) < 40
     assert eng.scheduler.counters["request_abort"] == 1
     assert not eng.scheduler.requests and eng.scheduler.pool.num_free == 64
+
+
+ASYNC_JOBS = [
+    ("a", prompt(50, 3), 20, 0.0),
+    ("b", prompt(17, 9), 14, 0.0),
+    ("c", prompt(90, 4), 9, 0.02),
+    ("d", prompt(5, 2), 31, 0.05),
+]
+
+
+async def serve_all(eng, ahead: bool, jobs=ASYNC_JOBS) -> dict[str, list[int]]:
+    """Every job through `Engine.generate`, scheduled one step ahead or not (on the CPU the
+    executor says not; `launches_async` makes it, as on a GPU)."""
+    from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
+
+    eng.executor.launches_async = ahead
+    eng.start()
+
+    async def one(rid: str, p: np.ndarray, n: int, delay: float) -> list[int]:
+        await asyncio.sleep(delay)
+        ids: list[int] = []
+        async for ev in eng.generate(EngineRequest(rid, p, n)):
+            if isinstance(ev, TokenEvent):
+                ids.extend(ev.token_ids.tolist())
+            else:
+                assert isinstance(ev, FinalUsage) and ev.completion_tokens == n == len(ids)
+        return ids
+
+    try:
+        outs = await asyncio.gather(*(one(*j) for j in jobs))
+    finally:
+        await eng.stop()
+    return dict(zip([j[0] for j in jobs], outs, strict=True))
+
+
+COUNTED_SPEC = (
+    "vllm:spec_decode_num_drafts_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+)
+
+
+def spec_metrics(eng) -> dict[str, float]:
+    m = eng.metrics()
+    return {k: v for k, v in m.items() if k in COUNTED_SPEC or "_per_pos" in k}
+
+
+@pytest.mark.parametrize(
+    ("backend", "spec", "options"),
+    [
+        ("auto", greedy_spec(3, 1), {}),
+        ("latency_specialized", greedy_spec(3, 3), {}),
+        ("auto", greedy_spec(3, LAYERS), {}),
+        ("latency_specialized", synthetic(7, length=3.8), {}),
+        ("auto", synthetic(3, rates=[0.9, 0.6, 0.3]), {"kv_blocks": 12}),  # preemptions
+    ],
+)
+def test_async_scheduling_with_drafts_gives_the_tokens_and_counts_of_one_step_at_a_time(
+    backend, spec, options
+):
+    """Scheduled one step ahead, each verify row is planned as if the step in flight accepted
+    none of its drafts; the executor shifts it by what that step did accept, and the counts
+    are corrected when it returns. Tokens, finishes and every spec counter must be those of
+    scheduling one step at a time (greedy: plain greedy decoding's tokens)."""
+    ahead_engine = engine(backend, spec, **options)
+    assert ahead_engine.describe()["async_scheduling"] is False  # the CPU's own choice
+    stepwise_engine = engine(backend, spec, **options)
+    stepwise = asyncio.run(serve_all(stepwise_engine, False))
+    ahead = asyncio.run(serve_all(ahead_engine, True))
+    assert ahead_engine.describe()["async_scheduling"] is True
+    assert ahead == stepwise
+    assert spec_metrics(ahead_engine) == spec_metrics(stepwise_engine)
+    if spec.get("rejection_sample_method") != "synthetic":
+        assert ahead == asyncio.run(serve_all(engine(backend, **options), False))
+    if "kv_blocks" in options:
+        assert ahead_engine.scheduler.counters["num_preemptions"] >= 1
+    assert not ahead_engine.scheduler.requests
+    assert ahead_engine.scheduler.pool.num_free == ahead_engine.scheduler.pool.num_blocks

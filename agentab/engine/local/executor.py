@@ -16,6 +16,7 @@ every step leaves its sampled ids in one device buffer, from which the next step
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -113,6 +114,9 @@ class TorchExecutor:
         ]
         self._next_host = 0
         self._last_end: Any = None  # the previous step's end event (device idle time)
+        # drafts accepted per row by the previous step (rows of a step scheduled ahead of it
+        # start that much later than planned: `_shifted`)
+        self._prev_accepted = np.zeros(max_rows, dtype=np.int64)
         self.counters: dict[str, float] = dict.fromkeys(
             (
                 "prefill_tokens_computed",
@@ -140,6 +144,8 @@ class TorchExecutor:
         assert inputs is not None
         t0 = time.perf_counter()
         n = inputs.num_rows
+        if self.drafter is not None:
+            inputs = self._shifted(inputs)
         if self.tp.active and self.tp.rank == 0:
             self.tp.broadcast(("step", plan, inputs))  # the other ranks run it alongside
         with torch.inference_mode():
@@ -176,6 +182,8 @@ class TorchExecutor:
                     ids = greedy(self.cfg, self.w, x, self.tp)
                 self.last_sampled[:n].copy_(ids)
                 self.counters["eager_steps"] += 1
+            if self.drafter is not None:
+                self._prev_accepted[:n] = 0 if accepted is None else accepted
             if accepted is not None:  # (rows, 1 + k) tokens: a host tensor of its own
                 host = ids.cpu()
                 if events is not None:
@@ -192,6 +200,31 @@ class TorchExecutor:
                     host.copy_(ids)
         self.counters["host_launch_seconds"] += time.perf_counter() - t0
         return Launched(plan=plan, rows=n, t0=t0, ids=host, events=events, accepted=accepted)
+
+    def _shifted(self, inputs: StepInputs) -> StepInputs:
+        """A step scheduled while the previous one ran (async scheduling with drafts): the
+        scheduler planned each decoding row as if the previous step had accepted none of its
+        drafts; a row that follows a verify row (its first token is that row's pending token)
+        starts `accepted` positions later, in its lookahead slots (vLLM corrects its positions
+        on the device the same way)."""
+        prev = inputs.prev_rows
+        if prev is None:
+            return inputs
+        first = inputs.starts[:-1]
+        pending = prev[first]
+        shift = np.where(inputs.is_decode & (pending >= 0), self._prev_accepted[pending], 0)
+        if not shift.any():
+            return inputs
+        counts = np.diff(inputs.starts)
+        positions = inputs.positions + np.repeat(shift, counts)
+        row_of = np.repeat(np.arange(len(counts)), counts)
+        bs = inputs.block_size
+        tables = inputs.block_tables
+        slots = tables[row_of, positions // bs] * bs + positions % bs
+        return dataclasses.replace(
+            inputs, positions=positions, slot_mapping=slots,
+            context_lens=inputs.context_lens + shift,
+        )  # fmt: skip
 
     def _forward(
         self, plan: StepPlan, b: DeviceBatch, out_index: torch.Tensor | None = None

@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import polars as pl
 
-from agentab.replay.records import RECORD_SCHEMA
+from agentab.rundir import RECORD_SCHEMA
 
 MAX_CHUNKS = 16
 DERIVED = {"chunk_times_s", "chunk_tokens", "completion_tokens", "osl", "error_class"}

@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from agentab.engine import build_simulator
-from agentab.replay import ReplayOptions, run_to_dir, scan_records
+from agentab.replay import ReplayOptions, run_to_dir
 from agentab.replay.targets.loopback import LoopbackTarget
+from agentab.rundir import scan_records
 from agentab.workloads.model import Request, Session, Workload
 
 PROFILE = "h200-tp1-kimi-shard"

@@ -76,7 +76,7 @@ def bench_batch() -> None:
 def bench_agentx(sessions: int, seed: int) -> None:
     from agentab.replay import simulate_to_dir
     from agentab.replay.options import ReplayOptions
-    from agentab.replay.records import scan_records
+    from agentab.rundir import scan_records
     from agentab.workloads.generator import generate, load_config
 
     print(f"\n== 1 h AgentX-style, 64 concurrent sessions ({sessions} generated, seed {seed}) ==")

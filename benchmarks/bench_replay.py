@@ -146,7 +146,8 @@ def start_server(interval: float) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def run_agentab(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    from agentab.replay import ReplayOptions, replay_to_dir, scan_records
+    from agentab.replay import ReplayOptions, replay_to_dir
+    from agentab.rundir import scan_records
     from agentab.workloads.model import Request, Session, Workload
 
     wl = Workload(

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import polars as pl
 
-from agentab.replay import ReplayOptions, scan_records, simulate_to_dir
+from agentab.replay import ReplayOptions, simulate_to_dir
+from agentab.rundir import scan_records
 from agentab.workloads.generator import generate, load_config
 
 

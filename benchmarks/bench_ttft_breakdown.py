@@ -33,7 +33,7 @@ from bench_fidelity import run  # noqa: E402  (this directory: the same command 
 
 from agentab.replay.api import simulate_to_dir  # noqa: E402
 from agentab.replay.options import ReplayOptions  # noqa: E402
-from agentab.replay.records import scan_records  # noqa: E402
+from agentab.rundir import scan_records  # noqa: E402
 from agentab.workloads import load  # noqa: E402
 from tests.serving import serve_process  # noqa: E402
 

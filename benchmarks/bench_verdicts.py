@@ -22,8 +22,8 @@ in the window. The estimator is `compare_runs`, exactly what `agentab ab` report
   the budget to a verdict is counted in blocks.
 
 - Sequential blocks are short (`--block-fraction`, a twelfth of a fixed-design window in the
-  committed figures): the sequence does not know the blocks' variance, so it pays in blocks,
-  not in seconds.
+  committed figures; `agentab ab --until-decided --block-seconds` in the product): the
+  sequence does not know the blocks' variance, so it pays in blocks, not in seconds.
 
     python benchmarks/bench_verdicts.py [--aa-pairs 100] [--effect-pairs 50]
         [--effects 0.03 0.05 0.10 -0.05] [--repeats 3] [--concurrency 1 8]

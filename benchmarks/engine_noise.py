@@ -36,7 +36,7 @@ import polars as pl
 
 def step_noise(run_dirs: list[Path]) -> dict[str, float | int]:
     """Per-step log sigma from one-token chunk gaps of every successful profiling request."""
-    from agentab.replay.records import scan_records
+    from agentab.rundir import scan_records
 
     diffs: list[np.ndarray] = []
     gaps_n = 0

@@ -60,7 +60,7 @@ class PrefillSteps:
 
 def measured(run: Path) -> PrefillSteps:
     """From the run's scraped counters, first scrape to last (the warmup included)."""
-    from agentab.replay.records import scan_metrics
+    from agentab.rundir import scan_metrics
 
     frame = scan_metrics(run).collect().sort("t_s")
     ends = frame.group_by("name").agg(pl.col("value").first().alias("a"), pl.col("value").last())

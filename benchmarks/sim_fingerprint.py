@@ -91,7 +91,7 @@ def _bytes_of(series: pl.Series) -> bytes:
 
 def fingerprint(run_dir: Path) -> dict[str, str]:
     """Hashes of a run dir's records, metrics and stats (each part, and all together)."""
-    from agentab.replay.records import scan_metrics, scan_records
+    from agentab.rundir import scan_metrics, scan_records
 
     records = scan_records(run_dir).collect()
     parts: dict[str, str] = {"rows": str(records.height)}

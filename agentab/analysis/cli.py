@@ -90,6 +90,15 @@ def report(run_dir: Path, as_json: bool, allow_incomplete: bool) -> None:
     show_default=True,
     help="'equivalent' when the interval of B/A lies within +-this fraction (0 turns it off).",
 )
+@click.option(
+    "--slo",
+    "slo_terms",
+    multiple=True,
+    metavar="NAME:VALUE",
+    help="A per-request service-level objective, repeatable: ttft, itl (tpot) or e2e with a "
+    "unit, e.g. --slo ttft:2s --slo itl:50ms. Adds goodput (successful requests meeting all of "
+    "them, per second) and SLO attainment (their share) to the comparison, with intervals.",
+)
 def compare(
     a: Path,
     b: Path,
@@ -100,6 +109,7 @@ def compare(
     resamples: int,
     seed: int,
     equivalence_margin: float,
+    slo_terms: tuple[str, ...],
 ) -> None:
     """Compare B against A. Each is a run dir or a folder of run dirs (pooled repeats).
 
@@ -111,7 +121,9 @@ def compare(
     from agentab.analysis.html import write_html
     from agentab.analysis.load import load_runs
     from agentab.analysis.markdown import comparison_markdown
+    from agentab.analysis.slo import parse_slo
 
+    slo = parse_slo(slo_terms)
     comparison = compare_runs(
         load_runs(a),
         load_runs(b),
@@ -120,6 +132,7 @@ def compare(
         seed=seed,
         equivalence_margin=equivalence_margin,
         allow_incomplete=allow_incomplete,
+        slo=slo,
     )
     if html is not None:
         write_html(comparison, html)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from agentab.analysis.bootstrap import batches, percentile_ci, resample_weights, work_per_row
+from agentab.analysis.breakdown import breakdowns
 from agentab.analysis.guard import (
     Difference,
     check,
@@ -55,10 +56,12 @@ from agentab.analysis.sample import (
     Metric,
     SampleSize,
     build_sample,
+    metrics_for,
     sample_size,
     session_index,
     withheld_because,
 )
+from agentab.analysis.slo import Slo
 from agentab.analysis.status import require_completed
 from agentab.analysis.summary import RunSummary, summarize_run
 
@@ -142,6 +145,9 @@ class Comparison:
     incomplete: list[str] = field(default_factory=list)  # unfinished runs (--allow-incomplete)
     matching: Matching | None = None  # paired design: the requests both arms completed
     equivalence_margin: float = DEFAULT_EQUIVALENCE_MARGIN
+    slo: Slo | None = None  # the objectives goodput counts against (none: no goodput rows)
+    # per context-length and turn bucket, both arms over the latency metrics' requests
+    breakdowns: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -163,7 +169,14 @@ class Comparison:
             "repeat_interval": self.repeat_pairing,
             "matched_requests": None if self.matching is None else self.matching.to_json(),
             "equivalence_margin": self.equivalence_margin,
+            "slo": None
+            if self.slo is None
+            else {
+                "terms": self.slo.terms(),
+                "limits_s": self.slo.limits(),
+            },
             "sample": {"a": self.size_a.to_json(), "b": self.size_b.to_json()},
+            "breakdowns": self.breakdowns,
             "verdict_withheld": self.withheld,
             "runs": {
                 "a": [str(s.run.path) for s in self.runs_a],
@@ -222,6 +235,7 @@ def bootstrap_log_ratios(
     resamples: int,
     seed: int,
     repeat_resamples: int = REPEAT_RESAMPLES,
+    metrics: Sequence[Metric] = METRICS,
 ) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, list[dict[str, np.ndarray]]]]:
     """log(B/A) of every metric for each paired session resample, per population, and the same
     for each repeat alone over the first `repeat_resamples` resamples (their variance is all
@@ -235,10 +249,10 @@ def bootstrap_log_ratios(
     )
     per_row = 2 * len(populations) * work_per_row(n_max, sessions, 4)
     pooled: dict[str, dict[str, list[np.ndarray]]] = {
-        key: {m.name: [] for m in METRICS} for key in populations
+        key: {m.name: [] for m in metrics} for key in populations
     }
     per_repeat: dict[str, list[dict[str, list[np.ndarray]]]] = {
-        key: [{m.name: [] for m in METRICS} for _ in sides.repeats]
+        key: [{m.name: [] for m in metrics} for _ in sides.repeats]
         for key, sides in populations.items()
     }
     done = 0
@@ -246,7 +260,7 @@ def bootstrap_log_ratios(
         weights = resample_weights(rng, rows, sessions)
         for key, sides in populations.items():
             va, vb = sides.a.evaluate(weights), sides.b.evaluate(weights)
-            for m in METRICS:
+            for m in metrics:
                 pooled[key][m.name].append(_log_ratio(va[m.name], vb[m.name]))
             take = min(rows, repeat_resamples - done)
             if take <= 0:
@@ -254,7 +268,7 @@ def bootstrap_log_ratios(
             w = weights[:take]
             for k, (ra, rb) in enumerate(sides.repeats):
                 ea, eb = ra.evaluate(w), rb.evaluate(w)
-                for m in METRICS:
+                for m in metrics:
                     per_repeat[key][k][m.name].append(_log_ratio(ea[m.name], eb[m.name]))
         done += rows
     return (
@@ -290,8 +304,11 @@ def compare_summaries(
     seed: int = 0,
     confidence: float = DEFAULT_CONFIDENCE,
     equivalence_margin: float = DEFAULT_EQUIVALENCE_MARGIN,
+    slo: Slo | None = None,
 ) -> Comparison:
-    """Guard, then pool, bootstrap and judge every metric of METRICS."""
+    """Guard, then pool, bootstrap and judge every metric of METRICS (and goodput against
+    `slo`, when given)."""
+    metrics = metrics_for(slo)
     allow = tuple(allow_diff)
     manifests_a = [s.run.manifest for s in runs_a]
     manifests_b = [s.run.manifest for s in runs_b]
@@ -303,13 +320,15 @@ def compare_summaries(
         arm_a, arm_b = f"{arm_a} (A)", f"{arm_b} (B)"
     pairing, runs_a, runs_b = repeat_pairing(runs_a, runs_b)
     matched = match_requests(runs_a, runs_b) if pairing == "paired" else None
-    full = PairedSamples(build_sample(arm_a, runs_a, index), build_sample(arm_b, runs_b, index))
+    full = PairedSamples(
+        build_sample(arm_a, runs_a, index, slo=slo), build_sample(arm_b, runs_b, index, slo=slo)
+    )
     populations = {"all": full}
     if matched is not None:
         frames_a, frames_b, _ = matched
         populations["matched"] = PairedSamples(
-            build_sample(arm_a, runs_a, index, frames_a),
-            build_sample(arm_b, runs_b, index, frames_b),
+            build_sample(arm_a, runs_a, index, frames_a, slo=slo),
+            build_sample(arm_b, runs_b, index, frames_b, slo=slo),
         )
     if pairing == "paired":
         for key, sides in populations.items():
@@ -317,10 +336,13 @@ def compare_summaries(
                 fa = None if key == "all" else [matched[0][k]]  # type: ignore[index]
                 fb = None if key == "all" else [matched[1][k]]  # type: ignore[index]
                 sides.repeats.append(
-                    (build_sample(arm_a, [ra], index, fa), build_sample(arm_b, [rb], index, fb))
+                    (
+                        build_sample(arm_a, [ra], index, fa, slo=slo),
+                        build_sample(arm_b, [rb], index, fb, slo=slo),
+                    )
                 )
     boot, boot_repeats = bootstrap_log_ratios(
-        populations, index.height, resamples=resamples, seed=seed
+        populations, index.height, resamples=resamples, seed=seed, metrics=metrics
     )
     ones = np.ones((1, index.height), dtype=np.int64)
     points = {k: (s.a.evaluate(ones), s.b.evaluate(ones)) for k, s in populations.items()}
@@ -328,10 +350,11 @@ def compare_summaries(
         k: [(ra.evaluate(ones), rb.evaluate(ones)) for ra, rb in s.repeats]
         for k, s in populations.items()
     }
+    goodput_per_run = _goodput_per_run(runs_a, runs_b, index, slo) if slo else {}
     size_a, size_b = sample_size(runs_a, full.a), sample_size(runs_b, full.b)
     withheld = withheld_because(size_a, size_b)
     results = {}
-    for m in METRICS:
+    for m in metrics:
         key = "matched" if m.name in PER_REQUEST and "matched" in populations else "all"
         sides = populations[key]
         pa, pb = points[key]
@@ -340,6 +363,8 @@ def compare_summaries(
         if repeat_points[key]:
             runs_a_values = [_finite(ea[m.name][0]) for ea, _ in repeat_points[key]]
             runs_b_values = [_finite(eb[m.name][0]) for _, eb in repeat_points[key]]
+        elif m.name in goodput_per_run:
+            runs_a_values, runs_b_values = goodput_per_run[m.name]
         else:
             runs_a_values = [_lookup(s.values, m.name) for s in runs_a]
             runs_b_values = [_lookup(s.values, m.name) for s in runs_b]
@@ -422,7 +447,31 @@ def compare_summaries(
         withheld=withheld,
         matching=None if matched is None else matched[2],
         equivalence_margin=equivalence_margin,
+        slo=slo,
+        breakdowns=breakdowns(
+            matched[0] if matched else [s.requests for s in runs_a],
+            matched[1] if matched else [s.requests for s in runs_b],
+        ),
     )
+
+
+def _goodput_per_run(
+    runs_a: Sequence[RunSummary], runs_b: Sequence[RunSummary], index: Any, slo: Slo
+) -> dict[str, tuple[list[float | None], list[float | None]]]:
+    """Each run's goodput figures (run summaries hold none: the objectives are the
+    comparison's), for the per-run columns of runs not paired by repeat."""
+    ones = np.ones((1, index.height), dtype=np.int64)
+    per_run = [
+        [build_sample(s.run.arm, [s], index, slo=slo).evaluate(ones) for s in runs]
+        for runs in (runs_a, runs_b)
+    ]
+    return {
+        name: (
+            [_finite(v[name][0]) for v in per_run[0]],
+            [_finite(v[name][0]) for v in per_run[1]],
+        )
+        for name in ("goodput_req_s", "slo_attainment")
+    }
 
 
 def repeat_pairing(
@@ -460,6 +509,7 @@ def compare_runs(
     confidence: float = DEFAULT_CONFIDENCE,
     equivalence_margin: float = DEFAULT_EQUIVALENCE_MARGIN,
     allow_incomplete: bool = False,
+    slo: Slo | None = None,
 ) -> Comparison:
     """Refuse unfinished runs and confounded ones on the manifests first (cheap), then
     summarize every run and compare."""
@@ -479,6 +529,7 @@ def compare_runs(
         seed=seed,
         confidence=confidence,
         equivalence_margin=equivalence_margin,
+        slo=slo,
     )
     comparison.incomplete = incomplete
     return comparison

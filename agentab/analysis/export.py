@@ -5,6 +5,11 @@ Columns (times in seconds from the request's send time; null where undefined):
 | column | meaning |
 |---|---|
 | `run`, `arm`, `request_id`, `session_id`, `agent_id`, `phase` | which request of which run |
+| `lane` | the replay lane (closed loop) or the session's arrival index (open loop) that sent it |
+| `pass` | which play of the trace on that lane (0 = first; a short trace is played again) |
+| `turn` | the request's index within its agent's conversation (0 = first) |
+| `planned_s`, `sent_s` | when the plan had it due and when it left the client, seconds |
+|  | from the run's start (the difference is the client's lateness) |
 | `ok`, `error_class` | success; the error class of a failed request (null when ok) |
 | `ttft_s` | first content chunk |
 | `itl_s` | mean inter-token latency, (last chunk - first chunk) / (OSL - 1): AIPerf's ITL |
@@ -37,7 +42,12 @@ COLUMNS: tuple[str, ...] = (
     "request_id",
     "session_id",
     "agent_id",
+    "lane",
+    "pass",
+    "turn",
     "phase",
+    "planned_s",
+    "sent_s",
     "ok",
     "error_class",
     "ttft_s",
@@ -58,7 +68,7 @@ def request_records(run: Run) -> pl.LazyFrame:
         .then((pl.col("chunk_times_s").list.last() - pl.col("chunk_times_s").list.first()) / _gaps)
         .alias("chunk_itl_mean_s")
     )
-    chunks = run.records.select("request_id", chunk_gap)
+    chunks = run.records.select("request_id", "planned_s", chunk_gap)
     return (
         request_table(run.records)
         .join(chunks, on="request_id", how="left")

@@ -25,6 +25,7 @@ from agentab.analysis.compare import Comparison
 from agentab.analysis.markdown import (
     DEFINITIONS,
     TABLE_HEADER,
+    breakdown_sections,
     confounded_line,
     headline_line,
     metric_rows,
@@ -327,11 +328,14 @@ def comparison_html(
     )
     headline = headline_line(comparison)
     body.append(f'<p class="headline">{md_inline(headline)}</p>')
-    rows = metric_rows(comparison, [m.name for m in METRICS])
+    rows = metric_rows(comparison, [m.name for m in METRICS])  # goodput added when set
     body.append(html_table(TABLE_HEADER, rows))
     server = server_rows(comparison)
     if server:
         body.append(html_table(["server metric", "A per run", "B per run"], server))
+    for title, head, brows in breakdown_sections(comparison):
+        body.append(f"<p>{html.escape(title)}:</p>")
+        body.append(html_table(head, brows))
     return report_page(f"agentab: {heading}", body, lambda: _figures(comparison), 420)
 
 

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import polars as pl
 
 from agentab.errors import AgentabError
+from agentab.rundir import MANIFEST, is_run_dir, read_manifest, scan_metrics, scan_records
 
-MANIFEST = "manifest.json"
-
-# The columns the metrics read (a subset of agentab.replay.records.RECORD_SCHEMA).
+# The columns the metrics read (a subset of agentab.rundir.RECORD_SCHEMA).
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "request_id",
     "session_id",
@@ -64,36 +62,13 @@ class Run:
         return int(value) if isinstance(value, int | float) and value > 0 else None
 
 
-def is_run_dir(path: Path) -> bool:
-    """A run dir is a directory holding manifest.json (records may still be empty)."""
-    return (path / MANIFEST).is_file()
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    """Parse `path/manifest.json`; a missing or malformed file is a one-line user error."""
-    file = path / MANIFEST
-    if not file.is_file():
-        raise AgentabError(f"{path}: not a run dir (no {MANIFEST})")
-    try:
-        manifest = orjson.loads(file.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise AgentabError(f"{file}: not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict):
-        raise AgentabError(f"{file}: expected a JSON object at the top level")
-    return manifest
-
-
 def scan_run_records(path: Path) -> pl.LazyFrame:
-    """The run's request records as one lazy frame, via replay's reader."""
-    from agentab.replay.records import scan_records
-
+    """The run's request records as one lazy frame, with the columns the metrics read."""
     return _require_columns(scan_records(path), REQUIRED_COLUMNS, f"{path}/records")
 
 
 def scan_server_metrics(path: Path) -> pl.LazyFrame:
     """Scraped Prometheus samples (long form); an empty frame when the run scraped none."""
-    from agentab.replay.records import scan_metrics
-
     frame = _require_columns(scan_metrics(path), METRICS_COLUMNS, f"{path}/metrics")
     return frame.select(METRICS_COLUMNS)
 

@@ -12,9 +12,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from agentab.analysis.breakdown import BREAKDOWNS
 from agentab.analysis.caveats import simulator_caveats, synthetic_acceptance_caveats
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.guard import Difference
+from agentab.analysis.sample import GOODPUT
 from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, SPREAD_KEYS, STAT_KEYS, RunSummary
 
@@ -62,6 +64,12 @@ DEFINITIONS = (
     "'better'/'worse' when the CI excludes 1, 'equivalent' when it lies within the equivalence "
     "margin, else 'no significant difference'; 'could detect' is the smallest change the "
     "comparison finds with 80% power.",
+)
+GOODPUT_DEFINITION = (
+    "- **goodput** (with service-level objectives, `--slo`): successful requests within every "
+    "limit set (TTFT, ITL_i, E2E) per second of the profiling window, as vLLM bench serve's "
+    "`--goodput` and AIPerf count it; **SLO attainment** is their share of all profiling "
+    "requests. Both count every request of the window, matched or not."
 )
 
 
@@ -160,6 +168,11 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
         f"{comparison.seed}, {100 * comparison.confidence:.0f}% CI.",
     ]
     lines.append(f"- {interval_method(comparison)}")
+    if comparison.slo is not None:
+        lines.append(
+            f"- Service-level objectives: {comparison.slo.describe()} per request; goodput counts "
+            "the successful requests that met all of them (per second of the profiling window)."
+        )
     if comparison.matching is not None:
         lines.append(f"- Paired design: {comparison.matching.describe()}.")
     manifests = [s.run.manifest for s in comparison.runs_a + comparison.runs_b]
@@ -225,10 +238,16 @@ def headline_line(comparison: Comparison) -> str:
     )
 
 
+def table_metrics(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) -> list[str]:
+    """The rows a report prints: `names`, then goodput when the comparison has objectives."""
+    return [*names, *(m.name for m in GOODPUT if m.name in comparison.metrics)]
+
+
 def metric_rows(comparison: Comparison, names: Sequence[str] = TABLE_METRICS) -> list[list[str]]:
-    """Table cells per metric: label, better-when, A, B, ratio, CI, verdict, run spreads."""
+    """Table cells per metric: label, better-when, A, B, ratio, CI, verdict, run spreads (and
+    the goodput rows when the comparison has objectives)."""
     rows = []
-    for name in names:
+    for name in table_metrics(comparison, names):
         r = comparison.metrics[name]
         unit = r.metric.unit
         rows.append(
@@ -264,6 +283,50 @@ TABLE_HEADER = [
     "B per run",
     "B/A per repeat",
 ]
+
+
+BREAKDOWN_HEADER = [
+    "requests (A / B)",
+    "ITL p50 A",
+    "B",
+    "B/A",
+    "P90 interactivity A (tok/s/user)",
+    "B",
+    "B/A",
+    "TTFT p50 A",
+    "B",
+    "B/A",
+]
+
+
+def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Table cells of one breakdown (agentab.analysis.breakdown): bucket, counts, figures."""
+    out = []
+    for r in rows:
+        cells = [r["bucket"], f"{r['requests_a']:,} / {r['requests_b']:,}"]
+        for fig, unit in (
+            ("itl_p50_s", "s"),
+            ("p90_interactivity_tok_s", "tok/s/user"),
+            ("ttft_p50_s", "s"),
+        ):
+            cells += [fmt(r[f"{fig}_a"], unit), fmt(r[f"{fig}_b"], unit), _ratio(r[f"{fig}_ratio"])]
+        out.append(cells)
+    return out
+
+
+def breakdown_sections(comparison: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of each breakdown the comparison has."""
+    sections = []
+    for name, rows in comparison.breakdowns.items():
+        if not rows:
+            continue
+        _, what, _ = BREAKDOWNS[name]
+        title = (
+            f"By {what}: point estimates per bucket over the requests the latency metrics "
+            "compare (no interval or verdict per bucket: each holds a part of the sample)"
+        )
+        sections.append((title, [what, *BREAKDOWN_HEADER], breakdown_rows(rows)))
+    return sections
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -323,7 +386,11 @@ def comparison_markdown(
     server = server_rows(comparison)
     if server:
         lines += ["", *markdown_table(["server metric", "A per run", "B per run"], server)]
+    for title, head, rows in breakdown_sections(comparison):
+        lines += ["", f"{title}:", "", *markdown_table(head, rows)]
     lines += ["", "Definitions:", *DEFINITIONS]
+    if comparison.slo is not None:
+        lines.append(GOODPUT_DEFINITION)
     return "\n".join(lines) + "\n"
 
 

@@ -52,6 +52,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "lane",
     "pass",
     "agent_id",
+    "turn",
     "phase",
     "ok",
     "error_class",

@@ -5,10 +5,10 @@ Each point is classed by its verdict: B significantly better (the CI lies above 
 other CI that contains 1), or no verdict (the minimum-sample rules of
 `sample.py` withheld it, or the ratio is undefined). A point without a verdict is neither better
 nor worse. Consecutive points of one class form a segment, and the line names each segment with
-the range of its CIs, e.g.
+the range of its points' measured effects, then the range its intervals span, e.g.
 
-    latency_specialized raises P90 interactivity by 31-38% up to concurrency 16; from
-    concurrency 32 on the difference is not significant
+    latency_specialized raises P90 interactivity by 33-36% (intervals 31-38%) up to
+    concurrency 16; from concurrency 32 on the difference is not significant
 
 The crossover is the last point of the first "better" segment and the point after it, when B
 stops paying off inside the swept range. `--fail-if-worse` gates on `worse_points`.
@@ -95,12 +95,22 @@ def _percent_range(seg: list[PointVerdict]) -> str:
     return f"{ends[0]:.0f}-{ends[1]:.0f}%"
 
 
+def _effect_range(seg: list[PointVerdict]) -> str:
+    """The segment's measured effects (each point's B/A) as a percent change: one number when
+    they round to the same."""
+    effects = sorted(abs(100 * (p.ratio - 1.0)) for p in seg if p.ratio is not None)
+    lo, hi = f"{effects[0]:.0f}", f"{effects[-1]:.0f}"
+    return f"{lo}%" if lo == hi else f"{lo}-{hi}%"
+
+
 def _what(seg: list[PointVerdict], subject: str) -> str:
     cls = seg[0].cls
-    if cls == BETTER:
-        return f"{subject} raises P90 interactivity by {_percent_range(seg)}"
-    if cls == WORSE:
-        return f"{subject} lowers P90 interactivity by {_percent_range(seg)}"
+    if cls in (BETTER, WORSE):
+        verb = "raises" if cls == BETTER else "lowers"
+        return (
+            f"{subject} {verb} P90 interactivity by {_effect_range(seg)} "
+            f"(intervals {_percent_range(seg)})"
+        )
     if cls == SAME:
         return "the difference is not significant"
     if cls == EQUIVALENT:

@@ -17,6 +17,7 @@ import numpy as np
 import polars as pl
 
 from agentab.analysis.bootstrap import QuantileLayout, weighted_quantiles
+from agentab.analysis.slo import Slo
 from agentab.analysis.summary import CANCELLED, QUANTILES, RunSummary
 
 
@@ -69,6 +70,19 @@ METRICS: tuple[Metric, ...] = (
     Metric("error_rate", "error rate", "", False),
 )
 
+GOODPUT: tuple[Metric, ...] = (
+    Metric("goodput_req_s", "goodput (requests meeting the SLOs)", "req/s", True),
+    Metric("slo_attainment", "SLO attainment (share of requests meeting the SLOs)", "", True),
+)
+"""Compared only when the user sets objectives (agentab.analysis.slo): like the throughputs,
+they count every request of the window, so a paired design does not restrict them."""
+
+
+def metrics_for(slo: Slo | None) -> tuple[Metric, ...]:
+    """The metrics a comparison judges: METRICS, and goodput when there are objectives."""
+    return METRICS if slo is None else (*METRICS, *GOODPUT)
+
+
 DISTRIBUTION_KEYS: tuple[str, ...] = ("itl_s", "ttft_s", "e2e_s", "interactivity_tok_s")
 
 PER_REQUEST: frozenset[str] = frozenset(
@@ -81,6 +95,7 @@ every request of the window."""
 _SUMS: dict[str, pl.Expr] = {
     "requests": pl.len(),
     "errors": (~pl.col("ok")).sum(),
+    "good": pl.col("meets_slo").sum(),
     "output_tokens": pl.col("osl").filter("ok").sum(),
     "input_tokens": pl.col("prompt_tokens").filter("ok").sum(),
     "decode_tokens": (pl.col("osl") - 1).filter(pl.col("ok") & pl.col("itl_s").is_not_null()).sum(),
@@ -145,6 +160,8 @@ class ArmSample:
         hit = _div(s["cached"], s["cached_prompt"])
         out["cache_hit_ratio"] = np.where(s["cached_reported"] > 0, hit, np.nan)
         out["error_rate"] = _div(s["errors"], s["requests"])
+        out["goodput_req_s"] = _div(s["good"], np.full(len(w), self.wall_s))
+        out["slo_attainment"] = _div(s["good"], s["requests"])
         return out
 
 
@@ -173,15 +190,19 @@ def build_sample(
     summaries: Sequence[RunSummary],
     sessions: pl.DataFrame,
     frames: Sequence[pl.DataFrame] | None = None,
+    slo: Slo | None = None,
 ) -> ArmSample:
     """Pool an arm's runs into the arrays the bootstrap needs.
 
     `frames` replaces the runs' request tables (one per run, same order): the requests both
     arms of each repeat completed (agentab.analysis.matching); run totals still come from the
-    summaries.
+    summaries. `slo`: the objectives goodput counts against (none: no request counts).
     """
     tables = [s.requests for s in summaries] if frames is None else list(frames)
-    frame = _profiling(tables).join(sessions, on="session_id", how="left")
+    met = pl.lit(False) if slo is None else slo.met()
+    frame = (
+        _profiling(tables).with_columns(meets_slo=met).join(sessions, on="session_id", how="left")
+    )
     per_session = (
         frame.group_by("g").agg(**_SUMS).join(sessions.select("g"), on="g", how="right").sort("g")
     )

@@ -40,7 +40,7 @@ def client_ttft_mean(run_dir: Path) -> tuple[float | None, int]:
     """Mean TTFT (seconds) over a run dir's requests that got a first chunk, and their count."""
     import polars as pl
 
-    from agentab.replay.records import scan_records
+    from agentab.rundir import scan_records
 
     first = (
         scan_records(run_dir)

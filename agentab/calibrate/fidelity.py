@@ -80,10 +80,11 @@ def run_fidelity(
 ) -> dict[str, Any]:
     """Replay on each server and on the simulator; the comparison as a JSON-able dict.
     `profile_report`: the profile's fit report (its provenance names the engine calibrated)."""
-    from agentab.analysis.load import load_run, read_manifest
+    from agentab.analysis.load import load_run
     from agentab.analysis.summary import summarize_run
     from agentab.calibrate.breakdown import read_histograms, ttft_breakdown
     from agentab.replay.api import replay_to_dir, simulate_to_dir
+    from agentab.rundir import read_manifest
 
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {

@@ -29,9 +29,9 @@ def recorded_runs(
 ) -> list[tuple[str, list[tuple[Path, dict[str, Any]]]]]:
     """Each arm (in the experiment's order) with its completed runs and their manifests, in
     repeat order, where `agentab ab` puts them."""
-    from agentab.analysis.load import read_manifest
     from agentab.experiments.ab import arm_run_dir
     from agentab.experiments.experiment_dir import is_complete
+    from agentab.rundir import read_manifest
 
     arms = []
     for arm in experiment.arms:

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentab.engine import compiled
+from agentab.engine import loops_numba
 
 if TYPE_CHECKING:
     from agentab.engine.types import PromptPrefix
 
 _MASK = (1 << 64) - 1
-_P = int(compiled.HASH_BASE)  # odd base of the within-block polynomial (a Python int: pow())
-_TOK_ADD, _TOK_MUL, _GOLDEN = compiled.TOK_ADD, compiled.TOK_MUL, compiled.GOLDEN
+_P = int(loops_numba.HASH_BASE)  # odd base of the within-block polynomial (a Python int: pow())
+_TOK_ADD, _TOK_MUL, _GOLDEN = loops_numba.TOK_ADD, loops_numba.TOK_MUL, loops_numba.GOLDEN
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
@@ -160,7 +160,7 @@ class PrefixHashes:
             keys[:same] = base[0][:same]
             raw[:same] = base[1][:same]
             prev = raw[same - 1]
-        compiled.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
+        loops_numba.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
         # the caller's prompt may change after this call; `keep` will not
         tokens = keep[: n_full * bs] if keep is not None else prompt[: n_full * bs].copy()
         _remember(self._memo, tag, (tokens, keys, raw), self.max_entries)
@@ -181,7 +181,7 @@ class PrefixHashes:
             return 0, None
         old_tokens, old_keys, old_raw = entry
         n = min(len(old_keys), n_full) * self.block_size
-        same = int(compiled.first_diff(old_tokens, prompt, n)) // self.block_size
+        same = int(loops_numba.first_diff(old_tokens, prompt, n)) // self.block_size
         return same, (old_keys, old_raw)
 
 
@@ -228,12 +228,12 @@ def synthetic_output_keys(
     (whose full blocks' keys are `keys`, raw value `raw` after them) and hash the blocks after
     the prompt's full ones; returns every full block's keys and the raw value after them."""
     n_full = prompt_len // bs
-    compiled.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab_size)
+    loops_numba.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab_size)
     total = len(tokens) // bs
     out = np.empty(total, dtype=np.uint64)
     out[:n_full] = keys
     raws = np.empty(total - n_full, dtype=np.uint64)
-    last = compiled.chain_into(tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws)
+    last = loops_numba.chain_into(tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws)
     return out, int(last)
 
 

@@ -14,7 +14,7 @@ front in order (stale entries are never taken, so when this happens changes noth
 the buffer holds 3x the block count, so that costs about one pass per entry appended.
 
 The hash -> block map is an open-addressing table in numpy arrays (linear probing), probed by
-one compiled loop (agentab.engine.compiled) that stops at a prompt's first miss, not 16k dict
+one compiled loop (agentab.engine.loops_numba) that stops at a prompt's first miss, not 16k dict
 lookups for a 256k-token prompt. A
 slot's key and block id sit side by side in one (size, 2) array (`_tkey`, `_tblk` are its
 columns): a probe of a table much larger than the CPU caches then costs one cache miss, not
@@ -22,15 +22,15 @@ two. Entries are never deleted on
 eviction: an entry is live only while its block still holds its key, and dead slots are reused
 by insertion; the table is rebuilt from the live blocks when a quarter of its slots have been
 used (linear probing clusters: a sparse table keeps the longest probe chain short). Each
-operation's loop is a kernel in agentab.engine.compiled, the one implementation (plain Python
-without numba; tests/engine/test_compiled.py checks the two give the same pool).
+operation's loop is a kernel in agentab.engine.loops_numba, the one implementation (plain Python
+without numba; tests/engine/test_loops_numba.py checks the two give the same pool).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from agentab.engine import compiled
+from agentab.engine import loops_numba
 
 
 class BlockPool:
@@ -73,7 +73,7 @@ class BlockPool:
             return np.zeros(0, dtype=np.int64)
         keys = np.ascontiguousarray(hashes, dtype=np.uint64)
         out = np.empty(n, dtype=np.int64)
-        hit = compiled.lookup_into(keys, out, self._tkey, self._tblk, self.hash, self._mask)
+        hit = loops_numba.lookup_into(keys, out, self._tkey, self._tblk, self.hash, self._mask)
         return out[:hit]
 
     def register(self, ids: np.ndarray, hashes: np.ndarray) -> None:
@@ -96,24 +96,24 @@ class BlockPool:
             self._insert(live.astype(np.int64), self.hash[live])
 
     def _insert(self, ids: np.ndarray, keys: np.ndarray) -> None:
-        """Linear-probing insert in rounds (compiled.insert): a slot is free if never used,
+        """Linear-probing insert in rounds (loops_numba.insert): a slot is free if never used,
         dead (its block no longer holds its key) or holding the same key; of the keys that
         contest one slot in a round the last write stays, the others probe on."""
-        self._used += compiled.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
+        self._used += loops_numba.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
 
     # -- reference counts -----------------------------------------------------------------
     def num_free_among(self, ids: np.ndarray) -> int:
         """How many of these (cached) blocks sit in the free queue (they count as free space)."""
         if len(ids) == 0:
             return 0
-        return int(compiled.count_free(ids, self.ref))
+        return int(loops_numba.count_free(ids, self.ref))
 
     def touch(self, ids: np.ndarray) -> None:
         """Take a reference on hit blocks, which are distinct (those that were free leave the
         free queue)."""
         if len(ids) == 0:
             return
-        self.num_free -= int(compiled.touch(ids, self.ref))
+        self.num_free -= int(loops_numba.touch(ids, self.ref))
 
     def allocate(self, n: int) -> np.ndarray:
         """Take `n` blocks from the head of the free queue, evicting their cached hashes."""
@@ -123,7 +123,7 @@ class BlockPool:
             return np.zeros(0, dtype=np.int64)
         tail = self._head + self._entries
         out = np.empty(n, dtype=np.int64)
-        got, head = compiled.take_live(
+        got, head = loops_numba.take_live(
             self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, n, out, 0
         )
         assert got == n
@@ -151,7 +151,9 @@ class BlockPool:
             self._compact()
         tail = self._head + self._entries
         added = int(
-            compiled.release(ids, self.ref, self.gen, self._next_gen, self._qids, self._qgens, tail)
+            loops_numba.release(
+                ids, self.ref, self.gen, self._next_gen, self._qids, self._qgens, tail
+            )
         )
         self._next_gen += added
         self._entries += added
@@ -160,7 +162,7 @@ class BlockPool:
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""
         lo, hi = self._head, self._head + self._entries
-        kept = int(compiled.compact(self._qids, self._qgens, lo, hi, self.ref, self.gen))
+        kept = int(loops_numba.compact(self._qids, self._qgens, lo, hi, self.ref, self.gen))
         self._head = 0
         self._entries = kept
 

@@ -18,8 +18,8 @@ lifecycle is in agentab.engine.request).
 Speed: the simulator must not do Python work per running request per step. The running set's
 state lives in arrays by slot (agentab.engine.slots), and each phase of a step (the running
 rows' budget, the plan's rows, applying the outcome) is one loop over them in
-agentab.engine.compiled, compiled by numba (a plain-Python run of the same functions gives the
-same results, tests/engine/test_compiled_scheduler.py). Many pure-decode steps at once:
+agentab.engine.loops_numba, compiled by numba (a plain-Python run of the same functions gives the
+same results, tests/engine/test_loops_numba_scheduler.py). Many pure-decode steps at once:
 agentab.engine.window.
 """
 
@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine import compiled, model_io, window
+from agentab.engine import loops_numba, model_io, window
 from agentab.engine.emissions import EmissionLog
 from agentab.engine.hashing import PrefixHashes, synthetic_output_keys
 from agentab.engine.kv_cache import BlockPool
+from agentab.engine.options import DecodeBackend
 from agentab.engine.outputs import (
     Advance,
     StepOutput,
@@ -61,7 +62,8 @@ class SchedulerConfig:
     max_num_seqs: int = 1024
     max_num_batched_tokens: int = 8192
     spec: SpecConfig = field(default_factory=SpecConfig)
-    specialized: bool = False  # decode_backend == "latency_specialized"
+    # which decode path steps may take: the specialized one where it applies (paths.py)
+    decode_backend: DecodeBackend = DecodeBackend.AUTO
     specialized_max_padded: int = 64
     specialized_max_requests_by_q: tuple[int, ...] = (64, 32, 19, 16, 12, 10, 8, 8)
     cuda_graph_max_tokens: int = 512
@@ -329,7 +331,7 @@ class Scheduler:
             total = int(need.sum())
         if total:
             ids = self.pool.allocate(total)
-            compiled.fill_rows(self.state.block_table, self.state.nblocks, slots, need, ids)
+            loops_numba.fill_rows(self.state.block_table, self.state.nblocks, slots, need, ids)
 
     def register_rows(self, slots: np.ndarray, full: np.ndarray) -> None:
         """Cache the blocks of rows that are now full of computed (or scheduled) tokens.
@@ -339,7 +341,7 @@ class Scheduler:
         st = self.state
         if not self.cfg.synthetic_output:
             full = np.minimum(full, st.nhashed[slots])
-        ids, keys = compiled.newly_full(
+        ids, keys = loops_numba.newly_full(
             st.block_table, st.hash_table, st.ncached, slots, full.astype(_I64)
         )
         if len(ids):
@@ -356,7 +358,7 @@ class Scheduler:
         if B:
             sched = np.empty(B, dtype=_I64)
             need = np.empty(B, dtype=_I64)
-            total_need = compiled.running_budget(
+            total_need = loops_numba.running_budget(
                 run, st.computed, st.ntokens, st.in_decode, st.nblocks, k, bs, budget,
                 sched, need,
             )  # fmt: skip
@@ -368,7 +370,7 @@ class Scheduler:
                 rows, row_sched = self._schedule_running_under_pressure(budget, preempted)
             n = len(rows)
             kept, kept_sched, full = (np.empty(n, dtype=_I64) for _ in range(3))
-            n, used = compiled.scheduled_rows(
+            n, used = loops_numba.scheduled_rows(
                 rows, row_sched, st.computed, st.ntokens, bs, kept, kept_sched, full
             )
             budget -= used
@@ -384,7 +386,7 @@ class Scheduler:
         comp, drafts, spec_index = (np.empty(n, dtype=_I64) for _ in range(3))
         is_decode = np.empty(n, dtype=np.bool_)
         keys = np.empty(n, dtype=np.uint64)
-        total, all_decode = compiled.step_rows(
+        total, all_decode = loops_numba.step_rows(
             rows, row_sched, st.computed, st.ntokens, st.in_decode, st.keys,
             st.spec_idx, comp, is_decode, drafts, keys, spec_index,
         )  # fmt: skip
@@ -412,7 +414,7 @@ class Scheduler:
             return "standard", total
         cfg = self.cfg
         padded = padded_tokens(total, cfg.cuda_graph_max_tokens)
-        if cfg.specialized and specialized_ok(
+        if cfg.decode_backend.specialized and specialized_ok(
             row_sched,
             self.k,
             cfg.specialized_max_padded,
@@ -564,7 +566,7 @@ class Scheduler:
         counts = np.empty(B, dtype=_I64)
         starts = np.empty(B, dtype=_I64)
         done = np.empty(B, dtype=_I64)
-        n, nfin, emitted, verified, drafts, acc_sum = compiled.advance_rows(
+        n, nfin, emitted, verified, drafts, acc_sum = loops_numba.advance_rows(
             s, plan.num_sched, plan.computed_before, plan.is_decode, plan.drafts, acc,
             st.computed, st.ntokens, st.output, st.maxtok, st.in_decode,
             st.spec_idx, counts_log, log_row, rows, counts, starts, done,

@@ -67,7 +67,7 @@ def simulator_from(opts: SimulatorOptions) -> Engine:
         max_num_seqs=opts.max_num_seqs,
         max_num_batched_tokens=opts.max_num_batched_tokens,
         spec=spec,
-        specialized=decode_backend.specialized,
+        decode_backend=decode_backend,
         specialized_max_padded=prof.specialized_max_padded_tokens,
         specialized_max_requests_by_q=prof.specialized_max_requests_by_q,
         cuda_graph_max_tokens=prof.cuda_graph_max_tokens,

@@ -3,7 +3,7 @@
 Why arrays: the simulator must do no Python work per running request per step (docs/engine.md,
 "Speed on the virtual clock"), so what a step reads and writes of each running request lives
 in numpy arrays by slot, and a step is a few array operations or one compiled loop
-(agentab.engine.compiled) over them, whatever the batch size. Why one declared structure:
+(agentab.engine.loops_numba) over them, whatever the batch size. Why one declared structure:
 every array is named, typed and documented here, and `grow` resizes them all together, so
 neither a reader nor mypy has to find where an array comes from.
 

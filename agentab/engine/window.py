@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentab.engine import compiled
+from agentab.engine import loops_numba
 from agentab.engine.outputs import WindowPlan
 from agentab.engine.paths import padded_tokens, specialized_ok
 
@@ -44,7 +44,7 @@ def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
     if B == 0 or max_steps < 2 or B * q > s.cfg.max_num_batched_tokens:
         return None
     st = s.state
-    horizon = compiled.window_horizon(
+    horizon = loops_numba.window_horizon(
         run, st.in_decode, st.ntokens, st.computed, st.maxtok, st.output
     )
     if horizon == 0:
@@ -59,7 +59,7 @@ def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
     cum = np.empty((horizon, B), dtype=_I64)
     emitted = np.empty((horizon, B), dtype=_I64)
     context = np.empty(horizon, dtype=_I64)
-    n = compiled.window_steps(
+    n = loops_numba.window_steps(
         run, st.computed, remaining, st.nblocks, acc, k, s.bs, s.pool.num_free,
         cum, emitted, context,
     )  # fmt: skip
@@ -91,7 +91,7 @@ def commit_window(s: Scheduler, w: WindowPlan, m: int) -> tuple[list[Request], l
     cum = w.cum_uncapped
     need = np.empty(B, dtype=_I64)
     full = np.empty(B, dtype=_I64)
-    total = compiled.window_blocks(
+    total = loops_numba.window_blocks(
         rows, w.computed0, cum, m, w.q, s.k, s.bs, st.nblocks, need, full
     )
     if total:
@@ -103,7 +103,7 @@ def commit_window(s: Scheduler, w: WindowPlan, m: int) -> tuple[list[Request], l
     else:
         counts, row = _NO_LOG, -1
     done = np.empty(B, dtype=_I64)
-    emitted, nfin = compiled.window_commit(
+    emitted, nfin = loops_numba.window_commit(
         rows, w.computed0, cum, w.emitted, m, st.computed, st.output, st.ntokens,
         st.maxtok, counts, row, done,
     )  # fmt: skip
@@ -130,7 +130,7 @@ def _path(s: Scheduler, rows: int) -> tuple[str, int]:
         cfg = s.cfg
         path = "standard"
         padded = padded_tokens(rows * q, cfg.cuda_graph_max_tokens)
-        if cfg.specialized and specialized_ok(
+        if cfg.decode_backend.specialized and specialized_ok(
             np.full(rows, q, dtype=_I64),
             s.k,
             cfg.specialized_max_padded,

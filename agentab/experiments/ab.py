@@ -45,6 +45,7 @@ from agentab.errors import AgentabError
 from agentab.experiments.experiment import Arm, Experiment
 from agentab.experiments.experiment_dir import (
     check_same_engine_code,
+    check_same_window,
     clear_unfinished,
     experiment_salt,
     is_complete,
@@ -84,9 +85,11 @@ def replay_options(
     repeat: int,
     point: int | float | None = None,
     prompt_salt: str | None = None,
+    window_s: float | None = None,
 ):  # -> ReplayOptions
     """Repeat k's replay options (seed + k in both arms); at a sweep point, with the swept
-    option (`concurrency` or `rate`) set to the point.
+    option (`concurrency` or `rate`) set to the point; with `window_s` (a sequential block's
+    length, `block_window`), that profiling window in place of the file's `duration_s`.
 
     `prompt_salt` is the invocation's salt (the file's `[replay] prompt_salt` when it sets
     one): both arms of a repeat get the same, so they send identical prompts, and the seed
@@ -99,10 +102,45 @@ def replay_options(
     salt = experiment.replay.get("prompt_salt") or prompt_salt
     if salt is not None and experiment.sweep is not None and point is not None:
         salt = f"{salt}@{experiment.sweep.label(point)}"
+    window = {"duration_s": window_s} if window_s is not None else {}
     return ReplayOptions.from_mapping(
-        {**experiment.replay, **swept, "seed": experiment.seed + repeat, "prompt_salt": salt},
+        {
+            **experiment.replay,
+            **swept,
+            **window,
+            "seed": experiment.seed + repeat,
+            "prompt_salt": salt,
+        },
         where=f"{experiment.path}: [replay]",
     )
+
+
+def block_window(experiment: Experiment, block_seconds: float | None) -> float | None:
+    """The profiling window of one `--until-decided` block: `block_seconds`, else the file's.
+
+    The sequence does not know the blocks' variance, so it pays in blocks (no verdict before
+    three), not in seconds: shorter blocks reach a verdict on less traffic. A block longer than
+    the file's window would make every block dearer than a fixed-design repeat, the opposite of
+    the point, and is refused (a longer window belongs in `[replay] duration_s`). A file whose
+    runs end on a request count (`lane_requests`) has no window to shorten.
+    """
+    replay = replay_options(experiment, 0)
+    if block_seconds is None:
+        return replay.duration_s
+    if not (math.isfinite(block_seconds) and block_seconds > 0):
+        raise AgentabError(f"--block-seconds {block_seconds}: must be a positive number")
+    if replay.lane_requests is not None or replay.duration_s is None:
+        raise AgentabError(
+            f"--block-seconds: {experiment.path}: runs end after [replay] lane_requests "
+            "requests per lane, not on a window; a block is one such run"
+        )
+    if block_seconds > replay.duration_s:
+        raise AgentabError(
+            f"--block-seconds {block_seconds:g}: longer than the file's window ([replay] "
+            f"duration_s = {replay.duration_s:g}); blocks are meant to be shorter (a longer "
+            "window belongs in the file)"
+        )
+    return block_seconds
 
 
 def run_arm(
@@ -115,10 +153,11 @@ def run_arm(
     progress: bool,
     point: int | float | None = None,
     prompt_salt: str | None = None,
+    window_s: float | None = None,
 ) -> Path:
     """One run of one arm into `run_dir`, on the experiment's engine kind (at a sweep point,
-    with the swept replay option set to it)."""
-    replay = replay_options(experiment, repeat, point, prompt_salt)
+    with the swept replay option set to it; with `window_s`, that profiling window)."""
+    replay = replay_options(experiment, repeat, point, prompt_salt, window_s)
     extra: dict[str, Any] = {
         "arm": arm.name,
         "repeat": repeat,
@@ -244,14 +283,15 @@ def simulator_options(experiment: Experiment, arm: Arm, repeat: int) -> Simulato
     )
 
 
-def check_before_running(experiment: Experiment) -> None:
+def check_before_running(experiment: Experiment, window_s: float | None = None) -> None:
     """Fail before any run on anything a later run would fail on: the replay options of every
-    repeat and, on the simulator, the profile's GPU count and each arm's engine (its decode
-    backend and spec-decode settings), so a bad arm B is not found after arm A has run."""
+    repeat (with `window_s`, a sequential block's window) and, on the simulator, the profile's
+    GPU count and each arm's engine (its decode backend and spec-decode settings), so a bad arm
+    B is not found after arm A has run."""
     points = experiment.sweep.points if experiment.sweep else (None,)
     for point in points:
         for repeat in range(experiment.repeats):
-            replay_options(experiment, repeat, point)
+            replay_options(experiment, repeat, point, window_s=window_s)
     if experiment.engine_kind != "simulator":
         return
     from agentab.engine.profile import load_profile
@@ -290,16 +330,21 @@ def run_experiment(
     max_runs: int | None = None,
     until_decided: bool = False,
     max_repeats: int | None = None,
+    block_seconds: float | None = None,
 ) -> tuple[Comparison, str] | None:
     """Run every missing (repeat, arm) in ABBA order, compare, write the reports; returns the
     comparison and its Markdown, or None when `max_runs` stopped it before every run was done
     (running it again on the same dir completes it).
 
     `until_decided`: repeat blocks run until the confidence sequence decides the headline
-    (agentab.analysis.sequential), at most `max_repeats` (default 3 x the file's repeats); the
-    report then carries the sequential verdict, valid however early it stopped.
+    (agentab.analysis.sequential), at most `max_repeats` (default 3 x the file's repeats), each
+    block one run per arm of `block_seconds` (default the file's `duration_s`); the report then
+    carries the sequential verdict, valid however early it stopped.
     """
-    check_before_running(experiment)
+    if block_seconds is not None and not until_decided:
+        raise AgentabError("--block-seconds applies with --until-decided")
+    window = block_window(experiment, block_seconds)
+    check_before_running(experiment, window)
     resumed = prepare_dir(experiment, out_dir)
     started = time.monotonic()
     limit = experiment.repeats
@@ -307,11 +352,12 @@ def run_experiment(
         limit = max_repeats or 3 * experiment.repeats
     plan = run_order(experiment, limit)
     todo = [(k, arm) for k, arm in plan if not is_complete(arm_run_dir(out_dir, arm, k))]
+    done_dirs = [d for d in (arm_run_dir(out_dir, arm, k) for k, arm in plan) if is_complete(d)]
+    check_same_window(done_dirs, window)
     if todo:
-        done_dirs = (arm_run_dir(out_dir, arm, k) for k, arm in plan)
-        check_same_engine_code(experiment, [d for d in done_dirs if is_complete(d)])
+        check_same_engine_code(experiment, done_dirs)
     what = (
-        f"up to {_repeats(limit)} x 2 arms, until decided"
+        f"up to {_repeats(limit)} x 2 arms{_of_seconds(window)}, until decided"
         if until_decided
         else f"{_repeats(limit)} x 2 arms"
     )
@@ -328,7 +374,7 @@ def run_experiment(
             f"{workload.num_requests()} requests; {what} -> {out_dir}"
         )
     salt = experiment_salt(out_dir)
-    sequence = _Sequence(experiment, out_dir) if until_decided else None
+    sequence = _Sequence(experiment, out_dir, window) if until_decided else None
     done = 0
     for repeat, arm in plan:
         run_dir = arm_run_dir(out_dir, arm, repeat)
@@ -347,7 +393,14 @@ def run_experiment(
         clear_unfinished(run_dir)
         t0 = time.monotonic()
         path = run_arm(
-            experiment, arm, repeat, workload, run_dir, progress=progress, prompt_salt=salt
+            experiment,
+            arm,
+            repeat,
+            workload,
+            run_dir,
+            progress=progress,
+            prompt_salt=salt,
+            window_s=window,
         )
         summary = summarize_run(load_run(path))
         write_summary(summary)
@@ -371,6 +424,7 @@ def run_experiment(
         seed=experiment.seed,
         confidence=experiment.confidence,
         equivalence_margin=experiment.equivalence_margin,
+        slo=experiment.slo,
     )
     header = [
         f"Experiment `{experiment.name}` ({experiment.path.name}), engine "
@@ -380,7 +434,7 @@ def run_experiment(
         *experiment.notes,
     ]
     if sequence is not None:
-        comparison.extra["sequential"] = sequence.decision.to_json()
+        comparison.extra["sequential"] = {**sequence.decision.to_json(), "block_s": window}
         header.insert(0, f"**Sequential** (--until-decided): {sequence.line()}.")
     title = f"{experiment.name}: {a.name} (A) vs {b.name} (B)"
     markdown = comparison_markdown(comparison, title=title, header=header)
@@ -397,9 +451,10 @@ def run_experiment(
 class _Sequence:
     """The blocks so far of an `--until-decided` run and the verdict they give."""
 
-    def __init__(self, experiment: Experiment, out_dir: Path) -> None:
+    def __init__(self, experiment: Experiment, out_dir: Path, window_s: float | None) -> None:
         self.experiment = experiment
         self.out_dir = out_dir
+        self.window_s = window_s
         self.estimates: list[Any] = []
         self.summaries: dict[Path, Any] = {}  # runs this invocation summarized already
         self.blocks = 0
@@ -438,7 +493,8 @@ class _Sequence:
         else:
             interval = f"always-valid {level} interval {d.low:.3f} – {d.high:.3f}"
         return (
-            f"{state} after {_repeats(d.blocks)} per arm: B/A {d.ratio:.3f}, {interval} "
+            f"{state} after {_repeats(d.blocks)} per arm{_of_seconds(self.window_s)}: "
+            f"B/A {d.ratio:.3f}, {interval} "
             "(a confidence sequence: valid whenever the experiment stopped)"
         )
 
@@ -446,6 +502,10 @@ class _Sequence:
 def arm_run_dir(out_dir: Path, arm: Arm, repeat: int) -> Path:
     """Where (arm, repeat) lives in the experiment dir (repeat counts from 0)."""
     return out_dir / arm.name / f"run-{repeat + 1}"
+
+
+def _of_seconds(window_s: float | None) -> str:
+    return "" if window_s is None else f" of {window_s:g} s"
 
 
 def _repeats(n: int) -> str:

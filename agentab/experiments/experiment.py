@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from agentab.analysis.slo import Slo, parse_slo
 from agentab.engine.options import (
     DecodeBackend,
     LocalLaunch,
@@ -66,7 +67,7 @@ ARM_KEYS = ("name", "decode_backend", "url", "gpu_count")
 WORKLOAD_KEYS = ("path", "format", "generate")
 GENERATE_KEYS = ("preset", "sessions", "seed", "config")
 GPUS_KEYS = ("count", "ids")
-ANALYSIS_KEYS = ("resamples", "confidence", "equivalence_margin")
+ANALYSIS_KEYS = ("resamples", "confidence", "equivalence_margin", "slo")
 SWEEP_KEYS = ("concurrency", "rate")  # closed loop (lanes) or open loop (sessions per second)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -117,6 +118,7 @@ class Experiment:
     resamples: int = 10_000
     confidence: float = 0.95
     equivalence_margin: float = 0.03
+    slo: Slo | None = None  # [analysis] slo: the objectives goodput counts against
     sweep: Sweep | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -273,6 +275,13 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
             f"{where('analysis', 'equivalence_margin')}: equivalence_margin must be a number "
             f"in [0, 1) (0.03 = +-3%; 0 turns the equivalence verdict off), got {margin!r}"
         )
+    slo_terms = analysis.get("slo", [])
+    if not isinstance(slo_terms, list) or not all(isinstance(t, str) for t in slo_terms):
+        raise AgentabError(
+            f"{where('analysis', 'slo')}: slo must be a list of strings such as "
+            f'["ttft:2s", "itl:50ms"] (got {slo_terms!r})'
+        )
+    slo = parse_slo(slo_terms, where=f"{where('analysis', 'slo')}: [analysis] slo")
 
     return Experiment(
         path=path,
@@ -292,6 +301,7 @@ def parse_experiment(data: dict[str, Any], path: Path, text: str = "") -> Experi
         resamples=resamples,
         confidence=confidence,
         equivalence_margin=margin,
+        slo=slo,
         sweep=sweep,
         raw=data,
     )

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import orjson
 
-from agentab.analysis.load import MANIFEST
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import Experiment
 from agentab.replay.options import new_prompt_salt
+from agentab.rundir import MANIFEST
 
 COPY = "experiment.toml"
 SALT_FILE = "prompt_salt"
@@ -83,6 +83,31 @@ def check_same_engine_code(experiment: Experiment, kept: list[Path]) -> None:
                 f"{run}: ran engine code {recorded or '(not recorded)'}, this install's is "
                 f"{current}; resuming would mix two engines in one A/B: run the code that ran "
                 "the completed runs, or start a new dir with -o NEW_DIR"
+            )
+
+
+def check_same_window(kept: list[Path], window_s: float | None) -> None:
+    """Refuse to add runs to completed runs of another profiling window.
+
+    Repeats (and the blocks of `--until-decided`) are treated as draws of one distribution;
+    runs of two lengths have two variances (and, with a window-dependent share of long
+    requests, two means), so a resume with another `--block-seconds`, or a fixed-design resume
+    of a sequential dir, would mix them. Each run's manifest records its window
+    (`replay.duration_s`).
+    """
+    for run in kept:
+        try:
+            replay = orjson.loads((run / MANIFEST).read_bytes()).get("replay") or {}
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            continue  # not a completed run: it is run again anyway
+        recorded = replay.get("duration_s")
+        if recorded != window_s:
+            ran = "no window" if recorded is None else f"a {recorded:g} s window"
+            want = "no window" if window_s is None else f"{window_s:g} s windows"
+            raise AgentabError(
+                f"{run}: ran {ran}, this invocation runs {want}; runs of two lengths do not "
+                "pool: resume with the --block-seconds (and --until-decided) its runs ran, or "
+                "start a new dir with -o NEW_DIR"
             )
 
 

@@ -20,20 +20,21 @@ from typing import TYPE_CHECKING, Any
 from agentab.clock import is_virtual, run_real, run_virtual
 from agentab.errors import AgentabError
 from agentab.replay.eager import eager_tasks
-from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir, write_manifest
+from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
 from agentab.replay.options import ReplayOptions, new_prompt_salt
 from agentab.replay.plan import build_plan
 from agentab.replay.progress import ProgressView, line_interval_s
-from agentab.replay.records import (
+from agentab.replay.runner import Runner, RunStats
+from agentab.replay.targets.base import Target
+from agentab.rundir import (
     METRICS_DIR,
     METRICS_SCHEMA,
     RECORD_SCHEMA,
     RECORDS_DIR,
     PartWriter,
+    write_manifest,
 )
-from agentab.replay.runner import Runner, RunStats
-from agentab.replay.targets.base import Target
 from agentab.workloads.model import Workload
 
 if TYPE_CHECKING:

@@ -161,7 +161,7 @@ def _extra(kw: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _summary(run_dir: Path) -> None:
-    from agentab.replay.manifest import read_manifest
+    from agentab.rundir import read_manifest
 
     s = read_manifest(run_dir).get("stats", {})
     click.echo(

@@ -13,14 +13,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from agentab import __version__
 from agentab.errors import AgentabError
 from agentab.replay.options import ReplayOptions
+from agentab.rundir import MANIFEST
 from agentab.workloads.model import Workload
 
-MANIFEST = "manifest.json"
 REQUIRED_KEYS: tuple[str, ...] = (
     "gpu_count",
     "gpu_ids",
@@ -103,29 +101,6 @@ def build_manifest(
 
             manifest[key] = redact_url(manifest[key])
     return manifest
-
-
-def write_manifest(run_dir: Path, manifest: dict[str, Any]) -> None:
-    path = run_dir / MANIFEST
-    tmp = run_dir / f".tmp-{MANIFEST}"
-    tmp.write_bytes(
-        orjson.dumps(
-            manifest,
-            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS,
-            default=str,
-        )
-    )
-    os.replace(tmp, path)
-
-
-def read_manifest(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir) / MANIFEST
-    try:
-        return orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise AgentabError(f"{path}: no manifest (not a run dir)") from None
-    except orjson.JSONDecodeError as exc:
-        raise AgentabError(f"{path}: invalid JSON: {exc}") from None
 
 
 def prepare_run_dir(out_dir: str | Path) -> Path:

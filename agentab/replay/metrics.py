@@ -15,7 +15,7 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentab.engine.metric_keys import split_series
-from agentab.replay.records import PartWriter
+from agentab.rundir import PartWriter
 
 Sample = tuple[str, dict[str, str], float]
 

@@ -31,8 +31,8 @@ from typing import Any
 from agentab.clock import is_virtual
 from agentab.errors import AgentabError
 from agentab.replay.plan import Plan, Play
-from agentab.replay.records import PartWriter
 from agentab.replay.targets.base import Outcome, RequestSpec, Target
+from agentab.rundir import PartWriter
 
 _EPS = 1e-9
 EARLY_WAKEUP_S = 0.001

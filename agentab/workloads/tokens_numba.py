@@ -3,7 +3,7 @@
 Why: a replayed prompt extends its agent's previous one by a few blocks, so building it costs a
 few dozen numpy calls on small arrays (block seeds, the mix, the reduction, the tail), ~25 us a
 request, not the arithmetic. One numba-compiled loop does it in a couple of microseconds, as the
-simulator's kernels do (agentab.engine.compiled); without numba, or with AGENTAB_NUMBA=0,
+simulator's kernels do (agentab.engine.loops_numba); without numba, or with AGENTAB_NUMBA=0,
 `tokens._fill_from`, the numpy code it stands in for, runs instead; the two give the same ids
 bit for bit (tests/workloads/test_tokens.py compares them).
 

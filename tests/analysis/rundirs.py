@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from agentab.replay.records import METRICS_SCHEMA, RECORD_SCHEMA, PartWriter
+from agentab.rundir import METRICS_SCHEMA, RECORD_SCHEMA, PartWriter
 
 BASE_MANIFEST: dict[str, Any] = {
     "gpu_count": 16,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from agentab.analysis.metrics import chunk_table
-from agentab.replay.records import RECORD_SCHEMA
+from agentab.rundir import RECORD_SCHEMA
 
 
 def _row(**fields: object) -> dict[str, object]:

@@ -22,7 +22,9 @@ def exported(tmp_path: Path) -> Path:
         rec(
             "r1",
             session_id="s1",
+            planned_s=9.5,
             sent_s=10.0,
+            turn=3,
             chunk_times_s=[0.5, 0.7, 1.1],
             chunk_tokens=[1, 2, 2],
             completion_tokens=5,
@@ -50,6 +52,8 @@ def test_each_column_of_a_hand_computed_request(exported: Path) -> None:
     assert frame.height == 3
     r1 = frame.filter(pl.col("request_id") == "r1").row(0, named=True)
     assert r1["arm"] == "fast" and r1["session_id"] == "s1" and r1["phase"] == "profiling"
+    assert (r1["lane"], r1["pass"], r1["turn"]) == (0, 0, 3)
+    assert (r1["planned_s"], r1["sent_s"]) == (9.5, 10.0)
     assert r1["ok"] is True and r1["error_class"] is None
     assert r1["ttft_s"] == pytest.approx(0.5)
     assert r1["e2e_s"] == pytest.approx(1.1)

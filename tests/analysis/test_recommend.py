@@ -26,12 +26,21 @@ def test_better_then_not_significant_names_the_crossover() -> None:
     ]
     rec = recommend("concurrency", "latency_specialized", points)
     assert rec.line == (
-        "latency_specialized raises P90 interactivity by 31-38% up to concurrency 16; "
+        "latency_specialized raises P90 interactivity by 33-36% (intervals 31-38%) up to "
+        "concurrency 16; "
         "from concurrency 32 on the difference is not significant"
     )
     assert rec.crossover == {"last_better": 16, "next": 32, "next_verdict": SAME}
     assert rec.worse_points == []
     assert [s["points"] for s in rec.segments] == [[1, 4, 16], [32, 64]]
+
+
+def test_the_line_states_the_measured_effects_and_the_intervals_apart() -> None:
+    points = [PointVerdict(2, 1.087, 1.03, 1.15, BETTER), PointVerdict(8, 1.696, 1.5, 1.86, BETTER)]
+    rec = recommend("concurrency", "B", points)
+    assert rec.line == "B raises P90 interactivity by 9-70% (intervals 3-86%) at every " + (
+        "concurrency tested (2-8)"
+    )
 
 
 def test_significantly_worse_is_named_and_gates() -> None:
@@ -43,9 +52,9 @@ def test_significantly_worse_is_named_and_gates() -> None:
     ]
     rec = recommend("concurrency", "B", points)
     assert rec.line == (
-        "B raises P90 interactivity by 10-30% up to concurrency 1; at concurrency 2 the "
-        "difference is not significant; from concurrency 4 on it lowers P90 interactivity by "
-        "10-40%"
+        "B raises P90 interactivity by 20% (intervals 10-30%) up to concurrency 1; at "
+        "concurrency 2 the difference is not significant; from concurrency 4 on it lowers P90 "
+        "interactivity by 20-30% (intervals 10-40%)"
     )
     assert rec.worse_points == [4, 8]
     assert rec.to_json()["any_worse"] is True
@@ -64,7 +73,7 @@ def test_no_verdict_is_neither_better_nor_worse() -> None:
     )
     assert rec.worse_points == [] and rec.crossover is None
     one = recommend("concurrency", "fast", [PointVerdict(8, 1.5, 1.4, 1.6, BETTER)])
-    assert one.line == "fast raises P90 interactivity by 40-60% at concurrency 8"
+    assert one.line == "fast raises P90 interactivity by 50% (intervals 40-60%) at concurrency 8"
     assert one.crossover is None
     every = recommend(
         "concurrency", "fast", [PointVerdict(c, 1.0, 0.9, 1.1, SAME) for c in (1, 2, 4)]
@@ -115,9 +124,10 @@ def test_hand_built_runs_give_the_exact_recommendation(hand_built) -> None:
     assert by_point[16].verdict == WITHHELD and by_point[16].ratio == pytest.approx(2.0)
     rec = recommend("concurrency", "latency_specialized", verdicts)
     assert rec.line == (
-        "latency_specialized raises P90 interactivity by 25-43% up to concurrency 2; "
-        "at concurrency 4 the difference is not significant; at concurrency 8 it lowers P90 "
-        "interactivity by 20-20%; from concurrency 16 on there is no verdict (fewer than 2 "
+        "latency_specialized raises P90 interactivity by 25-43% (intervals 25-43%) up to "
+        "concurrency 2; at concurrency 4 the difference is not significant; at concurrency 8 it "
+        "lowers P90 interactivity by 20% (intervals 20-20%); from concurrency 16 on there is no "
+        "verdict (fewer than 2 "
         "runs per arm; fewer than 200 requests with an ITL per arm)"
     )
     assert rec.crossover == {"last_better": 2, "next": 4, "next_verdict": SAME}

@@ -1,4 +1,4 @@
-"""Running agentab.engine.compiled's kernels as plain Python, for tests that compare the two.
+"""Running agentab.engine.loops_numba's kernels as plain Python, for tests that compare the two.
 
 Each kernel is one implementation: numba compiles it, and without numba the same function runs
 as Python. `plain_python` swaps every compiled kernel for its Python function (`py_func`) for
@@ -13,9 +13,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from agentab.engine import compiled
+from agentab.engine import loops_numba
 
-KERNELS = [name for name, fn in vars(compiled).items() if hasattr(fn, "py_func")]
+KERNELS = [name for name, fn in vars(loops_numba).items() if hasattr(fn, "py_func")]
 
 
 @contextmanager
@@ -23,5 +23,5 @@ def plain_python(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     with monkeypatch.context() as m, warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # numpy scalars' wrapping uint64 math
         for name in KERNELS:
-            m.setattr(compiled, name, getattr(compiled, name).py_func)
+            m.setattr(loops_numba, name, getattr(loops_numba, name).py_func)
         yield

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from agentab.engine.executor import SimExecutor
+from agentab.engine.options import DecodeBackend
 from agentab.engine.paths import padded_tokens, specialized_ok
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
@@ -24,7 +25,7 @@ def decoding_scheduler(q: int, n: int, specialized: bool = True) -> Scheduler:
             block_size=16,
             max_num_batched_tokens=8192,
             spec=spec,
-            specialized=specialized,
+            decode_backend=DecodeBackend.LATENCY_SPECIALIZED if specialized else DecodeBackend.AUTO,
         )
     )
     for i in range(n):

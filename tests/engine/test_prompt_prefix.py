@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentab.engine import compiled
+from agentab.engine import loops_numba
 from agentab.engine.hashing import PrefixHashes, chain_hashes_raw
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.types import PromptPrefix
@@ -27,13 +27,13 @@ def _jobs(seed: int) -> list:
 
 def _count_comparisons(monkeypatch) -> list[int]:
     calls = [0]
-    first_diff = compiled.first_diff
+    first_diff = loops_numba.first_diff
 
     def counted(*args):
         calls[0] += 1
         return first_diff(*args)
 
-    monkeypatch.setattr(compiled, "first_diff", counted)
+    monkeypatch.setattr(loops_numba, "first_diff", counted)
     return calls
 
 
@@ -48,7 +48,7 @@ def test_told_prefix_gives_the_compared_state(monkeypatch, use_compiled, block_s
     if not use_compiled:  # the kernels as plain Python (slow: a third of the requests)
         jobs = jobs[: len(jobs) // 3]
         for name in KERNELS:
-            monkeypatch.setattr(compiled, name, getattr(compiled, name).py_func)
+            monkeypatch.setattr(loops_numba, name, getattr(loops_numba, name).py_func)
     calls = _count_comparisons(monkeypatch)
     cfg = SchedulerConfig(num_blocks=1 << 20, block_size=block_size)
     told, compared = Scheduler(cfg), Scheduler(cfg)

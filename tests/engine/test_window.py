@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from agentab.engine.executor import SimExecutor
+from agentab.engine.options import DecodeBackend
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
-from tests.engine.test_compiled_scheduler import SLOT_ARRAYS, _state
+from tests.engine.test_loops_numba_scheduler import SLOT_ARRAYS, _state
 
 CASES = {
     "plain": SpecConfig(),
@@ -34,7 +35,7 @@ def _decoding(spec: SpecConfig, specialized: bool) -> Scheduler:
         num_blocks=400, block_size=4, max_num_seqs=16, max_num_batched_tokens=256, spec=spec
     )
     if specialized:
-        cfg = SchedulerConfig(**{**vars(cfg), "specialized": True})
+        cfg = SchedulerConfig(**{**vars(cfg), "decode_backend": DecodeBackend.LATENCY_SPECIALIZED})
     s = Scheduler(cfg)
     s.collect_timelines()
     rng = np.random.default_rng(1)

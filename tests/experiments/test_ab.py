@@ -292,6 +292,103 @@ def test_until_decided_stops_at_the_first_decided_block(tmp_path: Path) -> None:
     )
 
 
+def test_block_seconds_sets_each_blocks_window(tmp_path: Path) -> None:
+    # Blocks of 40 s in a file of 120 s windows: every run's manifest records the block's
+    # window, the report and comparison.json name it, and the sequence decides at the third
+    # block (B/A about 1.6 here) as with the file's window.
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    out = tmp_path / "out"
+    args = ("ab", path, "-o", out, "--until-decided", "--max-repeats", "5")
+    result = agentab(*args, "--block-seconds", "40")
+    assert result.returncode == 0, result.stderr
+    seq = json.loads((out / "comparison.json").read_text())["sequential"]
+    assert (seq["verdict"], seq["blocks"], seq["block_s"]) == ("better", 3, 40.0)
+    runs = sorted(p.relative_to(out).as_posix() for p in out.glob("*/run-*"))
+    assert runs == [f"{arm}/run-{k}" for arm in ("auto", "fast") for k in (1, 2, 3)]
+    for run in runs:
+        replay = json.loads((out / run / "manifest.json").read_text())["replay"]
+        assert replay["duration_s"] == 40.0
+    assert (
+        "**Sequential** (--until-decided): decided **better** after 3 repeats per arm of 40 s: "
+        in result.stdout
+    )
+    assert "up to 5 repeats x 2 arms of 40 s, until decided" in result.stderr
+
+
+def test_block_seconds_defaults_to_the_files_window(tmp_path: Path) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    out = tmp_path / "out"
+    result = agentab("ab", path, "-o", out, "--until-decided", "--max-repeats", "3")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "comparison.json").read_text())["sequential"]["block_s"] == 120.0
+    manifest = json.loads((out / "fast" / "run-3" / "manifest.json").read_text())
+    assert manifest["replay"]["duration_s"] == 120.0
+
+
+def test_a_resume_keeps_the_block_length(tmp_path: Path) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    out = tmp_path / "out"
+    args = ("ab", path, "-o", out, "--until-decided")
+    first = agentab(*args, "--block-seconds", "40", "--max-runs", "2")
+    assert first.returncode == 0, first.stderr
+    other = agentab(*args, "--block-seconds", "60")
+    assert other.returncode == 2
+    assert other.stderr == (
+        f"agentab: error: {out / 'auto' / 'run-1'}: ran a 40 s window, this invocation runs "
+        "60 s windows; runs of two lengths do not pool: resume with the --block-seconds (and "
+        "--until-decided) its runs ran, or start a new dir with -o NEW_DIR\n"
+    )
+    fixed = agentab("ab", path, "-o", out)
+    assert fixed.returncode == 2
+    assert "ran a 40 s window, this invocation runs 120 s windows;" in fixed.stderr
+    same = agentab(*args, "--block-seconds", "40")
+    assert same.returncode == 0, same.stderr
+    assert json.loads((out / "comparison.json").read_text())["sequential"]["blocks"] == 3
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--block-seconds", "40"), "--block-seconds applies with --until-decided (see "),
+        (("--until-decided", "--block-seconds", "0"), "--block-seconds 0.0: must be a positive "),
+        (("--until-decided", "--block-seconds", "nan"), "--block-seconds nan: must be a positive"),
+        (
+            ("--until-decided", "--block-seconds", "121"),
+            "--block-seconds 121: longer than the file's window ([replay] duration_s = 120); "
+            "blocks are meant to be shorter (a longer window belongs in the file)",
+        ),
+    ],
+)
+def test_block_seconds_is_refused_in_one_line(
+    tmp_path: Path, extra: tuple[str, ...], message: str
+) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_text(EXPERIMENT)
+    result = agentab("ab", path, "-o", tmp_path / "out", *extra)
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"agentab: error: {message}")
+    assert result.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_block_seconds_is_refused_when_runs_end_on_a_request_count(tmp_path: Path) -> None:
+    path = tmp_path / "exp.toml"
+    path.write_text(
+        EXPERIMENT.replace("warmup_requests = 1", "warmup_requests = 1\nlane_requests = 4")
+    )
+    out = tmp_path / "out"
+    result = agentab("ab", path, "-o", out, "--until-decided", "--block-seconds", "40")
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"agentab: error: --block-seconds: {path}: runs end after [replay] lane_requests "
+        "requests per lane, not on a window; a block is one such run\n"
+    )
+    assert not out.exists()
+
+
 def test_dry_run_runs_nothing_and_plans_from_a_pilot(experiment, tmp_path: Path) -> None:
     path = tmp_path / "exp.toml"
     path.write_text(EXPERIMENT)

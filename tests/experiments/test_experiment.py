@@ -245,3 +245,16 @@ def test_vllm_launch_refuses_a_layout_that_does_not_fit_the_gpus(tmp_path: Path)
         'kind = "vllm"\nmodel = "kimi"\ntensor_parallel_size = 8',
     )
     assert "tensor_parallel_size 8" in error(tmp_path, text)
+
+
+def test_service_level_objectives_come_from_the_analysis_table(tmp_path: Path) -> None:
+    text = VALID + '\n[analysis]\nslo = ["ttft:2s", "itl:50ms"]\n'
+    exp = load_experiment(write(tmp_path, text))
+    assert exp.slo is not None and exp.slo.limits() == {"ttft": 2.0, "itl": 0.05}
+    assert load_experiment(write(tmp_path, VALID)).slo is None
+    line = text.splitlines().index('slo = ["ttft:2s", "itl:50ms"]') + 1
+    bad = error(tmp_path, text.replace("itl:50ms", "itl:50"))
+    assert bad.startswith(f"{tmp_path / 'exp.toml'}:{line}: [analysis] slo: 'itl:50' is not")
+    assert f"exp.toml:{line}: slo must be a list of strings" in error(
+        tmp_path, text.replace('["ttft:2s", "itl:50ms"]', '"ttft:2s"')
+    )

@@ -5,11 +5,16 @@ result folders' READMEs cite scripts, modules and result files by path; a rename
 misses one leaves a reader following a path to nothing. A file that history has to name although
 it is gone is cited with the words "(no longer in the tree)" right after it, which this test
 accepts.
+
+The pages under benchmarks/ also name files without their folder: a result folder's README its
+own files (`timing.json`, `../kernels-h200.json`), the notes a module by its tail
+(`cute/moe.py`). Those names are checked too, resolved the way a reader resolves them.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
 import subprocess
 from pathlib import Path
@@ -23,6 +28,13 @@ RESULTS = "benchmarks/results"
 START = r"(?<![\w./-])((?:"
 TAIL = r")/[\w.*{},/-]*[\w*}/])"
 MARK = r"(`?\s*\(no longer in the tree\))?"
+# A file name in backticks without a top-level folder: optional `../` steps, the name's own
+# characters (globs and brace alternatives allowed) and an extension of the files results keep.
+EXTENSIONS = "json|log|md|toml|txt|csv|jsonl|html|py|sh"
+BARE = re.compile(
+    r"`((?:\.\./)*[\w*{][\w.*{},/-]*\.(?:\{[\w.,]+\}|(?:" + EXTENSIONS + r")))`" + MARK
+)
+ROOTS = ["agentab", "benchmarks", "docs", "examples", "scripts", "tests"]
 
 
 def tracked_files() -> list[str]:
@@ -52,7 +64,7 @@ def cited_paths(text: str, results_folders: list[str]) -> list[tuple[int, str]]:
     Paths start at a top-level folder; the measurement notes also cite result files from their
     result folder's name on (`kernels-h200-x/file.json`), which resolve under benchmarks/results.
     """
-    from_root = citation_pattern(["agentab", "benchmarks", "docs", "examples", "scripts", "tests"])
+    from_root = citation_pattern(ROOTS)
     from_results = citation_pattern(results_folders) if results_folders else None
     cited = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -73,6 +85,31 @@ def exists(path: str, files: list[str], folders: set[str]) -> bool:
             ):
                 return False
         elif candidate not in names and candidate not in folders:
+            return False
+    return True
+
+
+def bare_names(text: str, results_folders: list[str]) -> list[tuple[int, str]]:
+    """(line, name) for every file named in backticks without a folder `cited_paths` resolves."""
+    skip = tuple(f"{top}/" for top in ROOTS + results_folders)
+    return [
+        (number, m[1])
+        for number, line in enumerate(text.splitlines(), 1)
+        for m in BARE.finditer(line)
+        if m[2] is None and not m[1].startswith(skip)
+    ]
+
+
+def bare_name_exists(name: str, page: str, files: list[str]) -> bool:
+    """In a result folder a name is relative to the page (its files sit beside it); elsewhere
+    under benchmarks/ it is the tail of a tracked path (`cute/moe.py`)."""
+    for candidate in expand_braces(name):
+        if page.startswith(RESULTS + "/"):
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(page), candidate))
+            found = any(fnmatch.fnmatch(f, path) for f in files)
+        else:
+            found = any(fnmatch.fnmatch(f, f"*/{candidate}") or f == candidate for f in files)
+        if not found:
             return False
     return True
 
@@ -102,6 +139,31 @@ def test_exists_expands_globs_braces_and_folders() -> None:
     assert not exists("docs/missing.md", files, folders)
 
 
+def test_bare_names_resolve_beside_a_result_page_and_by_tail_elsewhere() -> None:
+    text = (
+        "`timing.{json,log}`, `../kernels.json` and `kernels-a/run.json`;\n"
+        "`gone.py` (no longer in the tree), `cute/moe.py`, `auto` and `docs/x.md`\n"
+    )
+    assert bare_names(text, ["kernels-a"]) == [
+        (1, "timing.{json,log}"),
+        (1, "../kernels.json"),
+        (2, "cute/moe.py"),
+    ]
+    files = [
+        "benchmarks/results/x/timing.json",
+        "benchmarks/results/x/timing.log",
+        "benchmarks/results/kernels.json",
+        "agentab/kernels/cute/moe.py",
+    ]
+    page = "benchmarks/results/x/README.md"
+    assert bare_name_exists("timing.{json,log}", page, files)
+    assert bare_name_exists("../kernels.json", page, files)
+    assert not bare_name_exists("kernels.json", page, files)
+    assert bare_name_exists("cute/moe.py", "benchmarks/kernels/NOTES.md", files)
+    assert not bare_name_exists("moe.py", page, files)
+    assert not bare_name_exists("explore.py", "benchmarks/kernels/NOTES.md", files)
+
+
 PAGES = sorted(p for p in tracked_files() if p.endswith(".md"))
 
 
@@ -114,5 +176,17 @@ def test_every_cited_path_exists(page: str) -> None:
         f"{page}:{line}: {path}"
         for line, path in cited_paths((REPO / page).read_text(), results_folders)
         if not exists(path, files, folders)
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.startswith("benchmarks/")])
+def test_every_file_named_under_benchmarks_exists(page: str) -> None:
+    files = tracked_files()
+    results_folders = sorted({f.split("/")[2] for f in files if f.startswith(RESULTS + "/")})
+    missing = [
+        f"{page}:{line}: {name}"
+        for line, name in bare_names((REPO / page).read_text(), results_folders)
+        if not bare_name_exists(name, page, files)
     ]
     assert missing == []

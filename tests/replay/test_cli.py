@@ -10,9 +10,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from agentab.replay import scan_records
 from agentab.replay.manifest import REQUIRED_KEYS
-from agentab.replay.records import RECORD_SCHEMA, scan_metrics
+from agentab.rundir import RECORD_SCHEMA, scan_metrics, scan_records
 from agentab.workloads import save
 from agentab.workloads.generator import generate, load_config
 

@@ -9,7 +9,8 @@ import polars as pl
 import pytest
 
 from agentab.errors import AgentabError
-from agentab.replay import ReplayOptions, replay_to_dir, scan_records
+from agentab.replay import ReplayOptions, replay_to_dir
+from agentab.rundir import scan_records
 from agentab.workloads.model import Request, Session, Workload
 
 from .fault_server import MODES, FaultServer, node_of

@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 
 from agentab.engine import build_simulator
-from agentab.replay import ReplayOptions, replay_to_dir, run_to_dir, scan_records, simulate_to_dir
-from agentab.replay.records import scan_metrics
+from agentab.replay import ReplayOptions, replay_to_dir, run_to_dir, simulate_to_dir
 from agentab.replay.targets.loopback import LoopbackTarget
+from agentab.rundir import scan_metrics, scan_records
 from agentab.workloads.model import Request, Session, Subagent, Workload
 from tests.serving import serve_process
 

@@ -11,7 +11,7 @@ import pytest
 from agentab.errors import AgentabError
 from agentab.replay import simulate_to_dir
 from agentab.replay.options import ReplayOptions
-from agentab.replay.records import scan_records
+from agentab.rundir import scan_records
 from agentab.workloads.generator import generate, load_config
 
 ENGINE = {"profile": "gb300-tp16-kimi-k3", "decode_backend": "auto"}

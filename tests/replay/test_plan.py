@@ -14,9 +14,10 @@ import polars as pl
 import pytest
 
 from agentab.errors import AgentabError
-from agentab.replay import ReplayOptions, run_to_dir, scan_records
+from agentab.replay import ReplayOptions, run_to_dir
 from agentab.replay.plan import build_plan, compile_tree
 from agentab.replay.targets.recorded import RecordedTarget
+from agentab.rundir import scan_records
 from agentab.workloads.model import Request, Session, Subagent, Workload
 from agentab.workloads.tokens import prompt_token_ids
 

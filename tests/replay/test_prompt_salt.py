@@ -19,9 +19,10 @@ import pytest
 from agentab.engine import build_simulator
 from agentab.engine.server import EngineServer, start_server
 from agentab.errors import AgentabError
-from agentab.replay import replay_to_dir, scan_records
+from agentab.replay import replay_to_dir
 from agentab.replay.options import ReplayOptions
 from agentab.replay.plan import build_plan
+from agentab.rundir import scan_records
 from agentab.workloads.generator import generate, load_config
 
 OPTS = ReplayOptions(

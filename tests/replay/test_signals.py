@@ -15,10 +15,11 @@ import polars as pl
 import pytest
 
 from agentab.errors import AgentabError
-from agentab.replay import ReplayOptions, scan_records
+from agentab.replay import ReplayOptions
 from agentab.replay.api import run_to_dir
 from agentab.replay.targets.base import Outcome, RequestSpec
 from agentab.replay.targets.recorded import RecordedTarget
+from agentab.rundir import scan_records
 from agentab.workloads import save
 from agentab.workloads.model import Request, Session, Workload
 

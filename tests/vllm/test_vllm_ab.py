@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentab.engine.vllm.process import group_members, port_is_free
-from agentab.replay.records import scan_metrics
+from agentab.rundir import scan_metrics
 from tests.vllm.helpers import multi_turn_workload, write_experiment, write_workload
 
 REPO = Path(__file__).resolve().parents[2]

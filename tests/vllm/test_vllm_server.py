@@ -27,7 +27,7 @@ from agentab.engine.vllm.process import group_members, port_is_free
 from agentab.errors import AgentabError
 from agentab.replay import replay_to_dir
 from agentab.replay.options import ReplayOptions
-from agentab.replay.records import scan_records
+from agentab.rundir import scan_records
 from tests.vllm.helpers import MAX_MODEL_LEN, SERVER_ENV, multi_turn_workload, tiny_launch
 
 pytestmark = pytest.mark.vllm

@@ -135,7 +135,7 @@ def local_engine_from(opts: LocalOptions) -> Engine:
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=opts.max_num_batched_tokens,
-        specialized=decode_backend.specialized,
+        decode_backend=decode_backend,
         vocab_size=cfg.vocab_size,
         synthetic_output=False,
         spec=drafting,

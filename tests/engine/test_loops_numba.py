@@ -1,4 +1,4 @@
-"""The compiled kernels (agentab.engine.compiled): compiled against their plain-Python run, and
+"""The compiled kernels (agentab.engine.loops_numba): compiled against their plain-Python run, and
 against the numpy code of the same arithmetic where there is one.
 
 The block pool's operations run on two pools, one with the compiled kernels and one with their
@@ -18,9 +18,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from agentab.engine import compiled
+from agentab.engine import loops_numba
 from agentab.engine.kv_cache import BlockPool
-from agentab.replay.records import scan_metrics, scan_records
+from agentab.rundir import scan_metrics, scan_records
 from agentab.workloads.generator import generate, load_config
 from agentab.workloads.native import dump_native
 from tests.engine.kernels import plain_python
@@ -90,12 +90,12 @@ def test_block_table_kernels_match_the_ragged_numpy_updates() -> None:
         expect_table[s, expect_n[s] : expect_n[s] + c] = ids[at : at + c]
         expect_n[s] += c
         at += c
-    compiled.fill_rows(table, nblocks, slots, need, ids)
+    loops_numba.fill_rows(table, nblocks, slots, need, ids)
     assert (table == expect_table).all() and (nblocks == expect_n).all()
 
     ncached = np.array([1, 0, 4, 2, 0, 3, 0, 9], dtype=np.int64)
     full = np.array([6, 0, 2, 4], dtype=np.int64)
-    got_ids, got_keys = compiled.newly_full(table, hashes, ncached.copy(), slots, full)
+    got_ids, got_keys = loops_numba.newly_full(table, hashes, ncached.copy(), slots, full)
     want_ids = [table[s, j] for s, f in zip(slots, full, strict=True) for j in range(ncached[s], f)]
     want_keys = [
         hashes[s, j] for s, f in zip(slots, full, strict=True) for j in range(ncached[s], f)

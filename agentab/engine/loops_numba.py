@@ -7,8 +7,8 @@ miss). numba compiles such loops from plain Python to machine code at first use 
 disk), without a build step or a compiler on the user's machine, so it is a default
 dependency. The scheduler, the block pool and the prefix hashes call these kernels and have no
 second implementation: without numba (or with AGENTAB_NUMBA=0) the same functions run as plain
-Python, slowly, with the same results (tests/engine/test_compiled.py and
-test_compiled_scheduler.py run both ways and compare; the chained hash is also checked against
+Python, slowly, with the same results (tests/engine/test_loops_numba.py and
+test_loops_numba_scheduler.py run both ways and compare; the chained hash is also checked against
 hashing.py's numpy formula).
 
 `ENABLED` says whether numba compiles them: numba importable and AGENTAB_NUMBA not "0".

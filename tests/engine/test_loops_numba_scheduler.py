@@ -1,7 +1,7 @@
-"""The scheduler's kernels (agentab.engine.compiled) compiled against the same functions run as
+"""The scheduler's kernels (agentab.engine.loops_numba) compiled against the same functions run as
 plain Python, op by op.
 
-The scheduler has one implementation of each step phase: a kernel in agentab.engine.compiled,
+The scheduler has one implementation of each step phase: a kernel in agentab.engine.loops_numba,
 compiled by numba. The same random stream of requests, steps, decode windows and aborts runs
 through a scheduler with the compiled kernels and through one whose kernels are their plain
 Python functions (`py_func`, what runs without numba); after every operation their plans,
@@ -16,13 +16,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from agentab.engine import compiled
+from agentab.engine import loops_numba
 from agentab.engine.hashing import (
     PrefixHashes,
     chain_hashes_raw,
     output_ids_from_seed,
     prompt_seed,
 )
+from agentab.engine.options import DecodeBackend
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
 from tests.engine.kernels import KERNELS, plain_python
@@ -89,7 +90,7 @@ def _config(case: str) -> SchedulerConfig:
             block_size=4,
             max_num_seqs=8,
             max_num_batched_tokens=48,
-            specialized=True,
+            decode_backend=DecodeBackend.LATENCY_SPECIALIZED,
             specialized_max_padded=8,
             specialized_max_requests_by_q=(8,),
         )
@@ -164,7 +165,7 @@ def test_compiled_kernels_match_their_plain_python_op_by_op(
         assert fast[-1][2][-1]["num_preemptions"] > 0  # the pressure path ran
 
 
-@pytest.mark.skipif(not compiled.ENABLED, reason="numba not in use")
+@pytest.mark.skipif(not loops_numba.ENABLED, reason="numba not in use")
 def test_every_kernel_is_compiled() -> None:
     assert len(KERNELS) >= 20
 
@@ -179,7 +180,7 @@ def test_hash_kernels_match_the_numpy_functions() -> None:
             got_k = np.empty(nb, dtype=np.uint64)
             got_r = np.empty(nb, dtype=np.uint64)
             shifted = np.concatenate([np.zeros(first * 16, dtype=np.int32), tokens])
-            last = compiled.chain_into(
+            last = loops_numba.chain_into(
                 shifted, first, first + nb, 16, np.uint64(prev), got_k, got_r
             )
             assert got_k.tolist() == keys.tolist() and got_r.tolist() == raws.tolist()
@@ -189,12 +190,12 @@ def test_hash_kernels_match_the_numpy_functions() -> None:
         want = output_ids_from_seed(prompt_seed(tokens, raw, (n // 16) * 16), 37)
         buf = np.zeros(n + 37, dtype=np.int64)
         buf[:n] = tokens
-        compiled.synthetic_output(buf, n, (n // 16) * 16, np.uint64(raw), 32000)
+        loops_numba.synthetic_output(buf, n, (n // 16) * 16, np.uint64(raw), 32000)
         assert buf[n:].tolist() == want.tolist()
     a = np.arange(10)
     b = a.copy()
     b[6] = -1
-    assert compiled.first_diff(a, b, 10) == 6 and compiled.first_diff(a, b, 6) == 6
+    assert loops_numba.first_diff(a, b, 10) == 6 and loops_numba.first_diff(a, b, 6) == 6
 
 
 def test_prefix_hashes_reuse_matches_hashing_from_scratch(monkeypatch) -> None:

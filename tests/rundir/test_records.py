@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from agentab.errors import AgentabError
-from agentab.replay.records import (
+from agentab.rundir import (
     RECORD_SCHEMA,
     PartWriter,
     part_files,

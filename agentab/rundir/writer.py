@@ -1,15 +1,9 @@
-"""Run records: the append-only, crash-safe request and metrics tables of a run dir.
+"""The part-file writer: rows appended during a run reach disk within a second, without stalling it.
 
-Why part files: a replay can be killed at any moment (SIGKILL, OOM, a lost machine) and the
-analysis must still read everything that finished. Rows are buffered in memory and a background
-thread writes them every `flush_interval_s` (0.5 s) as a new Arrow IPC file, written under a
-temporary name and renamed, so a reader never sees a torn file. Parts are named
-`part-FIRST-LAST.arrow` (sequence numbers); every `compact_every` parts are merged into one file
-covering their range and then deleted. A crash between the merge and the deletes leaves both,
-and `scan_records` reads only files not covered by a wider one, so no row is read twice.
-
-The writer thread uses real (monotonic) time on purpose: durability is about wall-clock crash
-windows, also when the replay itself runs on the virtual clock.
+Rows are buffered in memory and a background thread writes them every `flush_interval_s`
+(0.5 s) as a new part file (see `agentab.rundir.parts`); every `compact_every` parts are merged
+into one. The writer thread uses real (monotonic) time on purpose: durability is about
+wall-clock crash windows, also when the replay itself runs on the virtual clock.
 
 Why rows are buffered column by column, with numeric list columns (`chunk_times_s`: about 110
 floats per request) as one flat `array` of values plus per-row lengths: the writer thread needs
@@ -20,8 +14,6 @@ builds the list columns with the GIL released, so the loop is held up well under
 
 from __future__ import annotations
 
-import os
-import re
 import threading
 import time
 from array import array
@@ -33,34 +25,7 @@ import numpy as np
 import polars as pl
 
 from agentab.errors import AgentabError
-
-_RECORD_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
-    "request_id": pl.String,
-    "session_id": pl.String,
-    "lane": pl.Int32,
-    "pass": pl.Int32,
-    "agent_id": pl.String,
-    "turn": pl.Int32,
-    "phase": pl.String,
-    "planned_s": pl.Float64,
-    "sent_s": pl.Float64,
-    "chunk_times_s": pl.List(pl.Float64),
-    "chunk_tokens": pl.List(pl.Int32),
-    "reasoning_chunks": pl.Int32,
-    "prompt_tokens": pl.Int64,
-    "completion_tokens": pl.Int64,
-    "cached_tokens": pl.Int64,
-    "osl": pl.Int64,
-    "error_class": pl.String,
-    "error_message": pl.String,
-}
-RECORD_SCHEMA = pl.Schema(_RECORD_COLUMNS)
-"""Columns of `records/*.arrow` (docs/interfaces.md, "run dir"); analysis reads exactly these."""
-
-METRICS_SCHEMA = pl.Schema(
-    {"t_s": pl.Float64, "name": pl.String, "labels": pl.String, "value": pl.Float64}
-)
-"""Columns of `metrics/*.arrow`: scraped server metrics in long form (labels as JSON)."""
+from agentab.rundir.parts import atomic_write_ipc, next_seq, part_path, span
 
 _FLAT_CODES: dict[Any, str] = {pl.Float64: "d", pl.Int32: "i", pl.Int64: "q"}
 _INT_LIMITS: dict[Any, int] = {pl.Int32: 2**31, pl.Int64: 2**63}
@@ -68,10 +33,6 @@ _INT_LIMITS: dict[Any, int] = {pl.Int32: 2**31, pl.Int64: 2**63}
 
 _ARRAY_DTYPES = {"d": np.dtype(np.float64), "i": np.dtype(np.int32), "q": np.dtype(np.int64)}
 """numpy dtypes whose items an `array` of the typecode holds exactly (taken as raw bytes)."""
-
-RECORDS_DIR = "records"
-METRICS_DIR = "metrics"
-_PART_RE = re.compile(r"^part-(\d+)-(\d+)\.arrow$")
 
 
 class _Batch:
@@ -185,7 +146,7 @@ class PartWriter:
         self._io_lock = threading.Lock()
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self._seq = _next_seq(self.directory)
+        self._seq = next_seq(self.directory)
         self._level0: list[Path] = []  # small parts not yet merged
         self.rows_written = 0
         self._thread = threading.Thread(target=self._run, name="agentab-part-writer", daemon=True)
@@ -250,8 +211,8 @@ class PartWriter:
         frame = batch.frame(self.schema)
         seq = self._seq
         self._seq += 1
-        path = self.directory / f"part-{seq:08d}-{seq:08d}.arrow"
-        _atomic_write_ipc(frame, path)
+        path = part_path(self.directory, seq, seq)
+        atomic_write_ipc(frame, path)
         self.rows_written += batch.n
         self._level0.append(path)
         if len(self._level0) >= self.compact_every:
@@ -260,82 +221,9 @@ class PartWriter:
     def _compact(self) -> None:
         """Merge the small parts into one file covering their sequence range."""
         parts = self._level0
-        first, last = _span(parts[0])[0], _span(parts[-1])[1]
+        first, last = span(parts[0])[0], span(parts[-1])[1]
         frame = pl.concat([pl.read_ipc(p) for p in parts], how="vertical")
-        _atomic_write_ipc(frame, self.directory / f"part-{first:08d}-{last:08d}.arrow")
+        atomic_write_ipc(frame, part_path(self.directory, first, last))
         for p in parts:
             p.unlink(missing_ok=True)
         self._level0 = []
-
-
-def _atomic_write_ipc(frame: pl.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".tmp-{path.name}")
-    frame.write_ipc(tmp)
-    os.replace(tmp, path)
-
-
-def _span(path: Path) -> tuple[int, int]:
-    m = _PART_RE.match(path.name)
-    assert m is not None
-    return int(m.group(1)), int(m.group(2))
-
-
-def _next_seq(directory: Path) -> int:
-    spans = [_span(p) for p in directory.iterdir() if _PART_RE.match(p.name)]
-    return max((last for _, last in spans), default=-1) + 1
-
-
-def part_files(directory: str | Path) -> list[Path]:
-    """The part files to read: each kept file is not covered by a wider one (see module doc)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    spans = sorted(
-        ((_span(p), p) for p in directory.iterdir() if _PART_RE.match(p.name)),
-        key=lambda item: (item[0][0], -item[0][1]),
-    )
-    kept: list[Path] = []
-    covered_to = -1
-    for (_first, last), path in spans:
-        if last <= covered_to:
-            continue  # inside a merged file already kept
-        kept.append(path)
-        covered_to = last
-    return kept
-
-
-def _scan(run_dir: str | Path, sub: str, schema: pl.Schema) -> pl.LazyFrame:
-    run_dir = Path(run_dir)
-    if not (run_dir / "manifest.json").is_file() and not (run_dir / sub).is_dir():
-        raise AgentabError(f"{run_dir}: not a run dir (no manifest.json and no {sub}/)")
-    files = part_files(run_dir / sub)
-    if not files:
-        return pl.LazyFrame(schema=schema)
-    for file in files:
-        _check_part(file, schema)
-    return pl.scan_ipc(files)
-
-
-def _check_part(path: Path, schema: pl.Schema) -> None:
-    """A part that is torn (no Arrow footer) or holds other columns is named in one line, before
-    a query over all parts fails somewhere inside polars."""
-    try:
-        found = pl.read_ipc_schema(path)
-    except (OSError, pl.exceptions.PolarsError) as exc:
-        reason = " ".join(str(exc).split())[:120]
-        raise AgentabError(f"{path}: not a readable Arrow file ({reason})") from None
-    if dict(found) != dict(schema):
-        missing = [name for name in schema if name not in found]
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        detail = f"missing {', '.join(missing[:3])}{more}" if missing else "other column types"
-        raise AgentabError(f"{path}: not a part of this run's table ({detail})")
-
-
-def scan_records(run_dir: str | Path) -> pl.LazyFrame:
-    """Every request record of a run dir (also of a run that was killed), as a LazyFrame."""
-    return _scan(run_dir, RECORDS_DIR, RECORD_SCHEMA)
-
-
-def scan_metrics(run_dir: str | Path) -> pl.LazyFrame:
-    """The scraped server metrics of a run dir (`t_s`, `name`, `labels`, `value`)."""
-    return _scan(run_dir, METRICS_DIR, METRICS_SCHEMA)

@@ -58,3 +58,24 @@ def simulator_caveats(manifests: Iterable[Mapping[str, Any]]) -> list[str]:
         if line not in lines:
             lines.append(line)
     return lines
+
+
+def synthetic_acceptance_caveats(manifests: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per distinct setup of a real engine whose drafts are accepted by the synthetic
+    method (the local engine's `rejection_sample_method = "synthetic"`), not verified."""
+    lines: list[str] = []
+    for m in manifests:
+        spec = m.get("spec")
+        if not isinstance(spec, Mapping) or spec.get("rejection_sample_method") != "synthetic":
+            continue
+        rates = [float(p) for p in spec.get("synthetic_rates_resolved") or ()]
+        line = (
+            f"**Synthetic acceptance**: engine {m.get('engine')} accepts drafts by vLLM's "
+            f"synthetic method ({spec.get('num_speculative_tokens')} draft tokens, per-position "
+            "rates " + ", ".join(f"{p:.2f}" for p in rates) + "), not by verifying them: the "
+            "A/B measures the decode paths at this acceptance, not whether a drafter reaches "
+            "it on your prompts."
+        )
+        if line not in lines:
+            lines.append(line)
+    return lines

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentab.analysis.breakdown import BREAKDOWNS
-from agentab.analysis.caveats import simulator_caveats
+from agentab.analysis.caveats import simulator_caveats, synthetic_acceptance_caveats
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.faults import FAULT_HEADER, FAULTS_TITLE, fault_rows
 from agentab.analysis.guard import Difference
@@ -184,6 +184,7 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
     if drained:
         lines.append(f"- {drained}")
     lines += [f"- {line}" for line in simulator_caveats(manifests)]
+    lines += [f"- {line}" for line in synthetic_acceptance_caveats(manifests)]
     lines += [f"- {line}" for line in header]
     for note in comparison.notes:
         lines.append(f"- Not compared (differs by design): {note.describe()}.")
@@ -385,7 +386,18 @@ def server_rows(comparison: Comparison) -> list[list[str]]:
         if any(v is not None for v in a + b):
             unit = {"spec_acceptance_length": "x", "decode_step_device_s": "s"}.get(key, "")
             rows.append([label, _spread(a, unit), _spread(b, unit)])
+    rates = [[s.values.get("spec_acceptance_rates") for s in side]
+             for side in (comparison.runs_a, comparison.runs_b)]  # fmt: skip
+    if any(r for side in rates for r in side):
+        label = "spec-decode acceptance per draft position (server; synthetic_acceptance_rates)"
+        rows.append([label, *(_rates(side) for side in rates)])
     return rows
+
+
+def _rates(runs: Sequence[list[float] | None]) -> str:
+    """Per-position rates of each run, `[0.91, 0.78, ...]`, runs separated by `; `."""
+    shown = ["[" + ", ".join(f"{p:.3f}" for p in r) + "]" for r in runs if r]
+    return "; ".join(shown) if shown else "–"
 
 
 def comparison_markdown(
@@ -446,6 +458,7 @@ def run_markdown(summary: RunSummary) -> str:
         f"- {m.get('gpu_count', '?')} x {m.get('gpu_name', '?')} GPUs, TP {m.get('tp', '?')}, "
         f"decode_backend {m.get('decode_backend', '?')}, engine {m.get('engine', '?')}.",
         *(f"- {line}" for line in simulator_caveats([m])),
+        *(f"- {line}" for line in synthetic_acceptance_caveats([m])),
         f"- Requests (profiling): {v['requests']} ({v['requests_ok']} ok, {v['requests_error']} "
         f"errors = {fmt(v['error_rate'])}); warmup {v['requests_warmup']}; sessions "
         f"{v['sessions']}; errors by class: {v['errors_by_class'] or 'none'}; warnings by class: "

@@ -111,6 +111,31 @@ def counter_delta(metrics: pl.DataFrame, name: str, since_s: float | None) -> fl
     return float(deltas.item())
 
 
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def acceptance_rates(metrics: pl.DataFrame, since_s: float | None) -> list[float] | None:
+    """Per-position acceptance rates over the profiling phase: accepted tokens at draft
+    position i / drafts (vLLM's own definition of the per-position vector), or None without
+    the counters. They are the unconditional rates p_1 >= ... >= p_k that a synthetic
+    rejection takes (`synthetic_acceptance_rates`), so a run on a real server with a real
+    drafter measures what the local engine and the simulator then replay."""
+    drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
+    series = metrics.filter(pl.col("name") == PER_POSITION)
+    if not drafts or series.is_empty():
+        return None
+    by_position: dict[int, float] = {}
+    for labels in series["labels"].unique().to_list():
+        position = orjson.loads(labels).get("position")
+        if position is None:
+            continue
+        delta = counter_delta(series.filter(pl.col("labels") == labels), PER_POSITION, since_s)
+        by_position[int(position)] = by_position.get(int(position), 0.0) + (delta or 0.0)
+    if not by_position:
+        return None
+    return [by_position.get(i, 0.0) / drafts for i in range(max(by_position) + 1)]
+
+
 def _ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or den <= 0:
         return None
@@ -249,6 +274,7 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
         return {
             "server_cache_hit_ratio": None,
             "spec_acceptance_length": None,
+            "spec_acceptance_rates": None,
             "specialized_decode_share": None,
             "prefill_device_share": None,
             "decode_step_device_s": None,
@@ -268,6 +294,7 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
     return {
         "server_cache_hit_ratio": _ratio(hits, queries),
         "spec_acceptance_length": None if acceptance is None else 1.0 + acceptance,
+        "spec_acceptance_rates": acceptance_rates(metrics, since_s),
         # agentab engines count their pure-decode steps by path: the share the specialized
         # decoder served (the rest fell back to the standard forward)
         "specialized_decode_share": _ratio(special, decode_steps),

@@ -37,6 +37,7 @@ import numpy as np
 
 from agentab.clock import is_virtual
 from agentab.engine.executor import Executor
+from agentab.engine.metric_keys import series
 from agentab.engine.outputs import Advance, StepOutput, StepPlan, WindowPlan
 from agentab.engine.request import Request
 from agentab.engine.scheduler import Scheduler
@@ -45,6 +46,7 @@ from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
 
 StepObserver = Callable[[dict[str, Any]], None]
+_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 
 
 class EngineFailed(AgentabError):
@@ -65,6 +67,12 @@ class _Step:
     launched: asyncio.Future[Any] | None = None  # a measured step's launch (worker thread)
     adv: Advance | None = None  # a measured step applied before its tokens are known
     pending: tuple[StepPlan, StepOutput] | None = None  # a priced step applied at its end
+
+    @property
+    def unapplied(self) -> bool:
+        """A measured step with drafts, applied to the scheduler only when collected: its rows
+        must keep their slots until then (an abort waits for it)."""
+        return self.launched is not None and self.adv is None
 
 
 class Engine:
@@ -241,6 +249,10 @@ class Engine:
             "agentab:steps_specialized_total": c["steps_specialized"],
             "agentab:decode_steps_standard_total": c["decode_steps_standard"],
             "agentab:decode_steps_specialized_total": c["decode_steps_specialized"],
+            **{
+                series(_PER_POS, position=str(i)): float(n)
+                for i, n in enumerate(self.scheduler.accepted_per_pos.tolist())
+            },
             **self.executor.metrics(),
         }
 
@@ -296,7 +308,8 @@ class Engine:
         windows = virtual and self.fast_forward and not ex.measured
         inflight = self._inflight
         while True:
-            if self._aborts:
+            # (not while a step with drafts runs: it is applied to its rows when collected)
+            if self._aborts and not (inflight and inflight[-1].unapplied):
                 self._apply_aborts()
             if sched.has_work() and len(inflight) < depth:
                 start = self._next_start(loop, virtual, depth)
@@ -371,6 +384,8 @@ class Engine:
             rows = self._step_rows(plan) if self.step_observer is not None else []
             inputs = sched.model_inputs(plan)
             launched = loop.run_in_executor(self._worker, ex.launch, plan, inputs)
+            if sched.k and depth == 1:  # nothing runs ahead: applied, exactly, when collected
+                return _Step(start, start, [], [], (plan, rows), launched)
             adv = sched.advance(plan)
             return _Step(start, start, adv.finished, [], (plan, rows), launched, adv)
         output = ex.execute(plan)
@@ -413,7 +428,7 @@ class Engine:
 
     async def _collect(self, loop: asyncio.AbstractEventLoop, step: _Step) -> None:
         """A measured step: wait for the device, write the sampled tokens, stream them."""
-        assert step.launched is not None and step.adv is not None and step.record is not None
+        assert step.launched is not None and step.record is not None
         ex = self.executor
         output = await loop.run_in_executor(
             self._collector or self._worker, ex.collect, await step.launched
@@ -422,11 +437,17 @@ class Engine:
         plan, rows = step.record
         if self.step_observer is not None:
             self._emit_record(step.start, t - step.start, *self._record_fields(plan, rows))
-        adv = step.adv
         if output.sampled is None:
             raise AgentabError("a measured executor's step returned no sampled tokens")
-        self.scheduler.fill(adv, output.sampled)
+        adv = step.adv
+        finished_now: list[Request] = []
+        if adv is None:  # a step with drafts: applied now, from what it accepted and sampled
+            adv = self.scheduler.apply(plan, output)
+        else:  # (with drafts, counts corrected by what the step accepted)
+            finished_now = self.scheduler.fill(adv, output.sampled, output.accepted, plan.drafts)
         for req, n, at in zip(adv.reqs, adv.counts, adv.starts, strict=True):
+            if n == 0:  # it reached max_tokens in an earlier step that accepted more drafts
+                continue
             ch = req.sink
             if ch is None or ch.done:  # type: ignore[attr-defined]
                 continue
@@ -436,7 +457,7 @@ class Engine:
                 assert isinstance(ch, Channel)
                 ch.items.append(TokenEvent(t, n, req.tokens[at : at + n]))
                 ch.wake()
-        for req in adv.finished:
+        for req in (*finished_now, *adv.finished):
             self._finish(req)
 
     def _hand_out(self, step: _Step) -> None:

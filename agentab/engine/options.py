@@ -17,9 +17,10 @@ is not installed.
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from msgspec import Meta
@@ -80,6 +81,64 @@ class SimulatorOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_
     noise_seed: int = 0
 
 
+class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The local engine's speculative decoding, under vLLM's `--speculative-config` names.
+
+    Why vLLM's names: an experiment that runs vLLM arms and local-engine arms states spec
+    decoding once, the same way (docs/engine.md, "Speculative decoding on the local engine").
+    `method` is the drafter: `early_exit` runs the target's first `draft_layers` layers (their
+    KV is the target's own) with its final norm and LM head, k times, one draft token each; at
+    `draft_layers` = the model's depth the drafter is the target itself. `rejection_sample_method`
+    `standard` verifies greedily (lossless); `synthetic` accepts by vLLM's synthetic rates
+    (exactly one of `synthetic_acceptance_length` or `synthetic_acceptance_rates`, the
+    unconditional per-position rates), whatever the drafts are.
+    """
+
+    method: Literal["early_exit"] = "early_exit"
+    num_speculative_tokens: PositiveInt
+    draft_layers: PositiveInt = 1
+    rejection_sample_method: Literal["standard", "synthetic"] = "standard"
+    synthetic_acceptance_length: Annotated[float, Meta(ge=1.0)] | None = None
+    synthetic_acceptance_rates: tuple[Fraction, ...] | None = None
+
+    def __post_init__(self) -> None:
+        """The rules between fields (vLLM's `_resolve_synthetic_acceptance_rates`), each error
+        naming its field in backquotes first (`explain` puts the table's name in front)."""
+        k = self.num_speculative_tokens
+        length, rates = self.synthetic_acceptance_length, self.synthetic_acceptance_rates
+        if self.rejection_sample_method != "synthetic":
+            for name, value in (("synthetic_acceptance_length", length),
+                                ("synthetic_acceptance_rates", rates)):  # fmt: skip
+                if value is not None:
+                    raise ValueError(f"`{name}`: only with rejection_sample_method = 'synthetic'")
+            return
+        if (length is None) == (rates is None):
+            raise ValueError(
+                "`rejection_sample_method`: 'synthetic' needs exactly one of "
+                "synthetic_acceptance_length or synthetic_acceptance_rates"
+            )
+        if length is not None and not length <= k + 1:
+            raise ValueError(
+                f"`synthetic_acceptance_length`: must be in [1, {k + 1}] "
+                f"(1 + num_speculative_tokens), got {length!r}"
+            )
+        if rates is not None:
+            if len(rates) != k:
+                raise ValueError(
+                    f"`synthetic_acceptance_rates`: needs {k} values (one per draft position), "
+                    f"got {len(rates)}"
+                )
+            if any(b > a for a, b in itertools.pairwise(rates)):
+                raise ValueError(
+                    f"`synthetic_acceptance_rates`: must be non-increasing, got {list(rates)}"
+                )
+
+    def describe(self) -> dict[str, object]:
+        """What a run manifest records (every field, so two arms' configs compare field by
+        field in the guard)."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
 class LocalOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`build_local_engine`'s options (docs/engine.md, "The local engine").
 
@@ -96,6 +155,7 @@ class LocalOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_fiel
     device: Device | None = None
     max_model_len: PositiveInt | None = None
     tp: PositiveInt = 1
+    speculative_config: SpeculativeConfig | None = None
 
 
 class LocalLaunch(LocalOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -121,7 +181,8 @@ OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
 
 class OptionsError(AgentabError):
     """A bad option: the message names it; `field` is its name in the struct (a file's
-    loader looks up the field's line with it), None when no one field is at fault."""
+    loader looks up the field's line with it; dotted inside a sub-table:
+    `speculative_config.num_speculative_tokens`), None when no one field is at fault."""
 
     def __init__(self, message: str, field: str | None) -> None:
         super().__init__(message)
@@ -171,6 +232,7 @@ _PART = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+)\]")
 _UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>[^`]+)`$")
 _MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]+)`$")
 _GOT_TYPE = re.compile(r", got `[^`]+`$")
+_RULE = re.compile(r"^`(?P<field>[A-Za-z_][A-Za-z0-9_]*)`: (?P<rest>.*)$")
 
 
 def explain(
@@ -188,6 +250,20 @@ def explain(
     # msgspec names a mapping's bad value `[...]`, not by its key: name the mapping instead
     path, in_values = path.partition("[...]")[0], "[...]" in path
     parts = [(key, int(index)) if index else (key, None) for key, index in _PART.findall(path)]
+    if parts and parts[0][0]:  # inside a field that is itself a struct (a TOML sub-table)
+        where = name(parts[0][0]) + "".join(
+            f".{key}" if index is None else f"[{index}]" for key, index in parts[1:]
+        )
+        inner = _struct_at(cls, [key for key, index in parts if index is None])
+        dotted = ".".join(key for key, index in parts if index is None)
+        if unknown := _UNKNOWN.match(message):
+            listed = ", ".join(option_names(inner) if inner else ())
+            sub = unknown["field"]
+            return f"{dotted}.{sub}", f"{where}.{sub}: unknown option (known: {listed})"
+        if missing := _MISSING.match(message):
+            return dotted, f"{where}.{missing['field']}: missing (required)"
+        if rule := _RULE.match(message):  # a struct's own check (__post_init__)
+            return f"{dotted}.{rule['field']}", f"{where}.{rule['field']}: {rule['rest']}"
     if unknown := _UNKNOWN.match(message):
         listed = ", ".join(option_names(cls) if known is None else known)
         return unknown["field"], f"{name(unknown['field'])}: unknown option (known: {listed})"
@@ -195,10 +271,16 @@ def explain(
         return missing["field"], f"{name(missing['field'])}: missing (required)"
     if not parts or parts[0][0] == "":
         return None, message[:1].lower() + message[1:]
-    field = parts[0][0]
-    label = name(field) + "".join(
+    field = ".".join(key for key, index in parts if index is None)
+    label = name(parts[0][0]) + "".join(
         f".{key}" if index is None else f"[{index}]" for key, index in parts[1:]
     )
+    inner = _struct_at(cls, [key for key, index in parts[:-1] if index is None])
+    if inner is not None and len(parts) > 1:  # a sub-table's enum or Literal field
+        choices = _choices(inner, parts[-1][0])
+        if choices:
+            listed = ", ".join(str(c) for c in choices)
+            return field, f"{label}: expected one of {listed}, got {_value_at(data, parts)!r}"
     value = _value_at(data, parts)
     choices = _choices(cls, field)
     if choices and len(parts) == 1:  # a wrong value or a wrong type: either way, the choices
@@ -218,6 +300,25 @@ def _value_at(data: Mapping[str, Any], parts: Iterable[tuple[str, int | None]]) 
         except (KeyError, IndexError, TypeError):
             return None
     return value
+
+
+def _struct_at(cls: type[msgspec.Struct], keys: list[str]) -> type[msgspec.Struct] | None:
+    """The struct type reached from `cls` through the fields `keys` (None: not a struct)."""
+    current: type[msgspec.Struct] | None = cls
+    for key in keys:
+        if current is None:
+            return None
+        info = msgspec.inspect.type_info(current)
+        assert isinstance(info, msgspec.inspect.StructType)
+        current = None
+        for f in info.fields:
+            if f.name != key:
+                continue
+            types = f.type.types if isinstance(f.type, msgspec.inspect.UnionType) else (f.type,)
+            for t in types:
+                if isinstance(t, msgspec.inspect.StructType):
+                    current = t.cls
+    return current
 
 
 def _choices(cls: type[msgspec.Struct], field: str) -> tuple[object, ...]:

@@ -185,6 +185,6 @@ def synthetic_outcome(plan: StepPlan, spec: SpecConfig, duration_s: float) -> St
     (drawn per request and verify step, so independent of batching), no sampled tokens (the
     output ids were fixed at admission)."""
     accepted = None
-    if spec.enabled and plan.is_decode.any():
+    if spec.synthetic and plan.is_decode.any():
         accepted = spec.accepted(plan.keys, plan.spec_index, plan.drafts)
     return StepOutput(duration_s=duration_s, accepted=accepted)

@@ -81,6 +81,7 @@ class Request:
         "hashes",
         "id",
         "key",
+        "known",
         "max_tokens",
         "num_output",
         "num_preemptions",
@@ -106,6 +107,7 @@ class Request:
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
         self.num_output = 0
+        self.known = prompt_len  # tokens whose values are known (a real model's sampled output)
         self.cached_tokens = -1
         self.num_preemptions = 0
         self.slot = -1  # its row of the slot arrays while RUNNING, else -1

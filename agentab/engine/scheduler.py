@@ -111,6 +111,8 @@ class Scheduler:
         self.slot_req: list[Request | None] = [None] * 16
         self._free_slots: list[int] = list(range(15, -1, -1))
         self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0.0)
+        # vLLM's spec_decode_num_accepted_tokens_per_pos: verify rows that accepted position i
+        self.accepted_per_pos = np.zeros(self.k, dtype=np.int64)
 
     # -- slots ---------------------------------------------------------------------------------
     def _grow(self, cap: int, cols: int) -> None:
@@ -504,12 +506,17 @@ class Scheduler:
         Without an output (tools and tests that drive the scheduler alone) the step's outcome
         is the simulator's: synthetic acceptance (`SpecConfig.accepted`), planned tokens.
         """
+        adv = self.apply(plan, output)
+        return adv.reqs, adv.counts, adv.finished
+
+    def apply(self, plan: StepPlan, output: StepOutput | None = None) -> Advance:
+        """`update`, returning the whole `Advance` (where each request's tokens went)."""
         if output is None:
             output = synthetic_outcome(plan, self.cfg.spec, 0.0)
         adv = self._advance(plan, output.accepted)
         if output.sampled is not None:
             self.fill(adv, output.sampled)
-        return adv.reqs, adv.counts, adv.finished
+        return adv
 
     def advance(self, plan: StepPlan) -> Advance:
         """Apply a step that is still running, before its tokens are known (async scheduling).
@@ -519,10 +526,20 @@ class Scheduler:
         requests end at exactly max_tokens. So the next step can be scheduled at once; the
         tokens this step samples are marked pending (the next step's inputs refer to them by
         row, `StepInputs.prev_rows`) and `fill` writes them when the step returns.
+
+        With drafts (as vLLM schedules ahead of a verify step) every verify row is applied as
+        accepting none: one token, the rejected drafts rolled back. The next step plans the
+        row from there, and the executor shifts it by the drafts this step did accept (into
+        the k lookahead slots every row holds); `fill` corrects the counts when the step
+        returns (model_io).
         """
-        if self.k:
-            raise AgentabError("async scheduling needs num_draft_tokens = 0")
         adv = self._advance(plan, None)
+        if self.k:  # counted when collected, from what the step did (model_io.fill)
+            v = plan.is_decode & (plan.drafts > 0)
+            c = self.counters
+            c["generation_tokens"] -= sum(adv.counts)
+            c["spec_decode_num_drafts"] -= int(np.count_nonzero(v))
+            c["spec_decode_num_draft_tokens"] -= int(plan.drafts[v].sum())
         self._steps_advanced += 1
         adv.step = self._steps_advanced
         for req, row in zip(adv.reqs, adv.rows, strict=True):
@@ -555,6 +572,9 @@ class Scheduler:
             st.spec_idx, counts_log, log_row, rows, counts, starts, done,
         )  # fmt: skip
         self.count_verified(verified, drafts, acc_sum)
+        if verified and len(acc):
+            v = plan.is_decode & (plan.drafts > 0)
+            self.count_positions(np.minimum(acc[v], plan.drafts[v]))
         c["generation_tokens"] += emitted
         rows = rows[:n]
         slot_req = self.slot_req
@@ -570,6 +590,13 @@ class Scheduler:
             c["spec_decode_num_drafts"] += rows
             c["spec_decode_num_draft_tokens"] += drafts
             c["spec_decode_num_accepted_tokens"] += accepted
+
+    def count_positions(self, accepted: np.ndarray) -> None:
+        """vLLM's per-position counter: a verify row that accepted `a` drafts counts one at
+        each of positions 0..a-1 (`accepted`: the verify rows' accepted drafts, any shape)."""
+        if self.k:
+            per_value = np.bincount(accepted.ravel(), minlength=self.k + 1)
+            self.accepted_per_pos += np.cumsum(per_value[::-1])[::-1][1 : self.k + 1]
 
     # -- a model's side (agentab.engine.model_io) ---------------------------------------------
     model_inputs = model_io.model_inputs

@@ -43,6 +43,7 @@ import numpy as np
 import orjson
 from aiohttp import web
 
+from agentab.engine.metric_keys import split_series
 from agentab.engine.request_metrics import RequestMetrics, RequestTimes
 from agentab.engine.types import EngineRequest, FinalUsage, TokenEvent
 from agentab.errors import AgentabError
@@ -198,12 +199,16 @@ class EngineServer:
 
     async def metrics(self, request: web.Request) -> web.Response:
         inside = 'model_name="' + self.model.replace("\\", "\\\\").replace('"', '\\"') + '"'
-        label = "{" + inside + "}"
         lines = []
-        for name, value in self.engine.metrics().items():
-            kind = "counter" if name.endswith("_total") else "gauge"
-            lines.append(f"# TYPE {name} {kind}")
-            lines.append(f"{name}{label} {float(value)!r}")
+        typed: set[str] = set()
+        for key, value in self.engine.metrics().items():
+            name, labels = split_series(key)  # (a labelled series: one TYPE line per family)
+            if name not in typed:
+                typed.add(name)
+                kind = "counter" if name.endswith("_total") else "gauge"
+                lines.append(f"# TYPE {name} {kind}")
+            more = "".join(f',{k}="{v}"' for k, v in labels.items())
+            lines.append(f"{name}{{{inside}{more}}} {float(value)!r}")
         lines.extend(self.requests.lines(inside))
         return web.Response(
             text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"

@@ -63,6 +63,13 @@ def _with_simulator_options(command: Any) -> Any:
     default=None,
     help="Local engine: tensor-parallel ranks, one process each (CPU, gloo) [default: 1].",
 )
+@click.option(
+    "--speculative-config",
+    default=None,
+    help="Local engine: speculative decoding as JSON, vLLM's names "
+    '(\'{"num_speculative_tokens": 7, "rejection_sample_method": "synthetic", '
+    '"synthetic_acceptance_length": 6}\'; docs/engine.md).',
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
     "--port",
@@ -142,7 +149,9 @@ def _default_model(kw: dict[str, Any]) -> str:
     return f"agentab-local-{kw['preset']}" if kw["engine_kind"] == "local" else "agentab-sim"
 
 
-_LOCAL_ONLY = ("preset", "num_layers", "weight_sets", "device", "block_size", "tp")
+_LOCAL_ONLY = (
+    "preset", "num_layers", "weight_sets", "device", "block_size", "tp", "speculative_config",
+)  # fmt: skip
 _SIM_ONLY = ("profile", "num_draft_tokens", "acceptance_length", "acceptance_probs")
 
 
@@ -171,9 +180,24 @@ def _local_engine(kw: dict[str, Any]) -> Any:
     if extra := _given(kw, _SIM_ONLY):
         raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
     flags = {name: kw.get(name) for name in option_names(LocalOptions)}
+    if flags["speculative_config"] is not None:
+        flags["speculative_config"] = _json_flag("speculative_config", flags["speculative_config"])
     options = decode_options(LocalOptions, flags, name=flag_name)
     click.echo(f"agentab serve: building the local engine (preset {kw['preset']})", err=True)
     return local_engine_from(options)
+
+
+def _json_flag(name: str, text: str) -> Any:
+    """A flag whose value is a JSON object (as vLLM's `--speculative-config`)."""
+    import orjson
+
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise AgentabError(f"{flag_name(name)}: not JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise AgentabError(f"{flag_name(name)}: expected a JSON object, got {text!r}")
+    return value
 
 
 async def _run(server: Any, host: str, port: int) -> None:

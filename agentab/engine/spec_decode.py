@@ -1,20 +1,33 @@
 """Speculative decoding: how many drafts each verify step accepts, and vLLM's counters.
 
-Two acceptance models. A fixed synthetic acceptance length A (the seed's "acceptance 6 with 7
-drafts"): every full verify step accepts A - 1 drafts and so emits A tokens (a non-integral A
-alternates between floor and ceil at random so that the mean is A). Or per-position
-acceptance rates p_1 >= ... >= p_k (what vLLM reports per position, and what a user measures on
-their own prompts): a verify step accepts at least i drafts with probability p_i, drawn from one
-uniform u per (request, verify step) as #{i : u < p_i}. The uniform is a hash of (seed, request
-id, verify index), so a request's draws do not depend on what else is batched or on arrival order:
-both arms of an A/B see the same acceptance sequence per request.
+One acceptance model, vLLM's synthetic rejection method (`rejection_sample_method =
+"synthetic"`, vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py), for the simulator
+and the local engine alike: both call `SpecConfig.accepted`. vLLM's semantics, reproduced:
+
+1. The model is per-position *unconditional* rates p_1 >= ... >= p_k: p_i is the probability
+   that the first i drafts are all accepted. A mean acceptance length L (the seed's
+   "acceptance 6 with 7 drafts") is turned into rates by vLLM's minimum-variance schedule
+   (`acceptance_length_to_rates`): with a = L - 1 expected accepted drafts, the first
+   floor(a) positions are always accepted, the next with probability frac(a), none after.
+   L = 6, k = 7: [1, 1, 1, 1, 1, 0, 0], five drafts accepted at every full verify step.
+   L = 3.8, k = 7: [1, 1, 0.8, 0, 0, 0, 0], two or three drafts (three with probability 0.8).
+2. The verify loop uses the *conditional* rates c_i = p_i / p_{i-1} (p_0 = 1; 0 where
+   p_{i-1} = 0), as float32 (vLLM keeps them in a float32 tensor): at draft position i it
+   draws a uniform u_i and accepts iff u_i < c_i; the first rejection ends the loop. A row
+   with fewer drafts (a partial verify) stops at its last draft.
+
+What differs from vLLM is only the uniforms' source: vLLM draws Philox `tl.rand(request seed,
+token position)`; here u_i is a hash of (engine seed, request id, verify index, i), so a
+request's acceptance sequence does not depend on batching, arrival order or on how many tokens
+earlier steps accepted, and both arms of an A/B see the same draws (the simulator's windows
+also draw many steps at once from it). The distribution is vLLM's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,16 +35,46 @@ from agentab.engine.hashing import mix64
 from agentab.errors import AgentabError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_POSITION = np.uint64(0xD6E8FEB86659FD93)
+
+
+def acceptance_length_to_rates(length: float, k: int) -> tuple[float, ...]:
+    """vLLM's `SpeculativeConfig._acceptance_length_to_rates`: a mean acceptance length as
+    per-position unconditional rates, the minimum-variance schedule (see the module)."""
+    num_drafts = length - 1  # expected number of accepted draft tokens
+    num_full = int(num_drafts)
+    rates = [1.0] * num_full + [num_drafts - num_full] + [0.0] * (k - num_full - 1)
+    return tuple(rates[:k])
+
+
+def conditional_rates(rates: tuple[float, ...]) -> np.ndarray:
+    """vLLM's `unconditional_to_conditional_rates` (c_i = p_i / p_{i-1}), as the float32
+    values its verify kernel compares against."""
+    prev = (1.0, *rates[:-1])
+    return np.array([p / q if q > 0.0 else 0.0 for p, q in zip(rates, prev, strict=True)],
+                    dtype=np.float32)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """k draft tokens per step and the acceptance model (exactly one of the two when k > 0)."""
+    """k draft tokens per step and the acceptance model (exactly one of the two when k > 0):
+    a mean acceptance length, or per-position unconditional rates (vLLM's
+    `synthetic_acceptance_length` / `synthetic_acceptance_rates`)."""
 
     num_draft_tokens: int = 0
     acceptance_length: float | None = None
     acceptance_probs: tuple[float, ...] | None = None
     seed: int = 0
+    # "synthetic": drafts are accepted by the model above; "standard": by a real model's
+    # greedy verification (the local engine's executor), which needs no acceptance model
+    rejection_sample_method: str = "synthetic"
+    # derived in __post_init__: the conditional rates, and whether they decide every draw
+    # (0s and 1s only: an integral acceptance length) with how many drafts then accepted
+    _conditional: np.ndarray = field(
+        init=False, repr=False, compare=False, default_factory=lambda: np.zeros(0)
+    )
+    _decided: bool = field(init=False, repr=False, compare=False, default=True)
+    _whole: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         k = self.num_draft_tokens
@@ -39,6 +82,15 @@ class SpecConfig:
             raise AgentabError(f"num_draft_tokens: {k} must be >= 0")
         has_len = self.acceptance_length is not None
         has_probs = self.acceptance_probs is not None
+        if self.rejection_sample_method not in ("synthetic", "standard"):
+            raise AgentabError(
+                f"rejection_sample_method: {self.rejection_sample_method!r} is not one of "
+                "standard, synthetic"
+            )
+        if self.rejection_sample_method == "standard":
+            if has_len or has_probs:
+                raise AgentabError("acceptance_length/acceptance_probs need synthetic rejection")
+            return
         if k == 0:
             if has_len or has_probs:
                 raise AgentabError("acceptance_length/acceptance_probs need num_draft_tokens > 0")
@@ -59,10 +111,29 @@ class SpecConfig:
                 raise AgentabError("acceptance_probs: every value must be in [0, 1]")
             if any(b > a for a, b in itertools.pairwise(p)):
                 raise AgentabError("acceptance_probs: must be non-increasing (per-position rates)")
+        # the conditional rates, as float64 holding vLLM's float32 values (compared per draw)
+        cond = conditional_rates(self.rates).astype(np.float64)
+        object.__setattr__(self, "_conditional", cond)
+        object.__setattr__(self, "_decided", bool(np.all((cond == 0.0) | (cond == 1.0))))
+        object.__setattr__(self, "_whole", int(np.cumprod(cond == 1.0).sum()))
 
     @property
     def enabled(self) -> bool:
         return self.num_draft_tokens > 0
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether drafts are accepted by the synthetic model (not by comparing tokens)."""
+        return self.enabled and self.rejection_sample_method == "synthetic"
+
+    @property
+    def rates(self) -> tuple[float, ...]:
+        """The per-position unconditional rates (empty without drafts)."""
+        if self.acceptance_probs is not None:
+            return tuple(float(p) for p in self.acceptance_probs)
+        if self.acceptance_length is None:
+            return ()
+        return acceptance_length_to_rates(float(self.acceptance_length), self.num_draft_tokens)
 
     def describe(self) -> dict[str, object] | None:
         if not self.enabled:
@@ -75,24 +146,24 @@ class SpecConfig:
         return out
 
     def accepted(self, keys: np.ndarray, index: np.ndarray, drafts: np.ndarray) -> np.ndarray:
-        """Accepted drafts for verify steps number `index` of requests `keys` with `drafts` each.
+        """Accepted drafts for verify steps number `index` of requests `keys` with `drafts` each
+        (vLLM's synthetic verify loop, see the module).
 
         Arrays broadcast together (a window passes (steps, rows) matrices).
         """
+        shape = np.broadcast(keys, index, drafts).shape
         if not self.enabled:
-            return np.zeros(np.broadcast(keys, index, drafts).shape, dtype=np.int64)
-        a = self.acceptance_length
-        if a is not None:
-            whole = int(a - 1)
-            if whole == a - 1:
-                return np.minimum(whole, drafts)
-            # a non-integral mean: floor or ceil, the ceil with probability frac(a - 1)
-            extra = uniform(self.seed, keys, index) < (a - 1 - whole)
-            return np.minimum(whole + extra.astype(np.int64), drafts)
-        u = uniform(self.seed, keys, index)
-        p = np.asarray(self.acceptance_probs, dtype=np.float64)
-        count = (u[..., None] < p).sum(axis=-1)
-        return np.minimum(count, drafts)
+            return np.zeros(shape, dtype=np.int64)
+        if not self.synthetic:
+            raise AgentabError("standard rejection: the executor accepts drafts (a real model)")
+        cond = self._conditional
+        k = self.num_draft_tokens
+        if self._decided:  # rates of 0 and 1 only: u < 1 always holds, u < 0 never
+            return np.minimum(np.broadcast_to(self._whole, shape), drafts).astype(np.int64)
+        u = position_uniforms(self.seed, keys, index, k)
+        # the leading run of accepted positions (the loop stops at its first rejection)
+        run = np.cumprod(u < cond, axis=-1).sum(axis=-1)
+        return np.minimum(run, drafts).astype(np.int64)
 
 
 def request_key(request_id: str) -> int:
@@ -106,4 +177,15 @@ def uniform(seed: int, keys: np.ndarray, index: np.ndarray) -> np.ndarray:
     i = np.asarray(index, dtype=np.uint64)
     s = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
     z = mix64(mix64(k ^ s) + (i + np.uint64(1)) * _GOLDEN)
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def position_uniforms(seed: int, keys: np.ndarray, index: np.ndarray, k: int) -> np.ndarray:
+    """One uniform per draft position of each verify step: (..., k), u[..., i] from
+    (seed, key, verify index, i)."""
+    k_ = np.asarray(keys, dtype=np.uint64)[..., None]
+    i = np.asarray(index, dtype=np.uint64)[..., None]
+    s = np.uint64((seed * 0x9E3779B97F4A7C15) % (1 << 64))
+    pos = np.arange(1, k + 1, dtype=np.uint64)
+    z = mix64(mix64(mix64(k_ ^ s) + (i + np.uint64(1)) * _GOLDEN) + pos * _POSITION)
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))

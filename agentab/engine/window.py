@@ -153,3 +153,4 @@ def _count(s: Scheduler, w: WindowPlan, m: int, emitted: int) -> None:
         s.state.spec_idx[w.slots] += m
         rows = m * len(w.slots)
         s.count_verified(rows, rows * s.k, int(w.accepted[:m].sum()))
+        s.count_positions(w.accepted[:m])

@@ -460,7 +460,10 @@ def _decode_engine(
     try:
         return decode()
     except OptionsError as exc:
-        at = where("engine", exc.field) if exc.field in engine else where("engine")
+        at = where("engine")
+        if exc.field is not None:  # (a dotted field is in a sub-table: [engine.speculative_config])
+            table, _, key = f"engine.{exc.field}".rpartition(".")
+            at = where(table, key)
         raise AgentabError(f"{at}: {exc}") from None
     except AgentabError as exc:
         raise AgentabError(f"{where('engine')}: {exc}") from None

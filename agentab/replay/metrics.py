@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from agentab.engine.metric_keys import split_series
 from agentab.rundir import PartWriter
 
 Sample = tuple[str, dict[str, str], float]
@@ -47,8 +48,9 @@ def _samples(text: str) -> list[Sample]:
 
 
 def engine_samples(metrics: dict[str, float]) -> list[Sample]:
-    """An in-process engine's `metrics()` dict as samples without labels."""
-    return [(name, {}, float(v)) for name, v in metrics.items()]
+    """An in-process engine's `metrics()` dict as samples (a key's own labels split off,
+    agentab.engine.metric_keys)."""
+    return [(*split_series(key), float(v)) for key, v in metrics.items()]
 
 
 async def scrape_loop(

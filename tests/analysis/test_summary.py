@@ -82,6 +82,17 @@ HAND_METRICS = [
     _sample(15.0, "vllm:spec_decode_num_drafts_total", 40.0),
     _sample(-1.0, "vllm:spec_decode_num_accepted_tokens_total", 20.0),
     _sample(15.0, "vllm:spec_decode_num_accepted_tokens_total", 110.0),
+    # vLLM's per-position series (k = 4): warmup counts before the phase, 30/25/20/15 in it
+    *(
+        _sample(
+            t,
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+            v,
+            f'{{"engine":"0","position":"{i}"}}',
+        )
+        for i in range(4)
+        for t, v in ((-1.0, 5.0), (15.0, 35.0 - 5 * i))
+    ),
     _sample(-1.0, "agentab:decode_steps_specialized_total", 0.0),
     _sample(15.0, "agentab:decode_steps_specialized_total", 100.0),
     _sample(-1.0, "agentab:decode_steps_standard_total", 10.0),
@@ -133,6 +144,7 @@ EXPECTED = {
     "cache_hit_ratio": 13184 / 21800,
     "server_cache_hit_ratio": 13184 / 22600,
     "spec_acceptance_length": 4.0,
+    "spec_acceptance_rates": [1.0, 25 / 30, 20 / 30, 0.5],  # per position, over 30 drafts
     # 100 of 150 pure-decode steps specialized; 10 s busy on the device, 6 s in decode steps
     "specialized_decode_share": 100 / 150,
     "prefill_device_share": 4 / 10,
@@ -149,6 +161,8 @@ def hand_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _approx(value: object) -> object:
+    if isinstance(value, list):
+        return [_approx(v) for v in value]
     if isinstance(value, dict):
         return {k: _approx(v) for k, v in value.items()}
     if isinstance(value, float):

@@ -180,22 +180,30 @@ def test_spec_decode_token_counts_per_step_fixed_length():
 
 
 def test_spec_decode_per_position_probabilities():
-    from agentab.engine.spec_decode import request_key, uniform
+    """vLLM's synthetic verify loop: conditional rates c_i = p_i / p_{i-1} (float32), one
+    uniform per draft position, the first rejection ends the loop."""
+    from agentab.engine.spec_decode import position_uniforms, request_key
 
     probs = (0.9, 0.5, 0.2)
     spec = SpecConfig(num_draft_tokens=3, acceptance_probs=probs, seed=7)
     s = make(num_blocks=1000, block_size=16, max_num_batched_tokens=100, spec=spec)
     s.add("P", prompt(5, 1), 1000)
     step(s)
-    u = uniform(7, np.array([request_key("P")], dtype=np.uint64), np.arange(50))
-    want = [int((x < np.array(probs)).sum()) + 1 for x in u]
+    u = position_uniforms(7, np.array([request_key("P")], dtype=np.uint64), np.arange(50), 3)
+    cond = [np.float32(0.9), np.float32(0.5 / 0.9), np.float32(0.2 / 0.5)]
+    want = []
+    for row in u:
+        accepted = 0
+        while accepted < 3 and row[accepted] < cond[accepted]:
+            accepted += 1
+        want.append(accepted + 1)
     got = [step(s)[1]["P"] for _ in range(50)]
     assert got == want
     assert s.counters["spec_decode_num_accepted_tokens"] == sum(want) - 50
-    # the rates are reproduced on average
-    u = uniform(7, np.uint64(request_key("P")), np.arange(200000))
+    # the unconditional rates are reproduced on average
+    acc = spec.accepted(np.uint64(request_key("P")), np.arange(200000), np.int64(3))
     for i, p in enumerate(probs):
-        assert abs((u < p).mean() - p) < 0.005, i
+        assert abs((acc > i).mean() - p) < 0.005, i
 
 
 def test_partial_drafts_when_the_budget_runs_out():

@@ -14,9 +14,16 @@ from agentab.engine.core import Engine
 from agentab.engine.local.config import ModelConfig, model_config
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.tensor_parallel import TPGroup
-from agentab.engine.options import DecodeBackend, LocalOptions, decode_options, option_names
+from agentab.engine.options import (
+    DecodeBackend,
+    LocalOptions,
+    SpeculativeConfig,
+    decode_options,
+    option_names,
+)
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.source import engine_source_digest
+from agentab.engine.spec_decode import SpecConfig
 from agentab.errors import AgentabError
 
 if TYPE_CHECKING:
@@ -90,6 +97,7 @@ def local_engine_from(opts: LocalOptions) -> Engine:
 
     from agentab.engine.local.executor import TorchExecutor
     from agentab.engine.local.model import build_weights
+    from agentab.engine.local.spec import EarlyExitDrafter
 
     preset, decode_backend, tp = opts.preset, opts.decode_backend, opts.tp
     cfg = model_config(preset, num_layers=opts.num_layers, weight_sets=opts.weight_sets, tp=tp)
@@ -110,6 +118,7 @@ def local_engine_from(opts: LocalOptions) -> Engine:
             f"tp: {tp} ranks on the GPU are not supported yet (tensor parallelism runs on the "
             "CPU over gloo); use tp = 1 on the GPU"
         )
+    drafting = spec_config(opts, cfg.num_layers, kind)
     group = TPGroup()
     workers: list[subprocess.Popen[bytes]] = []
     if tp > 1:
@@ -129,12 +138,17 @@ def local_engine_from(opts: LocalOptions) -> Engine:
         decode_backend=decode_backend,
         vocab_size=cfg.vocab_size,
         synthetic_output=False,
+        spec=drafting,
     )
     if kind == "cpu":
+        drafter = None
+        if opts.speculative_config is not None:
+            layers = opts.speculative_config.draft_layers
+            drafter = EarlyExitDrafter(cfg, weights, cache, layers, dtype)
         executor = TorchExecutor(cfg, weights, cache, device=device, dtype=dtype,
                                  decoder_impl="cpu-torch", standard_impl="torch-eager",
-                                 max_rows=max_num_seqs, tp=group,
-                                 workers=workers)  # fmt: skip
+                                 max_rows=max_num_seqs, tp=group, workers=workers,
+                                 drafter=drafter, spec=drafting)  # fmt: skip
         gpu_name = "none (CPU)"
     else:
         executor = _cuda_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
@@ -149,7 +163,7 @@ def local_engine_from(opts: LocalOptions) -> Engine:
         "gpu_count": tp,  # one device per rank
         "tp": tp,
         "decode_backend": decode_backend.value,
-        "spec": None,
+        "spec": _describe_spec(opts.speculative_config, drafting),
         "scheduler": {
             "max_num_seqs": sched_cfg.max_num_seqs,
             "max_num_batched_tokens": sched_cfg.max_num_batched_tokens,
@@ -163,6 +177,51 @@ def local_engine_from(opts: LocalOptions) -> Engine:
         "engine_source": engine_source_digest(),
     }
     return Engine(Scheduler(sched_cfg), executor, describe=describe, fast_forward=False)
+
+
+def spec_config(opts: LocalOptions, num_layers: int, device_kind: str) -> SpecConfig:
+    """The scheduler's `SpecConfig` of the options' `speculative_config` (none: k = 0), with
+    the rules that need the model or the device, each naming its field."""
+    sc = opts.speculative_config
+    if sc is None:
+        return SpecConfig()
+    name = "speculative_config"
+    k = sc.num_speculative_tokens
+    if sc.draft_layers > num_layers:
+        raise AgentabError(
+            f"{name}.draft_layers: {sc.draft_layers} is more than the model's {num_layers} layers"
+        )
+    if opts.decode_backend.specialized and k > 7:
+        raise AgentabError(
+            f"{name}.num_speculative_tokens: latency_specialized supports at most 7 draft "
+            f"tokens, got {k}"
+        )
+    if opts.tp > 1:
+        raise AgentabError(f"{name}: not with tensor parallelism yet (tp = {opts.tp}); use tp = 1")
+    if device_kind != "cpu":
+        raise AgentabError(
+            f"{name}: the GPU's verify steps (CUDA graphs per (batch, k + 1), the specialized "
+            "decoder's multi-token queries) are not built yet; speculative decoding runs on "
+            "the CPU"
+        )
+    return SpecConfig(
+        num_draft_tokens=k,
+        acceptance_length=sc.synthetic_acceptance_length,
+        acceptance_probs=sc.synthetic_acceptance_rates,
+        seed=opts.seed,
+        rejection_sample_method=sc.rejection_sample_method,
+    )
+
+
+def _describe_spec(sc: SpeculativeConfig | None, spec: SpecConfig) -> dict[str, Any] | None:
+    """The manifest's record: the config as given, and the per-position rates synthetic
+    rejection runs on (a length resolved by vLLM's schedule)."""
+    if sc is None:
+        return None
+    out = sc.describe()
+    if spec.synthetic:
+        out["synthetic_rates_resolved"] = list(spec.rates)
+    return out
 
 
 def _say(line: str) -> None:

@@ -376,18 +376,23 @@ def standard_forward(
     dtype: torch.dtype,
     grouped: list[StandardPath] | None = None,
     tp: TPGroup = SINGLE,
+    *,
+    num_layers: int | None = None,
+    out_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Any step (prefill, mixed, decode) on the standard path: the rows' last hidden states.
+    """Any step (prefill, mixed, decode, verify) on the standard path: the hidden states of the
+    tokens `out_index` (default: each row's last token).
 
-    `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU uses."""
+    `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU uses; `num_layers`:
+    run only the first layers (the early-exit drafter, engine.local.spec)."""
     layer_cfg = cfg.rank_layer
     x = embed(cfg, w, b.token_ids, tp).to(dtype)
-    for layer in range(cfg.num_layers):
+    for layer in range(cfg.num_layers if num_layers is None else num_layers):
         lw = w.layer(layer)
         h1 = standard_attention(layer_cfg, lw, x, b, cache.layer(layer), tp)
         path = None if grouped is None else grouped[layer % len(grouped)]
         x = standard_moe(layer_cfg, lw, h1, path, tp)
-    return x.index_select(0, b.last_token)
+    return x.index_select(0, b.last_token if out_index is None else out_index)
 
 
 def specialized_decode_cpu(
@@ -396,22 +401,36 @@ def specialized_decode_cpu(
     cache: PagedLatentCache,
     b: DeviceBatch,
     tp: TPGroup = SINGLE,
+    *,
+    out_index: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A pure-decode step (one token per row) through the reference layer, fp32.
+    """A decode or verify step through the reference layer, fp32: the hidden states of the
+    tokens `out_index` (default: each row's last token).
+
+    The reference attends one query per sequence, so every token of the step is a query of its
+    own at its position, over the cached context before it. A verify row's q tokens are causal
+    within the step: before a layer attends, it writes all of the step's latent entries of that
+    layer, so query j of a row reads the entries of the row's queries 0..j-1 (the reference puts
+    the query's own entry last itself, computed the same way).
 
     With tensor parallelism the reference runs on the rank's slice, whose attention and MoE
     outputs are partial sums: each is all-reduced before its residual add."""
     layer_cfg = cfg.rank_layer
     x = embed(cfg, w, b.token_ids, tp).float()
     pos = b.positions.to(torch.int32)
-    width = max(b.context_lens)
+    row_of = np.repeat(np.arange(len(b.context_lens)), np.diff(b.starts))
+    positions = pos.tolist()
+    multi = len(positions) > len(b.context_lens)  # some row has several queries (verify)
+    width = max(positions) + 1
     earlier = [
-        PagedLatentCache.slots(b.block_tables[i], n - 1, b.block_size)
-        for i, n in enumerate(b.context_lens)
+        PagedLatentCache.slots(b.block_tables[r], p, b.block_size)
+        for r, p in zip(row_of.tolist(), positions, strict=True)
     ]
     for layer in range(cfg.num_layers):
         lw = w.layer(layer)
         kv = cache.layer(layer)
+        if multi:  # this step's entries first: later queries of a row attend to earlier ones
+            kv[b.slot_mapping] = latent_entries(layer_cfg, lw, x, pos)
         ctx = torch.zeros(len(earlier), width, cache.kv_width, dtype=kv.dtype)
         for i, sl in enumerate(earlier):
             ctx[i, : len(sl)] = kv[sl]
@@ -420,4 +439,17 @@ def specialized_decode_cpu(
         h1 = x + tp.all_reduce(a.h1 - x) if tp.active else a.h1
         out = reference.moe_stage(layer_cfg, lw, h1).out
         x = h1 + tp.all_reduce(out - h1) if tp.active else out
-    return x
+    return x.index_select(0, b.last_token if out_index is None else out_index)
+
+
+def latent_entries(
+    cfg: LayerConfig, w: LayerWeights, x: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """The latent cache entries ([kv_c | roped k_pe], bf16) of tokens `x` at `positions`, as
+    `reference.attention_stage` computes its `cache_entry`."""
+    kvl = cfg.kv_lora
+    hn = reference.rms_norm(x.float(), w.attn_norm, cfg.rms_eps)
+    qkv = hn @ w.w_qkv_a.float().t()  # the reference's very product, so the same rounding
+    kv_c = reference.rms_norm(qkv[:, cfg.q_lora : cfg.q_lora + kvl], w.kv_a_norm, cfg.rms_eps)
+    k_pe = reference.apply_rope(qkv[:, cfg.q_lora + kvl :], *reference.rope_cos_sin(cfg, positions))
+    return torch.cat([kv_c, k_pe], dim=-1).to(torch.bfloat16)

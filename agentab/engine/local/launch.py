@@ -46,7 +46,12 @@ def serve_args(launch: LocalLaunch, port: int) -> list[str]:
     for key in option_names(LocalLaunch):
         value = getattr(launch, key)
         if key not in _NOT_FLAGS and (key == "preset" or value != getattr(defaults, key)):
-            args += [flag_name(key), str(value)]
+            text = (
+                msgspec.json.encode(value).decode()
+                if isinstance(value, msgspec.Struct)
+                else str(value)
+            )
+            args += [flag_name(key), text]
     args += ["--decode-backend", launch.decode_backend.value]
     args += ["--host", "127.0.0.1", "--port", str(port)]
     return args

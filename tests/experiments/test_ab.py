@@ -300,8 +300,8 @@ def test_until_decided_stops_at_the_first_decided_block(tmp_path: Path) -> None:
 
 def test_block_seconds_sets_each_blocks_window(tmp_path: Path) -> None:
     # Blocks of 40 s in a file of 120 s windows: every run's manifest records the block's
-    # window, the report and comparison.json name it, and the sequence decides at the third
-    # block (B/A about 1.6 here) as with the file's window.
+    # window, the report and comparison.json name it, and the sequence decides (B/A about 1.6
+    # here) within the 5 blocks allowed, running exactly the blocks it reports.
     path = tmp_path / "exp.toml"
     path.write_text(EXPERIMENT)
     out = tmp_path / "out"
@@ -309,15 +309,17 @@ def test_block_seconds_sets_each_blocks_window(tmp_path: Path) -> None:
     result = agentab(*args, "--block-seconds", "40")
     assert result.returncode == 0, result.stderr
     seq = json.loads((out / "comparison.json").read_text())["sequential"]
-    assert (seq["verdict"], seq["blocks"], seq["block_s"]) == ("better", 3, 40.0)
+    assert (seq["verdict"], seq["block_s"]) == ("better", 40.0)
+    blocks = seq["blocks"]
+    assert 3 <= blocks <= 5  # the sequence decides on no fewer than three blocks
     runs = sorted(p.relative_to(out).as_posix() for p in out.glob("*/run-*"))
-    assert runs == [f"{arm}/run-{k}" for arm in ("auto", "fast") for k in (1, 2, 3)]
+    assert runs == [f"{arm}/run-{k}" for arm in ("auto", "fast") for k in range(1, blocks + 1)]
     for run in runs:
         replay = json.loads((out / run / "manifest.json").read_text())["replay"]
         assert replay["duration_s"] == 40.0
     assert (
-        "**Sequential** (--until-decided): decided **better** after 3 repeats per arm of 40 s: "
-        in result.stdout
+        f"**Sequential** (--until-decided): decided **better** after {blocks} repeats per arm "
+        "of 40 s: " in result.stdout
     )
     assert "up to 5 repeats x 2 arms of 40 s, until decided" in result.stderr
 
@@ -352,7 +354,9 @@ def test_a_resume_keeps_the_block_length(tmp_path: Path) -> None:
     assert "ran a 40 s window, this invocation runs 120 s windows;" in fixed.stderr
     same = agentab(*args, "--block-seconds", "40")
     assert same.returncode == 0, same.stderr
-    assert json.loads((out / "comparison.json").read_text())["sequential"]["blocks"] == 3
+    seq = json.loads((out / "comparison.json").read_text())["sequential"]
+    assert (seq["verdict"], seq["block_s"]) == ("better", 40.0)
+    assert len(list((out / "auto").glob("run-*"))) == seq["blocks"]  # the resume ran the rest
 
 
 @pytest.mark.parametrize(

@@ -246,6 +246,7 @@ class HttpTarget:
         tokens: list[int] | None = []
         reasoning = 0
         empty = 0
+        blank: list[float] = []  # when the text-less chunks came (completions)
         finish: object = None
         splitter = LineSplitter(self.max_line_bytes)
         done = False
@@ -326,7 +327,9 @@ class HttpTarget:
                         continue
                     reasoning += is_reasoning
                 elif not (choice.get("text") or ids):
-                    empty += reason is None
+                    if reason is None:
+                        empty += 1
+                        blank.append(now)
                     continue
                 if tokens is not None:
                     if ids is None:
@@ -335,6 +338,12 @@ class HttpTarget:
                         tokens.append(len(ids))
                 times.append(now)
         out.end = loop.time()
+        if blank and not times:
+            # Not one chunk with text: a server that streams tokens without detokenizing them
+            # (vLLM with --skip-tokenizer-init and no return_token_ids). Its chunks are the
+            # tokens, as they arrived; nothing to warn about.
+            times.extend(blank)
+            tokens, empty = None, 0
         out.chunk_tokens = tokens if tokens else None
         if chat:
             out.reasoning_chunks = reasoning

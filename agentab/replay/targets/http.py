@@ -327,9 +327,8 @@ class HttpTarget:
                         continue
                     reasoning += is_reasoning
                 elif not (choice.get("text") or ids):
-                    if reason is None:
-                        empty += 1
-                        blank.append(now)
+                    empty += reason is None
+                    blank.append(now)  # a tokenizer-less server's last token carries the reason
                     continue
                 if tokens is not None:
                     if ids is None:

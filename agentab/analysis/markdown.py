@@ -17,6 +17,7 @@ from agentab.analysis.caveats import simulator_caveats, synthetic_acceptance_cav
 from agentab.analysis.compare import EQUIVALENT, WITHHELD, Comparison, MetricResult
 from agentab.analysis.faults import FAULT_HEADER, FAULTS_TITLE, fault_rows
 from agentab.analysis.guard import Difference
+from agentab.analysis.intervals import t_quantile
 from agentab.analysis.sample import GOODPUT
 from agentab.analysis.status import describe_status, incomplete_line
 from agentab.analysis.summary import DISTRIBUTIONS, SPREAD_KEYS, STAT_KEYS, RunSummary
@@ -193,13 +194,15 @@ def setup_lines(comparison: Comparison, header: Sequence[str] = ()) -> list[str]
 
 def _few_repeats_line(comparison: Comparison) -> str:
     """Why the intervals are wide when the repeats are two ('' otherwise): a t interval over
-    two repeat ratios has one degree of freedom, whose 97.5% quantile is 12.7."""
+    two repeat ratios has one degree of freedom."""
     if comparison.repeat_pairing != "paired" or len(comparison.runs_a) != 2:
         return ""
+    level = 0.5 + comparison.confidence / 2
+    one, two, four = (t_quantile(level, df) for df in (1, 2, 4))
     return (
-        "Two repeats per arm: the interval over the repeats has 1 degree of freedom (t quantile "
-        "12.7, against 4.3 with three repeats and 2.8 with five), so it is wide whatever the "
-        "runs show; run more repeats for a usable one."
+        f"Two repeats per arm: the interval over the repeats has 1 degree of freedom (t quantile "
+        f"{one:.1f}, against {two:.1f} with three repeats and {four:.1f} with five), so it is "
+        "wide whatever the runs show; run more repeats for a usable one."
     )
 
 

@@ -120,10 +120,16 @@ class StandardPath:
             rows = torch.arange(b, device=x.device)
             state.cache[rows, state.positions.long()] = entry
         else:  # the serving engine's paged cache: the slot its scheduler assigned
-            state.cache.index_copy_(0, state.paged.new_slots, entry)
+            state.cache.index_copy_(0, state.paged.new_slots, entry.to(state.cache.dtype))
         q_lat = torch.bmm(q[..., : cfg.qk_nope].transpose(0, 1), w.w_uk_t.transpose(1, 2))
-        o_lat = mla_decode(
-            cfg, q_lat.transpose(0, 1), q_pe, state.cache, state.positions, state.paged
+        o_lat = mla_decode(  # (in the step's dtype: bf16 on the GPU, the CPU's fp32 in tests)
+            cfg,
+            q_lat.transpose(0, 1),
+            q_pe,
+            state.cache,
+            state.positions,
+            state.paged,
+            out_dtype=x.dtype,
         )
         o = torch.bmm(o_lat.transpose(0, 1), w.w_uv.transpose(1, 2))  # (nh, b, v_head)
         attn = F.linear(o.transpose(0, 1).reshape(b, nh * cfg.v_head), w.w_o)

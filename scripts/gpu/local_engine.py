@@ -24,6 +24,15 @@ Stages (STAGES, comma-separated; default all):
           of contexts 4,000-16,000, (c) both in one mixed step; device time of each (CUDA
           events, median of 7), (c)-(a) per decode row, and the decode rows' outputs in (c)
           against (b)
+  spec    speculative decoding on the GPU: (a) k2-tp8-shard at 4 layers, both backends: greedy
+          verification with a 1-layer drafter and a self-drafting one (tokens against plain
+          greedy decoding, acceptance), synthetic L=6 with 7 drafts (5 accepted every step);
+          (b) the seed's headline configuration at full depth: one request at a time, a 1-token
+          prompt, 1,000 tokens out, k=7, synthetic acceptance 6, a 1-layer drafter, both
+          backends in ABBA order over SPEC_REPEATS repeats, through the engine loop (async):
+          decode tokens/s after the first token, B/A with a t interval, the verify step's
+          device time against `kernels bench` at 8 tokens x 61 layers + the LM head + the
+          drafts, host idle between steps; and the same without drafts (the B1 figure)
 Writes $OUT/local_engine.json and prints a short table last.
 """
 
@@ -544,6 +553,156 @@ def stage_mixed() -> None:
     )
     save()
     free(eng)
+
+
+SPEC_SYNTHETIC = {"num_speculative_tokens": 7, "rejection_sample_method": "synthetic",
+                  "synthetic_acceptance_length": 6.0, "draft_layers": 1}  # fmt: skip
+
+
+def stage_spec() -> None:
+    """Speculative decoding on the GPU: correctness at 4 layers, then the headline run."""
+    spec_smoke()
+    spec_headline()
+
+
+def spec_smoke() -> None:
+    from agentab.engine.local.build import build_local_engine
+
+    rng = np.random.default_rng(8)
+    prompts = [rng.integers(1, 32000, size=n) for n in (37, 300, 1200)]
+    res: dict = {}
+    small = {"device": "cuda", "num_layers": 4, "weight_sets": 2, "kv_blocks": 4096,
+             "max_num_seqs": 8, "max_model_len": 8192}  # fmt: skip
+    for backend in ("auto", "latency_specialized"):
+        plain, _ = drive(build_local_engine("k2-tp8-shard", backend, **small), prompts, 40)
+        row: dict = {}
+        for name, spec in (
+            ("greedy_1_layer", {"num_speculative_tokens": 3, "draft_layers": 1}),
+            ("self_drafting", {"num_speculative_tokens": 3, "draft_layers": 4}),
+            ("synthetic_6_of_7", SPEC_SYNTHETIC),
+        ):
+            eng = build_local_engine("k2-tp8-shard", backend, speculative_config=spec, **small)
+            outs, steps = drive(eng, prompts, 40)
+            m = eng.metrics()
+            drafts = m["vllm:spec_decode_num_drafts_total"]
+            accepted = m["vllm:spec_decode_num_accepted_tokens_total"]
+            per_pos = [v for k, v in sorted(m.items()) if "_per_pos" in k]
+            same = np.mean([a == b for k in plain for a, b in zip(plain[k], outs[k], strict=True)])
+            row[name] = {
+                "tokens_equal_plain_greedy": float(same),
+                "verify_steps": drafts,
+                "mean_accepted": accepted / max(drafts, 1),
+                "accepted_per_pos": per_pos,
+                "graph_steps": m["agentab:graph_steps_total"],
+                "eager_steps": m["agentab:eager_steps_total"],
+                "specialized_steps": m["agentab:decode_steps_specialized_total"],
+                "paths": sorted({s["path"] for s in steps}),
+            }
+            log(f"spec smoke {backend} {name}: tokens = plain greedy at {same:.3f}, "
+                f"{drafts:.0f} verify rows, mean accepted {accepted / max(drafts, 1):.2f}, "
+                f"per position {per_pos}, graph steps {m['agentab:graph_steps_total']:.0f}, "
+                f"eager {m['agentab:eager_steps_total']:.0f}, specialized {m['agentab:decode_steps_specialized_total']:.0f}")  # fmt: skip
+            free(eng)
+        res[backend] = row
+    RESULTS["spec_smoke"] = res
+    save()
+
+
+def headline_run(backend: str, spec: dict | None, out_len: int) -> dict:
+    """One request of a 1-token prompt and `out_len` tokens through the engine loop."""
+    import asyncio
+
+    from agentab.engine.local.build import build_local_engine
+    from agentab.engine.types import EngineRequest, TokenEvent
+
+    eng = build_local_engine("k2-tp8-shard", backend, device="cuda", kv_blocks=4096,
+                             max_num_seqs=1, max_model_len=2048,
+                             speculative_config=spec)  # fmt: skip
+
+    async def one() -> dict:
+        eng.start()
+        try:
+            before, t_first, n = None, 0.0, 0
+            async for ev in eng.generate(EngineRequest("h0", np.array([17]), out_len)):
+                if isinstance(ev, TokenEvent):
+                    if before is None:  # the prefill's token: count decode from here
+                        before, t_first = dict(eng.metrics()), time.perf_counter()
+                    else:
+                        n += len(ev.token_ids)
+            t_last = time.perf_counter()
+            after = eng.metrics()
+        finally:
+            await eng.stop()
+        d = {k: after[k] - before.get(k, 0.0) for k in after if isinstance(after[k], (int, float))}
+        return {"decode_tokens": n, "decode_s": t_last - t_first, "delta": d}
+
+    r = asyncio.run(one())
+    d = r.pop("delta")
+    steps = d["agentab:graph_steps_total"] + d["agentab:eager_steps_total"]
+    r.update(
+        tokens_per_s=r["decode_tokens"] / r["decode_s"],
+        steps=steps,
+        busy_us=d["agentab:device_busy_seconds_total"] / steps * 1e6,
+        idle_us=d["agentab:device_idle_seconds_total"] / steps * 1e6,
+        draft_us=d.get("agentab:draft_device_seconds_total", 0.0) / steps * 1e6,
+        specialized_steps=d["agentab:decode_steps_specialized_total"],
+        graph_steps=d["agentab:graph_steps_total"],
+        accepted_per_step=d.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) / steps,
+    )
+    r["lm_head_us"] = lm_head_us(eng)
+    free(eng)
+    return r
+
+
+def spec_headline() -> None:
+    bench = json.loads((ROOT / "benchmarks/results/kernels-h200.json").read_text())
+    per_layer = {r["batch"]: r for r in bench["rows"]}
+    repeats = int(os.environ.get("SPEC_REPEATS", "3"))
+    out_len = int(os.environ.get("SPEC_OUT", "1000"))
+    res: dict = {"repeats": repeats, "output_tokens": out_len}
+    for label, spec in (("spec_k7_synthetic_6", SPEC_SYNTHETIC), ("no_spec", None)):
+        runs: dict[str, list] = {"latency_specialized": [], "auto": []}
+        for rep in range(repeats):
+            order = ["auto", "latency_specialized"]
+            for backend in order if rep % 2 == 0 else order[::-1]:  # ABBA
+                r = headline_run(backend, spec, out_len)
+                runs[backend].append(r)
+                log(f"headline {label} {backend} repeat {rep + 1}: {r['tokens_per_s']:.1f} tok/s, "
+                    f"{r['steps']:.0f} steps, busy {r['busy_us']:.0f} us, idle {r['idle_us']:.0f} us, "
+                    f"drafts {r['draft_us']:.0f} us, accepted/step {r['accepted_per_step']:.2f}, "
+                    f"specialized steps {r['specialized_steps']:.0f}")  # fmt: skip
+        a = np.array([r["tokens_per_s"] for r in runs["auto"]])
+        b = np.array([r["tokens_per_s"] for r in runs["latency_specialized"]])
+        # (the interval is the t interval over the repeats' log ratios, made where scipy is:
+        # benchmarks/spec_headline.py reads this file)
+        ratio = float(np.exp(np.log(b / a).mean()))
+        row = {
+            "auto_tokens_per_s": a.tolist(),
+            "specialized_tokens_per_s": b.tolist(),
+            "b_over_a": ratio,
+            "runs": runs,
+        }
+        if spec is not None:  # the verify step (8 token rows) against the kernels x layers
+            for backend, key in (
+                ("latency_specialized", "specialized_us"),
+                ("auto", "standard_us"),
+            ):
+                r = runs[backend][-1]
+                pred = 61 * per_layer[8][key] + r["lm_head_us"][8] + r["draft_us"]
+                row[f"{backend}_verify_vs_bench"] = {
+                    "step_us": r["busy_us"], "predicted_us": pred, "ratio": r["busy_us"] / pred,
+                    "draft_us": r["draft_us"], "idle_frac": r["idle_us"] / r["busy_us"],
+                }  # fmt: skip
+                log(f"headline {backend} verify step {r['busy_us']:.0f} us vs bench(8) x 61 + head + "
+                    f"drafts {pred:.0f} us ({r['busy_us'] / pred:.3f}); idle "
+                    f"{r['idle_us'] / r['busy_us']:.1%} of the step")  # fmt: skip
+        log(
+            f"headline {label}: B/A {ratio:.3f} ({row['b_over_a_95ci'][0]:.3f}-"
+            f"{row['b_over_a_95ci'][1]:.3f}); auto {a.mean():.1f} tok/s, specialized {b.mean():.1f}"
+        )
+        res[label] = row
+        RESULTS["spec_headline"] = res
+        save()
 
 
 def main() -> int:

@@ -91,8 +91,10 @@ def build_local_engine(preset: str, decode_backend: str = "auto", **options: Any
     return local_engine_from(opts)
 
 
-def local_engine_from(opts: LocalOptions) -> Engine:
-    """The local engine `opts` describe."""
+def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Engine:
+    """The local engine `opts` describe. `graphs_on_cpu`: run the CPU's decode and verify
+    steps through the GPU's graph step logic, replayed eagerly with the eager standard layer
+    (tests of that logic on a machine without a GPU; the GPU always uses graphs)."""
     import torch
 
     from agentab.engine.local.executor import TorchExecutor
@@ -118,7 +120,7 @@ def local_engine_from(opts: LocalOptions) -> Engine:
             f"tp: {tp} ranks on the GPU are not supported yet (tensor parallelism runs on the "
             "CPU over gloo); use tp = 1 on the GPU"
         )
-    drafting = spec_config(opts, cfg.num_layers, kind)
+    drafting = spec_config(opts, cfg.num_layers)
     group = TPGroup()
     workers: list[subprocess.Popen[bytes]] = []
     if tp > 1:
@@ -140,20 +142,20 @@ def local_engine_from(opts: LocalOptions) -> Engine:
         synthetic_output=False,
         spec=drafting,
     )
-    if kind == "cpu":
-        drafter = None
-        if opts.speculative_config is not None:
-            layers = opts.speculative_config.draft_layers
-            drafter = EarlyExitDrafter(cfg, weights, cache, layers, dtype)
+    drafter = None
+    if opts.speculative_config is not None:
+        drafter = EarlyExitDrafter(cfg, weights, cache, opts.speculative_config.draft_layers,
+                                   dtype)  # fmt: skip
+    if kind == "cpu" and not graphs_on_cpu:
         executor = TorchExecutor(cfg, weights, cache, device=device, dtype=dtype,
                                  decoder_impl="cpu-torch", standard_impl="torch-eager",
                                  max_rows=max_num_seqs, tp=group, workers=workers,
                                  drafter=drafter, spec=drafting)  # fmt: skip
         gpu_name = "none (CPU)"
     else:
-        executor = _cuda_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
-                                  max_model_len, kv_blocks)  # fmt: skip
-        gpu_name = torch.cuda.get_device_name(device)
+        executor = _graph_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
+                                   max_model_len, kv_blocks, drafter)  # fmt: skip
+        gpu_name = "none (CPU)" if kind == "cpu" else torch.cuda.get_device_name(device)
     describe = {
         "engine": "agentab-local",
         "model": f"agentab-local-{cfg.name}",
@@ -179,7 +181,7 @@ def local_engine_from(opts: LocalOptions) -> Engine:
     return Engine(Scheduler(sched_cfg), executor, describe=describe, fast_forward=False)
 
 
-def spec_config(opts: LocalOptions, num_layers: int, device_kind: str) -> SpecConfig:
+def spec_config(opts: LocalOptions, num_layers: int) -> SpecConfig:
     """The scheduler's `SpecConfig` of the options' `speculative_config` (none: k = 0), with
     the rules that need the model or the device, each naming its field."""
     sc = opts.speculative_config
@@ -198,12 +200,6 @@ def spec_config(opts: LocalOptions, num_layers: int, device_kind: str) -> SpecCo
         )
     if opts.tp > 1:
         raise AgentabError(f"{name}: not with tensor parallelism yet (tp = {opts.tp}); use tp = 1")
-    if device_kind != "cpu":
-        raise AgentabError(
-            f"{name}: the GPU's verify steps (CUDA graphs per (batch, k + 1), the specialized "
-            "decoder's multi-token queries) are not built yet; speculative decoding runs on "
-            "the CPU"
-        )
     return SpecConfig(
         num_draft_tokens=k,
         acceptance_length=sc.synthetic_acceptance_length,
@@ -231,7 +227,7 @@ def _say(line: str) -> None:
     print(f"agentab local engine: {line}", file=sys.stderr, flush=True)
 
 
-def _cuda_executor(
+def _graph_executor(
     cfg: ModelConfig,
     weights: Any,
     cache: PagedLatentCache,
@@ -240,40 +236,66 @@ def _cuda_executor(
     sched_cfg: SchedulerConfig,
     max_model_len: int,
     scratch_block: int,
+    drafter: Any,
 ) -> Any:
-    """The GPU executor: decode graphs for every padded batch size the scheduler can form.
+    """The graph executor: decode graphs for every padded token count the scheduler's
+    pure-decode and verify steps can form, and with speculative decoding the drafter's graphs.
 
     Under `latency_specialized` the specialized decoder's graphs cover the sizes its path
-    serves (at most 64 rows); any larger pure-decode step falls back to standard graphs. The
-    standard decode graphs run the compiled standard layer (`standard_torch_compile`, vLLM's
-    design); prefill and mixed steps run eager, their routed experts through the eager path's
-    grouped GEMM (`standard.StandardPath.moe`).
-    """
-    import torch
+    serves (at most 64 token rows); any larger pure-decode or verify step falls back to
+    standard graphs. The standard decode graphs run the compiled standard layer
+    (`standard_torch_compile`, vLLM's design); prefill and mixed steps run eager, their routed
+    experts through the eager path's grouped GEMM (`standard.StandardPath.moe`). The drafter's
+    graphs run the standard layer in both arms, so its work is the same in each.
 
-    from agentab.engine.local.cuda import DecodeGraphs, graph_sizes
+    On the CPU (tests of this logic) nothing is captured: each replay runs eagerly, the eager
+    standard layer in place of the compiled one, and no specialized graphs (the CuTe DSL
+    kernels need the GPU)."""
+    from agentab.engine.local.cuda import DecodeGraphs, TokenPool, graph_sizes
     from agentab.engine.local.executor import TorchExecutor
     from agentab.kernels.standard import StandardPath
-    from agentab.kernels.standard_torch_compile import IMPL, TorchCompileStandardPath
 
+    on_gpu = device.type == "cuda"
     standard = [StandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
-    torch_compiled = [TorchCompileStandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
+    compiled: list[Any] = standard  # the decode graphs' standard layer
+    standard_impl = StandardPath.impl
+    if on_gpu:
+        from agentab.kernels import standard_torch_compile as tc
+
+        compiled = [tc.TorchCompileStandardPath(cfg.layer, w, max_model_len) for w in weights.sets]
+        standard_impl = tc.IMPL
+    spec = sched_cfg.spec
     rows = sched_cfg.max_num_seqs
-    last_sampled = torch.zeros(max(rows, 512), dtype=torch.int64, device=device)
-    sizes = graph_sizes(sched_cfg.max_num_seqs, sched_cfg.cuda_graph_max_tokens)
-    limit = sched_cfg.specialized_max_padded if decode_backend.specialized else 0
+    step_tokens = rows * (1 + spec.num_draft_tokens)  # a verify step's token rows
+    pool = TokenPool(max(step_tokens, sched_cfg.max_num_batched_tokens, 512), device)
+    sizes = graph_sizes(step_tokens, sched_cfg.cuda_graph_max_tokens)
+    limit = sched_cfg.specialized_max_padded if decode_backend.specialized and on_gpu else 0
     by_path = {"specialized": [b for b in sizes if b <= limit]}
     by_path["standard"] = [b for b in sizes if b > limit]
+    if not on_gpu:
+        by_path["standard"] = sizes
     graphs = {}
     for path, path_sizes in by_path.items():
         if path_sizes:
-            _say(f"capturing {path} decode graphs for batch sizes {path_sizes}")
+            _say(f"capturing {path} decode graphs for token rows {path_sizes}")
             graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
-                                        scratch_block, torch_compiled, last_sampled)  # fmt: skip
+                                        scratch_block, compiled, pool,
+                                        capture=on_gpu)  # fmt: skip
+    draft_graphs = None
+    if drafter is not None:
+        draft_sizes = graph_sizes(rows, sched_cfg.cuda_graph_max_tokens)
+        _say(f"capturing the drafter's graphs ({drafter.layers} layers) for rows {draft_sizes}")
+        draft_graphs = DecodeGraphs(cfg, weights, cache, "standard", draft_sizes, max_model_len,
+                                    scratch_block, compiled, pool, num_layers=drafter.layers,
+                                    capture=on_gpu)  # fmt: skip
+        drafter.grouped = standard
     _say("ready")
+    decoder_impl = "cute-dsl" if on_gpu else "cpu-torch"
     return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
-                         decoder_impl="cute-dsl", standard_impl=IMPL, max_rows=rows,
-                         graphs=graphs, grouped=standard, last_sampled=last_sampled)  # fmt: skip
+                         decoder_impl=decoder_impl, standard_impl=standard_impl,
+                         max_rows=rows, graphs=graphs, grouped=standard if on_gpu else None,
+                         pool=pool, drafter=drafter, spec=spec,
+                         draft_graphs=draft_graphs)  # fmt: skip
 
 
 def start_ranks(tp: int, spec: dict[str, Any]) -> tuple[Any, list[Any]]:

@@ -9,17 +9,32 @@ static inputs; padding rows decode a dummy token into a scratch block that no re
 
 Attention reads the paged latent cache through the block table (`kernels.attention.PagedKV`);
 the split length is written per step on the device, so one graph serves every context length.
+
+A graph's rows are tokens, each with its own position, cache slot and block table, so the same
+graphs serve speculative decoding's verify steps: a row verifying d drafts is 1 + d token rows
+at consecutive positions sharing its block table. Every layer writes all rows' latent entries
+before it attends, so a verify row's query j reads the entries of its queries 0..j-1: causal
+within the step with no mask of its own (engine.local.spec). The early-exit drafter's graphs
+are the same class over its first layers, writing each draft where the verify step reads it.
+
+Tokens come from one device buffer, the token pool: `[last sampled | drafts | scratch]`. A row
+whose token was not known when the step was scheduled (the previous step was still sampling
+it, or it is a draft made on the device) names its place in the pool; every graph writes its
+sampled ids back into the pool at the places the host names (`GraphInputs.dest`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from agentab.engine.local.config import ModelConfig
+from agentab.engine.local.forward import greedy
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
 from agentab.engine.outputs import StepInputs
@@ -39,17 +54,35 @@ def graph_sizes(max_batch: int, graph_max: int = 512) -> list[int]:
     return sorted({padded_tokens(n, graph_max) for n in range(1, max_batch + 1)})
 
 
+class TokenPool:
+    """The device buffer every graph takes its pending tokens from and writes its ids into:
+    `[last sampled (size) | drafts (size) | scratch (1)]`, one int64 each.
+
+    `last` is what the next step reads of this one's rows (row i at i); `drafts` holds a verify
+    step's draft tokens at their index in the step's flat batch (plus `draft_base`); padding
+    rows of a graph write to the scratch entry, which nothing reads."""
+
+    def __init__(self, size: int, device: torch.device) -> None:
+        self.size = size
+        self.data = torch.zeros(2 * size + 1, dtype=torch.int64, device=device)
+        self.last = self.data[:size]
+        self.draft_base = size
+        self.scratch = 2 * size
+
+
 class GraphInputs:
-    """A graph's inputs as one int64 buffer: [tokens | positions | slots | split | table].
+    """A graph's inputs as one int64 buffer: [tokens | positions | slots | split | prev | dest |
+    table], a row per token.
 
     The host fills a pinned copy and one copy moves it to the device before each replay (the
     fewest launches on the host's critical path); the graph itself derives the int32 forms
-    the kernels read.
+    the kernels read. `prev`: -1, or where in the token pool the row's token is; `dest`: where
+    the row's sampled id goes in the pool.
     """
 
     def __init__(self, b: int, max_blocks: int, device: torch.device) -> None:
         self.b, self.max_blocks = b, max_blocks
-        total = 4 * b + 1 + b * max_blocks
+        total = 5 * b + 1 + b * max_blocks
         pinned = torch.device(device).type == "cuda"  # pinned host memory needs a GPU
         self.host = torch.zeros(total, dtype=torch.int64, pin_memory=pinned)
         self.np = self.host.numpy()
@@ -59,36 +92,71 @@ class GraphInputs:
         self.pos_slots64 = d[b : 3 * b].view(2, b)  # positions, then new slots
         self.new_slots = d[2 * b : 3 * b]
         self.split_len = d[3 * b : 3 * b + 1]
-        self.prev_rows = d[3 * b + 1 : 4 * b + 1]  # -1, or the previous step's row to take
-        self.block_table = d[4 * b + 1 :].view(b, max_blocks)
+        self.prev_rows = d[3 * b + 1 : 4 * b + 1]  # -1, or the token's place in the pool
+        self.dest = d[4 * b + 1 : 5 * b + 1]  # where the row's sampled id goes in the pool
+        self.block_table = d[5 * b + 1 :].view(b, max_blocks)
         self.out: torch.Tensor | None = None  # (B,) int64 sampled ids
 
     def fill(self, inputs: StepInputs | None, scratch_slot: int, scratch_block: int,
-             split_len: int) -> None:  # fmt: skip
-        """Rows of the step first; padding rows decode token 0 at position 0 into the
-        scratch block's first slot."""
+             split_len: int, pool_scratch: int = 0) -> None:  # fmt: skip
+        """A pure-decode step (a token per row): row i's id goes to the pool's entry i, where
+        the next step finds it."""
+        if inputs is None:
+            self.fill_rows(None, scratch_slot, scratch_block, split_len, pool_scratch)
+            return
+        n = inputs.num_rows
+        prev = np.full(n, -1, dtype=np.int64) if inputs.prev_rows is None else inputs.prev_rows
+        rows = TokenRows(inputs.token_ids, inputs.positions, inputs.slot_mapping, prev,
+                         np.arange(n, dtype=np.int64), inputs.block_tables)  # fmt: skip
+        self.fill_rows(rows, scratch_slot, scratch_block, split_len, pool_scratch)
+
+    def fill_rows(self, rows: TokenRows | None, scratch_slot: int, scratch_block: int,
+                  split_len: int, pool_scratch: int) -> None:  # fmt: skip
+        """Token rows first; padding rows decode token 0 at position 0 into the scratch
+        block's first slot and write their id to the pool's scratch entry."""
         b, m, h = self.b, self.max_blocks, self.np
-        n = 0 if inputs is None else inputs.num_rows
-        table = h[4 * b + 1 :].reshape(b, m)
+        n = 0 if rows is None else len(rows.token_ids)
+        table = h[5 * b + 1 :].reshape(b, m)
         prev = h[3 * b + 1 : 4 * b + 1]
-        if inputs is not None:
-            h[:n] = inputs.token_ids
-            h[b : b + n] = inputs.positions
-            h[2 * b : 2 * b + n] = inputs.slot_mapping
-            prev[:n] = -1 if inputs.prev_rows is None else inputs.prev_rows
-            width = inputs.block_tables.shape[1]
-            table[:n, :width] = inputs.block_tables
+        dest = h[4 * b + 1 : 5 * b + 1]
+        if rows is not None:
+            h[:n] = rows.token_ids
+            h[b : b + n] = rows.positions
+            h[2 * b : 2 * b + n] = rows.slots
+            prev[:n] = rows.prev
+            dest[:n] = rows.dest
+            width = rows.block_tables.shape[1]
+            if width > m:
+                raise RuntimeError(f"a sequence needs {width} blocks; graphs hold {m}")
+            table[:n, :width] = rows.block_tables
         h[n:b] = 0
         h[b + n : 2 * b] = 0
         h[2 * b + n : 3 * b] = scratch_slot
         prev[n:] = -1
+        dest[n:] = pool_scratch
         table[n:, 0] = scratch_block
         h[3 * b] = split_len
         self.dev.copy_(self.host, non_blocking=True)
 
 
+@dataclass
+class TokenRows:
+    """A graph step's rows, one token each, as the host fills them in."""
+
+    token_ids: np.ndarray  # (n,) the token, where known on the host
+    positions: np.ndarray  # (n,)
+    slots: np.ndarray  # (n,) where the token's latent entry goes
+    prev: np.ndarray  # (n,) -1, or the token's place in the pool
+    dest: np.ndarray  # (n,) where the sampled id goes in the pool
+    block_tables: np.ndarray  # (n, blocks) the row's sequence's blocks
+
+
 class DecodeGraphs:
-    """One decode path's captured graphs, by padded batch size."""
+    """One decode path's graphs, by padded batch size (token rows).
+
+    `num_layers` runs the model's first layers only (the early-exit drafter's graphs);
+    `capture` False runs each replay eagerly, the same code without a graph (the CPU, where
+    tests check the GPU's step logic)."""
 
     def __init__(
         self,
@@ -100,18 +168,23 @@ class DecodeGraphs:
         max_len: int,
         scratch_block: int,
         standard_paths: list[Any],
-        last_sampled: torch.Tensor,
+        pool: TokenPool,
+        *,
+        num_layers: int | None = None,
+        capture: bool = True,
     ) -> None:
         self.cfg, self.w, self.cache, self.path = cfg, weights, cache, path
         self.max_len = max_len
         self.scratch_block = scratch_block
         self.scratch_slot = scratch_block * cache.block_size
         self.max_blocks = math.ceil(max_len / cache.block_size)
+        self.num_layers = cfg.num_layers if num_layers is None else num_layers
+        self.capture = capture
         self.layers_by_size: dict[int, list[Any]] = {}
         self.static: dict[int, GraphInputs] = {}
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, Any] = {}  # a CUDAGraph, or the step's function when eager
         self._standard = standard_paths
-        self.last_sampled = last_sampled
+        self.pool = pool
         for b in sizes:
             self._capture(b)
 
@@ -130,18 +203,17 @@ class DecodeGraphs:
 
     def _capture(self, b: int) -> None:
         st = GraphInputs(b, self.max_blocks, self.cache.data.device)
-        st.fill(None, self.scratch_slot, self.scratch_block, split_plan(b, 1)[1])
+        st.fill(None, self.scratch_slot, self.scratch_block, split_plan(b, 1)[1], self.pool.scratch)
         paths = self._paths(b)
-        cfg, w, cache = self.cfg, self.w, self.cache
-
-        last = self.last_sampled
+        cfg, w, cache, layers = self.cfg, self.w, self.cache, self.num_layers
+        pool = self.pool.data
 
         def run() -> torch.Tensor:
-            taken = last.index_select(0, st.prev_rows.clamp(min=0))
+            taken = pool.index_select(0, st.prev_rows.clamp(min=0))
             tokens = torch.where(st.prev_rows >= 0, taken, st.token_ids)
             x = w.embed.index_select(0, tokens % cfg.vocab_rows)
             pos_slots = st.pos_slots64.to(torch.int32)  # the CuTe preparation's (2, B) form
-            for layer in range(cfg.num_layers):
+            for layer in range(layers):
                 paged = PagedKV(
                     cache=cache.layer(layer),
                     block_table=st.block_table,
@@ -153,10 +225,16 @@ class DecodeGraphs:
                 )
                 state = DecodeState(cache=paged.cache, positions=pos_slots[0], paged=paged)
                 x = paths[layer % len(paths)].step(x, state).out
-            ids = greedy_cuda(cfg, w, x)
-            last[:b].copy_(ids)  # where the next step finds tokens it was scheduled without
+            ids = greedy_cuda(cfg, w, x) if x.is_cuda else greedy(cfg, w, x)
+            # where the next step (or the next draft, or the verify step) finds them
+            pool.index_copy_(0, st.dest, ids)
             return ids
 
+        self.layers_by_size[b] = paths
+        self.static[b] = st
+        if not self.capture:
+            self.graphs[b] = run
+            return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -167,8 +245,6 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             st.out = run()
-        self.layers_by_size[b] = paths
-        self.static[b] = st
         self.graphs[b] = graph
 
     # -- running ----------------------------------------------------------------------------
@@ -178,14 +254,22 @@ class DecodeGraphs:
 
     def load(self, inputs: StepInputs, b: int) -> None:
         """Copy one pure-decode step's rows into the graph of padded size b."""
-        width = inputs.block_tables.shape[1]
-        if width > self.max_blocks:
-            raise RuntimeError(f"a sequence needs {width} blocks; graphs hold {self.max_blocks}")
         split = split_plan(b, int(inputs.context_lens.max()))[1]
-        self.static[b].fill(inputs, self.scratch_slot, self.scratch_block, split)
+        self.static[b].fill(inputs, self.scratch_slot, self.scratch_block, split, self.pool.scratch)
+
+    def load_rows(self, rows: TokenRows, b: int, max_context: int) -> None:
+        """Copy token rows (a verify step's, a draft's) into the graph of padded size b;
+        `max_context`: the longest context any row attends over."""
+        split = split_plan(b, max_context)[1]
+        self.static[b].fill_rows(rows, self.scratch_slot, self.scratch_block, split,
+                                 self.pool.scratch)  # fmt: skip
 
     def replay(self, b: int) -> torch.Tensor:
-        self.graphs[b].replay()
+        graph = self.graphs[b]
+        if self.capture:
+            graph.replay()
+        else:
+            self.static[b].out = graph()
         out = self.static[b].out
         assert out is not None
         return out

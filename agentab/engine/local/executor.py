@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from agentab.engine.local.config import ModelConfig
-from agentab.engine.local.cuda import greedy_cuda
+from agentab.engine.local.cuda import DecodeGraphs, TokenPool, TokenRows, greedy_cuda
 from agentab.engine.local.forward import (
     DeviceBatch,
     greedy,
@@ -34,7 +34,13 @@ from agentab.engine.local.forward import (
 )
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
-from agentab.engine.local.spec import EarlyExitDrafter, VerifyLayout, accept
+from agentab.engine.local.spec import (
+    EarlyExitDrafter,
+    VerifyLayout,
+    accept,
+    graph_accepted,
+    sampled_index,
+)
 from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.outputs import StepInputs, StepOutput, StepPlan, WindowPlan
 from agentab.engine.spec_decode import SpecConfig
@@ -53,6 +59,7 @@ class Launched:
     ids: torch.Tensor  # where the sampled ids arrive (pinned host memory on the GPU)
     events: tuple[Any, Any, Any] | None  # start, end, ids-copied (CUDA events)
     accepted: np.ndarray | None = None  # drafts accepted per row (a step with verify rows)
+    drafted: Any = None  # the CUDA event recorded when a verify step's drafts were made
 
 
 class TorchExecutor:
@@ -74,22 +81,26 @@ class TorchExecutor:
         max_rows: int,
         graphs: dict[str, Any] | None = None,
         grouped: list[Any] | None = None,
-        last_sampled: torch.Tensor | None = None,
+        pool: TokenPool | None = None,
         tp: TPGroup | None = None,
         workers: list[Any] | None = None,
         drafter: EarlyExitDrafter | None = None,
         spec: SpecConfig | None = None,
+        draft_graphs: DecodeGraphs | None = None,
     ) -> None:
         """`decoder_impl` / `standard_impl`: what the specialized and the standard decode steps
         run (the manifest records both: `cute-dsl` or `cpu-torch`; `torch-compile+triton-moe`
         for the GPU's standard decode graphs or `torch-eager`); `max_rows`: the most rows a
-        step has (the scheduler's max_num_seqs); `graphs`: on
-        the GPU, each decode path's `cuda.DecodeGraphs`, which write their sampled ids into
-        `last_sampled`; `grouped`: the weight sets' `StandardPath`s, whose grouped MoE the GPU's
-        eager steps use; `tp`: this rank's place in a tensor-parallel group, and on rank 0 the
-        other ranks' processes (`workers`), which run every step rank 0 broadcasts;
-        `drafter` and `spec`: speculative decoding (engine.local.spec), whose verify steps
-        run here, eagerly."""
+        step has (the scheduler's max_num_seqs); `graphs`: on the GPU, each decode path's
+        `cuda.DecodeGraphs`, which serve pure-decode and verify steps and write their sampled
+        ids into the token `pool`; `grouped`: the weight sets' `StandardPath`s, whose grouped
+        MoE the GPU's eager steps use; `tp`: this rank's place in a tensor-parallel group, and
+        on rank 0 the other ranks' processes (`workers`), which run every step rank 0
+        broadcasts;
+        `drafter` and `spec`: speculative decoding (engine.local.spec); `draft_graphs`: the
+        drafter's graphs, which make the drafts of every verify step where they exist (the
+        GPU), the verify step itself then running in the path's graphs when it is pure
+        decode (the rest run eagerly)."""
         self.cfg = cfg
         self.tp = tp or TPGroup()
         self.workers = workers or []
@@ -105,9 +116,9 @@ class TorchExecutor:
         self.grouped = grouped
         self.cuda = device.type == "cuda"
         self.launches_async = self.cuda  # launch() queues work and returns (see Engine)
-        if last_sampled is None:
-            last_sampled = torch.zeros(max_rows, dtype=torch.int64, device=device)
-        self.last_sampled = last_sampled
+        self.pool = pool or TokenPool(max_rows, device)
+        self.last_sampled = self.pool.last
+        self.draft_graphs = draft_graphs
         self._host = [
             torch.zeros(max_rows, dtype=torch.int64, pin_memory=self.cuda)
             for _ in range(_HOST_RING)
@@ -122,6 +133,7 @@ class TorchExecutor:
                 "prefill_tokens_computed",
                 "decode_tokens_computed",
                 "draft_tokens_computed",
+                "draft_device_seconds",
                 "step_seconds_standard",
                 "step_seconds_specialized",
                 "graph_steps",
@@ -154,52 +166,51 @@ class TorchExecutor:
                 timed = torch.cuda.Event(enable_timing=True)
                 events = (timed, torch.cuda.Event(enable_timing=True), torch.cuda.Event())
             graphs = self.graphs.get(plan.path)
-            size = graphs.size_for(n) if graphs is not None else None
+            verify = self.drafter is not None and bool((plan.drafts > 0).any())
+            width = len(inputs.token_ids) if verify else n  # the graph's token rows
+            size = graphs.size_for(width) if graphs is not None else None
+            graphed = graphs is not None and size is not None and bool(plan.is_decode.all())
             accepted: np.ndarray | None = None
-            if (
-                graphs is not None
-                and events is not None
-                and size is not None
-                and bool(plan.is_decode.all())
-            ):  # (events exist on the GPU alone)
-                graphs.load(inputs, size)
+            drafted_event = None
+            if events is not None:
                 events[0].record()
-                ids = graphs.replay(size)[:n]  # the graph also writes last_sampled
+            if verify and graphed and self.draft_graphs is not None:
+                assert graphs is not None and size is not None
+                ids, accepted, drafted_event = self._verify_in_graphs(plan, inputs, graphs, size)
                 self.counters["graph_steps"] += 1
-            elif self.drafter is not None and bool((plan.drafts > 0).any()):
-                if events is not None:
-                    events[0].record()
+            elif verify:
                 ids, accepted = self._verify_step(plan, inputs)
                 self.counters["eager_steps"] += 1
+            elif graphed:
+                assert graphs is not None and size is not None
+                graphs.load(inputs, size)
+                ids = graphs.replay(size)[:n]  # the graph also writes last_sampled
+                self.counters["graph_steps"] += 1
             else:
-                if events is not None:
-                    events[0].record()
                 b = DeviceBatch.of(inputs, self.device, self.last_sampled)
-                x = self._forward(plan, b)
-                if self.cuda:
-                    ids = greedy_cuda(self.cfg, self.w, x)
-                else:
-                    ids = greedy(self.cfg, self.w, x, self.tp)
+                ids = self._greedy(self._forward(plan, b))
                 self.last_sampled[:n].copy_(ids)
                 self.counters["eager_steps"] += 1
             if self.drafter is not None:
                 self._prev_accepted[:n] = 0 if accepted is None else accepted
-            if accepted is not None:  # (rows, 1 + k) tokens: a host tensor of its own
-                host = ids.cpu()
+            if ids.device.type == "cpu":  # (a verify step's host tensor, or the CPU's ids)
+                host = ids.clone()
                 if events is not None:
                     events[1].record()
                     events[2].record()
             else:
-                host = self._host[self._next_host][:n]
-                self._next_host = (self._next_host + 1) % _HOST_RING
-                if events is not None:
-                    events[1].record()
-                    host.copy_(ids, non_blocking=True)
-                    events[2].record()
-                else:
-                    host.copy_(ids)
+                if accepted is None:
+                    host = self._host[self._next_host][:n]
+                    self._next_host = (self._next_host + 1) % _HOST_RING
+                else:  # (rows, 1 + k) tokens: a pinned buffer of their own
+                    host = torch.empty(ids.shape, dtype=torch.int64, pin_memory=True)
+                assert events is not None
+                events[1].record()
+                host.copy_(ids, non_blocking=True)
+                events[2].record()
         self.counters["host_launch_seconds"] += time.perf_counter() - t0
-        return Launched(plan=plan, rows=n, t0=t0, ids=host, events=events, accepted=accepted)
+        return Launched(plan=plan, rows=n, t0=t0, ids=host, events=events, accepted=accepted,
+                        drafted=drafted_event)  # fmt: skip
 
     def _shifted(self, inputs: StepInputs) -> StepInputs:
         """A step scheduled while the previous one ran (async scheduling with drafts): the
@@ -237,6 +248,12 @@ class TorchExecutor:
         return standard_forward(self.cfg, self.w, self.cache, b, self.dtype, self.grouped,
                                 self.tp, out_index=out_index)  # fmt: skip
 
+    def _greedy(self, x: torch.Tensor) -> torch.Tensor:
+        """Greedy ids of hidden states: the GPU's bf16 LM head with fp32 logits, or the CPU's."""
+        if self.cuda:
+            return greedy_cuda(self.cfg, self.w, x)
+        return greedy(self.cfg, self.w, x, self.tp)
+
     def _verify_step(self, plan: StepPlan, inputs: StepInputs) -> tuple[torch.Tensor, np.ndarray]:
         """A step with verify rows (engine.local.spec): draft, verify, accept. Returns the
         (rows, 1 + k) tokens each row emits (the first 1 + accepted of them) and the accepted
@@ -244,21 +261,101 @@ class TorchExecutor:
         assert self.drafter is not None and self.spec is not None
         b = DeviceBatch.of(inputs, self.device, self.last_sampled)
         layout = VerifyLayout.of(plan, inputs, self.device)
-        first = b.token_ids[torch.from_numpy(inputs.starts[layout.rows]).to(self.device)]
-        drafted = self.drafter.propose(inputs, layout.rows, layout.drafts, first)
+        if self.draft_graphs is not None:
+            drafted = self._draft_in_graphs(inputs, layout)
+        else:
+            first = b.token_ids[torch.from_numpy(inputs.starts[layout.rows]).to(self.device)]
+            drafted = self.drafter.propose(inputs, layout.rows, layout.drafts, first)
         mask = (
             torch.arange(drafted.shape[1], device=self.device)[None, :]
             < torch.from_numpy(layout.drafts).to(self.device)[:, None]
         )
         b.token_ids = b.token_ids.index_put((layout.draft_slots,), drafted[mask])
         x = self._forward(plan, b, layout.out_index)
-        target = greedy(self.cfg, self.w, x, self.tp).cpu().numpy()
+        target = self._greedy(x).cpu().numpy()
         width = 1 + int(plan.drafts.max())
         sampled, accepted = accept(layout, plan, drafted.cpu().numpy(), target, self.spec, width)
         self.counters["draft_tokens_computed"] += int(layout.drafts.sum())
         emitted = torch.from_numpy(sampled[np.arange(len(sampled)), accepted])
         self.last_sampled[: len(sampled)].copy_(emitted)
         return torch.from_numpy(sampled), accepted
+
+    def _draft_in_graphs(self, inputs: StepInputs, layout: VerifyLayout) -> torch.Tensor:
+        """The verify rows' drafts, made by the drafter's graphs: draft j of a row is the
+        greedy token after its token at position p + j (its first token, then draft j - 1),
+        written into the token pool at the draft's index in the step's flat batch (where the
+        verify step reads it). Returns them as (verify rows, most drafts), 0 past a row's own.
+        A row takes part in draft j only while it has drafts left, so no row writes a cache
+        slot past its verify tokens (which the scheduler allocated)."""
+        dg, pool = self.draft_graphs, self.pool
+        assert dg is not None
+        bs = inputs.block_size
+        first = inputs.starts[layout.rows]
+        d = layout.drafts
+        p = inputs.positions[first]
+        tables = inputs.block_tables[layout.rows]
+        no_prev = np.full(len(first), -1, dtype=np.int64)
+        prev0 = no_prev if inputs.prev_rows is None else inputs.prev_rows[first]
+        for j in range(int(d.max())):
+            live = np.flatnonzero(d > j)
+            pos = p[live] + j
+            t = tables[live]
+            slots = t[np.arange(len(live)), pos // bs] * bs + pos % bs
+            if j == 0:
+                tok, prev = inputs.token_ids[first[live]], prev0[live]
+            else:  # the previous draft, where the previous replay wrote it
+                tok, prev = np.zeros(len(live), dtype=np.int64), pool.draft_base + first[live] + j
+            dest = pool.draft_base + first[live] + j + 1
+            size = dg.size_for(len(live))
+            if size is None:
+                raise AgentabError(f"{len(live)} rows draft; the drafter's graphs hold fewer")
+            dg.load_rows(TokenRows(tok, pos, slots, prev, dest, t), size, int(pos.max()) + 1)
+            dg.replay(size)
+        at = layout.draft_at_rows  # (verify rows, most drafts): flat index, -1 past a row's own
+        where = torch.from_numpy(np.where(at >= 0, pool.draft_base + at, pool.scratch))
+        drafted = pool.data[where.to(self.device).view(-1)].view(at.shape)
+        return torch.where(torch.from_numpy(at >= 0).to(self.device), drafted, 0)
+
+    def _verify_in_graphs(
+        self, plan: StepPlan, inputs: StepInputs, graphs: DecodeGraphs, size: int
+    ) -> tuple[torch.Tensor, np.ndarray, Any]:
+        """A pure-decode step with verify rows, in graphs end to end: the drafts (the drafter's
+        graphs), then every token of the step as a row of the path's graph of padded `size`
+        (a verify row's drafts read from the pool), then the emitted tokens gathered on the
+        device. Returns the (rows, 1 + k) emitted tokens (a device tensor), the drafts accepted
+        per row and the event recorded after drafting (None on the CPU).
+
+        Synthetic acceptance is decided on the host before the step (`graph_accepted`), so
+        nothing waits for the device; `standard` compares drafts with the target's tokens,
+        which waits for the step's ids (a GPU run for the counters' sake keeps `synthetic`)."""
+        assert self.spec is not None
+        pool, n = self.pool, inputs.num_rows
+        layout = VerifyLayout.of(plan, inputs, self.device)
+        self._draft_in_graphs(inputs, layout)
+        drafted_event = None
+        if self.cuda:
+            drafted_event = torch.cuda.Event(enable_timing=True)
+            drafted_event.record()
+        tokens = len(inputs.token_ids)
+        row_of = np.repeat(np.arange(n), np.diff(inputs.starts))
+        prev = np.full(tokens, -1, dtype=np.int64)
+        if inputs.prev_rows is not None:
+            prev[:] = inputs.prev_rows
+        prev[layout.draft_at] = pool.draft_base + layout.draft_at
+        dest = np.full(tokens, pool.scratch, dtype=np.int64)  # gathered below instead
+        rows = TokenRows(inputs.token_ids, inputs.positions, inputs.slot_mapping, prev, dest,
+                         inputs.block_tables[row_of])  # fmt: skip
+        graphs.load_rows(rows, size, int(inputs.context_lens.max()))
+        target = graphs.replay(size)[:tokens]
+        src = torch.cat([target, pool.data[pool.draft_base : pool.draft_base + tokens]])
+        accepted = graph_accepted(layout, plan, self.spec, src, tokens)
+        width = 1 + int(plan.drafts.max())
+        index, emit = sampled_index(inputs.starts, layout, accepted, width, tokens)
+        where = torch.from_numpy(np.concatenate([index.ravel(), emit])).to(self.device)
+        picked = src.index_select(0, where)
+        self.last_sampled[:n].copy_(picked[n * width :])
+        self.counters["draft_tokens_computed"] += int(layout.drafts.sum())
+        return picked[: n * width].view(n, width), accepted, drafted_event
 
     def collect(self, step: Launched) -> StepOutput:
         """Wait for a launched step; its sampled ids, duration and device times."""
@@ -272,6 +369,8 @@ class TorchExecutor:
         out = StepOutput(duration_s=duration, sampled=sampled, accepted=step.accepted)
         if step.events is not None:
             self._device_times(out, step.events[0], step.events[1], bool(plan.is_decode.all()))
+        if step.drafted is not None and step.events is not None:
+            c["draft_device_seconds"] += step.events[0].elapsed_time(step.drafted) / 1e3
         # Seconds by path: the device's time where it is measured, since under async scheduling
         # one step's launch-to-collect host time overlaps the next one's; on the CPU, which runs
         # a step when it is launched, the host time is the step's.
@@ -333,6 +432,7 @@ class TorchExecutor:
             "agentab:prefill_tokens_computed_total": c["prefill_tokens_computed"],
             "agentab:decode_tokens_computed_total": c["decode_tokens_computed"],
             "agentab:draft_tokens_computed_total": c["draft_tokens_computed"],
+            "agentab:draft_device_seconds_total": c["draft_device_seconds"],
             "agentab:step_seconds_standard_total": c["step_seconds_standard"],
             "agentab:step_seconds_specialized_total": c["step_seconds_specialized"],
             "agentab:graph_steps_total": c["graph_steps"],

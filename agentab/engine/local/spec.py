@@ -88,7 +88,9 @@ class VerifyLayout:
 
     rows: np.ndarray  # the verify rows (drafts > 0), in plan order
     drafts: np.ndarray  # their draft counts
-    draft_slots: torch.Tensor  # flat-batch index of every draft (row-major, d_i per row)
+    first: np.ndarray  # each verify row's first token in the flat batch (its last sampled one)
+    draft_at: np.ndarray  # flat-batch index of every draft (row-major, d_i per row)
+    draft_slots: torch.Tensor  # the same on the device
     out_index: torch.Tensor  # tokens whose greedy token is taken: all of a verify row's
     out_starts: np.ndarray  # (rows + 1,): each row's first entry in out_index
 
@@ -110,10 +112,32 @@ class VerifyLayout:
         return VerifyLayout(
             rows=rows,
             drafts=dr,
+            first=starts[rows],
+            draft_at=draft_at,
             draft_slots=torch.from_numpy(draft_at).to(device),
             out_index=torch.from_numpy(out_index).to(device),
             out_starts=out_starts,
         )
+
+    @property
+    def draft_at_rows(self) -> np.ndarray:
+        """(verify rows, most drafts): the flat-batch index of draft j of each row, -1 past the
+        row's own drafts."""
+        j = np.arange(int(self.drafts.max()) if len(self.drafts) else 0)
+        at = self.first[:, None] + 1 + j[None, :]
+        return np.where(j[None, :] < self.drafts[:, None], at, -1)
+
+
+def greedy_accepted(drafted: np.ndarray, target: np.ndarray, drafts: np.ndarray) -> np.ndarray:
+    """Drafts accepted per verify row under `standard` (greedy) verification: the leading
+    drafts equal to the target's tokens. `drafted[i, j]` is row i's draft j; `target[i, j]`
+    the target's greedy token after the row's query j (so draft j is checked against
+    `target[i, j]`, the token the target would emit in its place)."""
+    a = np.zeros(len(drafts), dtype=np.int64)
+    for i, d in enumerate(drafts.tolist()):
+        same = drafted[i, :d] == target[i, :d]
+        a[i] = d if same.all() else int(np.argmin(same))
+    return a
 
 
 def accept(
@@ -138,14 +162,55 @@ def accept(
     if spec.synthetic:
         a = spec.accepted(plan.keys[rows], plan.spec_index[rows], d)
     else:
-        a = np.zeros(len(rows), dtype=np.int64)
+        width = int(d.max())
+        g = np.zeros((len(rows), width), dtype=np.int64)
         for i, r in enumerate(rows.tolist()):
-            g = target[starts[r] : starts[r] + d[i]]
-            same = drafted[i, : d[i]] == g
-            a[i] = d[i] if same.all() else int(np.argmin(same))
+            g[i, : d[i]] = target[starts[r] : starts[r] + d[i]]
+        a = greedy_accepted(drafted, g, d)
     for i, r in enumerate(rows.tolist()):
         g = target[starts[r] : starts[r + 1]]
         sampled[r, : a[i]] = drafted[i, : a[i]]  # (equal to g[:a] under standard)
         sampled[r, a[i]] = g[a[i]]
         accepted[r] = a[i]
     return sampled, accepted
+
+
+def graph_accepted(
+    layout: VerifyLayout, plan: StepPlan, spec: SpecConfig, src: torch.Tensor, tokens: int
+) -> np.ndarray:
+    """Drafts accepted per row of a verify step run in graphs (0 for rows without drafts).
+
+    `src` is the device's `[target's greedy token after every token of the step | the token
+    pool's draft entries]`, both indexed by the flat batch. `synthetic` draws from the rows'
+    keys alone (no device data, so the host never waits); `standard` reads `src` back."""
+    accepted = np.zeros(len(plan.slots), dtype=np.int64)
+    rows, d = layout.rows, layout.drafts
+    if spec.synthetic:
+        accepted[rows] = spec.accepted(plan.keys[rows], plan.spec_index[rows], d)
+        return accepted
+    host = src.cpu().numpy()
+    at = layout.draft_at_rows
+    own = at >= 0
+    drafted = np.where(own, host[tokens + np.where(own, at, 0)], 0)
+    target = np.where(own, host[np.where(own, at - 1, 0)], 0)  # the token after query j
+    accepted[rows] = greedy_accepted(drafted, target, d)
+    return accepted
+
+
+def sampled_index(
+    starts: np.ndarray, layout: VerifyLayout, accepted: np.ndarray, width: int, tokens: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where each row's emitted tokens are in `graph_accepted`'s `src`: (rows, width) (entry j
+    of row i for j <= accepted[i]; later entries 0, never read) and each row's last emitted
+    token (the next step's pending token). A verify row emits its a accepted drafts, then the
+    target's token after its query a; a decode row the target's token after its one token."""
+    n = len(starts) - 1
+    index = np.zeros((n, width), dtype=np.int64)
+    emit = starts[1:] - 1  # a decode row: its only token
+    index[:, 0] = emit
+    for i, r in enumerate(layout.rows.tolist()):
+        a, first = int(accepted[r]), int(layout.first[i])
+        index[r, :a] = tokens + first + 1 + np.arange(a)
+        index[r, a] = first + a
+        emit[r] = first + a
+    return index, emit

@@ -287,6 +287,7 @@ def _graph_executor(
         _say(f"capturing the drafter's graphs ({drafter.layers} layers) for rows {draft_sizes}")
         draft_graphs = DecodeGraphs(cfg, weights, cache, "standard", draft_sizes, max_model_len,
                                     scratch_block, compiled, pool, num_layers=drafter.layers,
+                                    draft_steps=spec.num_draft_tokens,
                                     capture=on_gpu)  # fmt: skip
         drafter.grouped = standard
     _say("ready")

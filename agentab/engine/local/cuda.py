@@ -72,20 +72,30 @@ class TokenPool:
 
 class GraphInputs:
     """A graph's inputs as one int64 buffer: [tokens | positions | slots | split | prev | dest |
-    table], a row per token.
+    drafts | table], a row per token.
 
     The host fills a pinned copy and one copy moves it to the device before each replay (the
     fewest launches on the host's critical path); the graph itself derives the int32 forms
     the kernels read. `prev`: -1, or where in the token pool the row's token is; `dest`: where
-    the row's sampled id goes in the pool.
+    the row's sampled id goes in the pool; `drafts`: a drafter graph's drafts for the row.
+
+    The copy is asynchronous, so the host must not rewrite a pinned buffer the device has not
+    read yet: fills rotate over `HOST_RING` pinned buffers, each waiting for its previous copy
+    to have run (an event), which it has in all but back-to-back fills of one graph.
     """
+
+    HOST_RING = 4
 
     def __init__(self, b: int, max_blocks: int, device: torch.device) -> None:
         self.b, self.max_blocks = b, max_blocks
-        total = 5 * b + 1 + b * max_blocks
-        pinned = torch.device(device).type == "cuda"  # pinned host memory needs a GPU
-        self.host = torch.zeros(total, dtype=torch.int64, pin_memory=pinned)
-        self.np = self.host.numpy()
+        total = 6 * b + 1 + b * max_blocks
+        self.cuda = torch.device(device).type == "cuda"  # pinned host memory needs a GPU
+        self.hosts = [
+            torch.zeros(total, dtype=torch.int64, pin_memory=self.cuda)
+            for _ in range(self.HOST_RING)
+        ]
+        self.copied: list[Any] = [None] * self.HOST_RING  # each buffer's copy's event
+        self.turn = 0
         self.dev = torch.zeros(total, dtype=torch.int64, device=device)
         d = self.dev
         self.token_ids = d[:b]
@@ -94,8 +104,17 @@ class GraphInputs:
         self.split_len = d[3 * b : 3 * b + 1]
         self.prev_rows = d[3 * b + 1 : 4 * b + 1]  # -1, or the token's place in the pool
         self.dest = d[4 * b + 1 : 5 * b + 1]  # where the row's sampled id goes in the pool
-        self.block_table = d[5 * b + 1 :].view(b, max_blocks)
+        self.drafts = d[5 * b + 1 : 6 * b + 1]  # a drafter graph's drafts per row
+        self.block_table = d[6 * b + 1 :].view(b, max_blocks)
         self.out: torch.Tensor | None = None  # (B,) int64 sampled ids
+
+    @property
+    def np(self) -> np.ndarray:
+        """The pinned buffer the next fill writes (after its previous copy has run)."""
+        ev = self.copied[self.turn]
+        if ev is not None:
+            ev.synchronize()
+        return self.hosts[self.turn].numpy()
 
     def fill(self, inputs: StepInputs | None, scratch_slot: int, scratch_block: int,
              split_len: int, pool_scratch: int = 0) -> None:  # fmt: skip
@@ -113,18 +132,20 @@ class GraphInputs:
     def fill_rows(self, rows: TokenRows | None, scratch_slot: int, scratch_block: int,
                   split_len: int, pool_scratch: int) -> None:  # fmt: skip
         """Token rows first; padding rows decode token 0 at position 0 into the scratch
-        block's first slot and write their id to the pool's scratch entry."""
+        block's first slot, draft nothing and write their id to the pool's scratch entry."""
         b, m, h = self.b, self.max_blocks, self.np
         n = 0 if rows is None else len(rows.token_ids)
-        table = h[5 * b + 1 :].reshape(b, m)
+        table = h[6 * b + 1 :].reshape(b, m)
         prev = h[3 * b + 1 : 4 * b + 1]
         dest = h[4 * b + 1 : 5 * b + 1]
+        drafts = h[5 * b + 1 : 6 * b + 1]
         if rows is not None:
             h[:n] = rows.token_ids
             h[b : b + n] = rows.positions
             h[2 * b : 2 * b + n] = rows.slots
             prev[:n] = rows.prev
             dest[:n] = rows.dest
+            drafts[:n] = 0 if rows.drafts is None else rows.drafts
             width = rows.block_tables.shape[1]
             if width > m:
                 raise RuntimeError(f"a sequence needs {width} blocks; graphs hold {m}")
@@ -134,9 +155,15 @@ class GraphInputs:
         h[2 * b + n : 3 * b] = scratch_slot
         prev[n:] = -1
         dest[n:] = pool_scratch
+        drafts[n:] = 0
         table[n:, 0] = scratch_block
         h[3 * b] = split_len
-        self.dev.copy_(self.host, non_blocking=True)
+        self.dev.copy_(self.hosts[self.turn], non_blocking=True)
+        if self.cuda:
+            ev = self.copied[self.turn] or torch.cuda.Event()
+            ev.record()
+            self.copied[self.turn] = ev
+        self.turn = (self.turn + 1) % self.HOST_RING
 
 
 @dataclass
@@ -149,14 +176,16 @@ class TokenRows:
     prev: np.ndarray  # (n,) -1, or the token's place in the pool
     dest: np.ndarray  # (n,) where the sampled id goes in the pool
     block_tables: np.ndarray  # (n, blocks) the row's sequence's blocks
+    drafts: np.ndarray | None = None  # (n,) a drafter graph's drafts per row
 
 
 class DecodeGraphs:
     """One decode path's graphs, by padded batch size (token rows).
 
-    `num_layers` runs the model's first layers only (the early-exit drafter's graphs);
-    `capture` False runs each replay eagerly, the same code without a graph (the CPU, where
-    tests check the GPU's step logic)."""
+    `num_layers` runs the model's first layers only and `draft_steps` = k makes each graph the
+    early-exit drafter's k steps in one replay (`_draft_loop`); `capture` False runs each
+    replay eagerly, the same code without a graph (the CPU, where tests check the GPU's step
+    logic)."""
 
     def __init__(
         self,
@@ -171,6 +200,7 @@ class DecodeGraphs:
         pool: TokenPool,
         *,
         num_layers: int | None = None,
+        draft_steps: int = 0,
         capture: bool = True,
     ) -> None:
         self.cfg, self.w, self.cache, self.path = cfg, weights, cache, path
@@ -180,6 +210,7 @@ class DecodeGraphs:
         self.max_blocks = math.ceil(max_len / cache.block_size)
         self.num_layers = cfg.num_layers if num_layers is None else num_layers
         self.capture = capture
+        self.draft_steps = draft_steps
         self.layers_by_size: dict[int, list[Any]] = {}
         self.static: dict[int, GraphInputs] = {}
         self.graphs: dict[int, Any] = {}  # a CUDAGraph, or the step's function when eager
@@ -208,16 +239,14 @@ class DecodeGraphs:
         cfg, w, cache, layers = self.cfg, self.w, self.cache, self.num_layers
         pool = self.pool.data
 
-        def run() -> torch.Tensor:
-            taken = pool.index_select(0, st.prev_rows.clamp(min=0))
-            tokens = torch.where(st.prev_rows >= 0, taken, st.token_ids)
+        def forward(tokens: torch.Tensor, slots: torch.Tensor, pos_slots: torch.Tensor) -> Any:
+            """The greedy ids after `tokens` at `pos_slots` (int32: positions, new slots)."""
             x = w.embed.index_select(0, tokens % cfg.vocab_rows)
-            pos_slots = st.pos_slots64.to(torch.int32)  # the CuTe preparation's (2, B) form
             for layer in range(layers):
                 paged = PagedKV(
                     cache=cache.layer(layer),
                     block_table=st.block_table,
-                    new_slots=st.new_slots,
+                    new_slots=slots,
                     positions_and_slots=pos_slots,
                     block_size=cache.block_size,
                     max_len=self.max_len,
@@ -225,8 +254,16 @@ class DecodeGraphs:
                 )
                 state = DecodeState(cache=paged.cache, positions=pos_slots[0], paged=paged)
                 x = paths[layer % len(paths)].step(x, state).out
-            ids = greedy_cuda(cfg, w, x) if x.is_cuda else greedy(cfg, w, x)
-            # where the next step (or the next draft, or the verify step) finds them
+            return greedy_cuda(cfg, w, x) if x.is_cuda else greedy(cfg, w, x)
+
+        def run() -> torch.Tensor:
+            taken = pool.index_select(0, st.prev_rows.clamp(min=0))
+            tokens = torch.where(st.prev_rows >= 0, taken, st.token_ids)
+            if self.draft_steps:
+                return self._draft_loop(st, tokens, forward)
+            # the CuTe preparation's (2, B) int32 form
+            ids = forward(tokens, st.new_slots, st.pos_slots64.to(torch.int32))
+            # where the next step (or the verify step) finds them
             pool.index_copy_(0, st.dest, ids)
             return ids
 
@@ -246,6 +283,27 @@ class DecodeGraphs:
         with torch.cuda.graph(graph):
             st.out = run()
         self.graphs[b] = graph
+
+    def _draft_loop(self, st: GraphInputs, tokens: torch.Tensor, forward: Any) -> torch.Tensor:
+        """The drafter's k steps in one graph: step j runs each row's token at position p + j
+        (its first token, then its draft j - 1) and writes draft j at `dest + j` in the pool.
+        A row takes part in step j only while j < its `drafts`; past them it writes the
+        scratch slot and the pool's scratch entry, so it never touches cache slots the
+        scheduler did not give it. Positions and slots are computed here, on the device, so
+        the k steps cost the host one fill and one launch."""
+        bs, pool = self.cache.block_size, self.pool
+        positions = st.pos_slots64[0]
+        rows = torch.arange(st.b, device=positions.device)
+        ids = tokens
+        for j in range(self.draft_steps):
+            live = st.drafts > j
+            pos = torch.where(live, positions + j, 0)
+            block = st.block_table[rows, (pos // bs).clamp(max=self.max_blocks - 1)]
+            slots = torch.where(live, block * bs + pos % bs, self.scratch_slot)
+            ids = forward(tokens, slots, torch.stack([pos, slots]).to(torch.int32))
+            pool.data.index_copy_(0, torch.where(live, st.dest + j, pool.scratch), ids)
+            tokens = ids
+        return ids
 
     # -- running ----------------------------------------------------------------------------
     def size_for(self, rows: int) -> int | None:

@@ -281,12 +281,11 @@ class TorchExecutor:
         return torch.from_numpy(sampled), accepted
 
     def _draft_in_graphs(self, inputs: StepInputs, layout: VerifyLayout) -> torch.Tensor:
-        """The verify rows' drafts, made by the drafter's graphs: draft j of a row is the
-        greedy token after its token at position p + j (its first token, then draft j - 1),
-        written into the token pool at the draft's index in the step's flat batch (where the
-        verify step reads it). Returns them as (verify rows, most drafts), 0 past a row's own.
-        A row takes part in draft j only while it has drafts left, so no row writes a cache
-        slot past its verify tokens (which the scheduler allocated)."""
+        """The verify rows' drafts, made by the drafter's graph in one replay: draft j of a
+        row is the greedy token after its token at position p + j (its first token, then
+        draft j - 1), written into the token pool at the draft's index in the step's flat
+        batch, where the verify step reads it (`cuda.DecodeGraphs._draft_loop`). Returns them
+        as (verify rows, most drafts), 0 past a row's own."""
         dg, pool = self.draft_graphs, self.pool
         assert dg is not None
         bs = inputs.block_size
@@ -294,23 +293,17 @@ class TorchExecutor:
         d = layout.drafts
         p = inputs.positions[first]
         tables = inputs.block_tables[layout.rows]
-        no_prev = np.full(len(first), -1, dtype=np.int64)
-        prev0 = no_prev if inputs.prev_rows is None else inputs.prev_rows[first]
-        for j in range(int(d.max())):
-            live = np.flatnonzero(d > j)
-            pos = p[live] + j
-            t = tables[live]
-            slots = t[np.arange(len(live)), pos // bs] * bs + pos % bs
-            if j == 0:
-                tok, prev = inputs.token_ids[first[live]], prev0[live]
-            else:  # the previous draft, where the previous replay wrote it
-                tok, prev = np.zeros(len(live), dtype=np.int64), pool.draft_base + first[live] + j
-            dest = pool.draft_base + first[live] + j + 1
-            size = dg.size_for(len(live))
-            if size is None:
-                raise AgentabError(f"{len(live)} rows draft; the drafter's graphs hold fewer")
-            dg.load_rows(TokenRows(tok, pos, slots, prev, dest, t), size, int(pos.max()) + 1)
-            dg.replay(size)
+        prev = np.full(len(first), -1, dtype=np.int64)
+        if inputs.prev_rows is not None:
+            prev = inputs.prev_rows[first]
+        slots = tables[np.arange(len(first)), p // bs] * bs + p % bs
+        size = dg.size_for(len(first))
+        if size is None:
+            raise AgentabError(f"{len(first)} rows draft; the drafter's graphs hold fewer")
+        rows = TokenRows(inputs.token_ids[first], p, slots, prev, pool.draft_base + first + 1,
+                         tables, drafts=d)  # fmt: skip
+        dg.load_rows(rows, size, int(p.max() + d.max()))
+        dg.replay(size)
         at = layout.draft_at_rows  # (verify rows, most drafts): flat index, -1 past a row's own
         where = torch.from_numpy(np.where(at >= 0, pool.draft_base + at, pool.scratch))
         drafted = pool.data[where.to(self.device).view(-1)].view(at.shape)

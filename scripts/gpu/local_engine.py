@@ -560,9 +560,13 @@ SPEC_SYNTHETIC = {"num_speculative_tokens": 7, "rejection_sample_method": "synth
 
 
 def stage_spec() -> None:
-    """Speculative decoding on the GPU: correctness at 4 layers, then the headline run."""
-    spec_smoke()
-    spec_headline()
+    """Speculative decoding on the GPU: correctness at 4 layers, then the headline run
+    (SPEC_PARTS: smoke, headline or both, the default)."""
+    parts = os.environ.get("SPEC_PARTS", "smoke,headline").split(",")
+    if "smoke" in parts:
+        spec_smoke()
+    if "headline" in parts:
+        spec_headline()
 
 
 def spec_smoke() -> None:

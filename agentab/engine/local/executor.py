@@ -31,6 +31,7 @@ from agentab.engine.local.forward import (
     greedy,
     specialized_decode_cpu,
     standard_forward,
+    to_device,
 )
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
@@ -262,7 +263,8 @@ class TorchExecutor:
         b = DeviceBatch.of(inputs, self.device, self.last_sampled)
         layout = VerifyLayout.of(plan, inputs, self.device)
         if self.draft_graphs is not None:
-            drafted = self._draft_in_graphs(inputs, layout)
+            self._draft_in_graphs(inputs, layout)
+            drafted = self._drafts_of(layout)
         else:
             first = b.token_ids[torch.from_numpy(inputs.starts[layout.rows]).to(self.device)]
             drafted = self.drafter.propose(inputs, layout.rows, layout.drafts, first)
@@ -280,12 +282,12 @@ class TorchExecutor:
         self.last_sampled[: len(sampled)].copy_(emitted)
         return torch.from_numpy(sampled), accepted
 
-    def _draft_in_graphs(self, inputs: StepInputs, layout: VerifyLayout) -> torch.Tensor:
+    def _draft_in_graphs(self, inputs: StepInputs, layout: VerifyLayout) -> None:
         """The verify rows' drafts, made by the drafter's graph in one replay: draft j of a
         row is the greedy token after its token at position p + j (its first token, then
         draft j - 1), written into the token pool at the draft's index in the step's flat
-        batch, where the verify step reads it (`cuda.DecodeGraphs._draft_loop`). Returns them
-        as (verify rows, most drafts), 0 past a row's own."""
+        batch, where the verify step reads it (`cuda.DecodeGraphs._draft_loop`). Nothing here
+        waits for the device: one pinned copy, one replay."""
         dg, pool = self.draft_graphs, self.pool
         assert dg is not None
         bs = inputs.block_size
@@ -304,7 +306,12 @@ class TorchExecutor:
                          tables, drafts=d)  # fmt: skip
         dg.load_rows(rows, size, int(p.max() + d.max()))
         dg.replay(size)
-        at = layout.draft_at_rows  # (verify rows, most drafts): flat index, -1 past a row's own
+
+    def _drafts_of(self, layout: VerifyLayout) -> torch.Tensor:
+        """The verify rows' drafts from the token pool, as the eager verify step takes them:
+        (verify rows, most drafts), 0 past a row's own."""
+        pool = self.pool
+        at = layout.draft_at_rows  # flat index, -1 past a row's own
         where = torch.from_numpy(np.where(at >= 0, pool.draft_base + at, pool.scratch))
         drafted = pool.data[where.to(self.device).view(-1)].view(at.shape)
         return torch.where(torch.from_numpy(at >= 0).to(self.device), drafted, 0)
@@ -344,7 +351,7 @@ class TorchExecutor:
         accepted = graph_accepted(layout, plan, self.spec, src, tokens)
         width = 1 + int(plan.drafts.max())
         index, emit = sampled_index(inputs.starts, layout, accepted, width, tokens)
-        where = torch.from_numpy(np.concatenate([index.ravel(), emit])).to(self.device)
+        where = to_device(np.concatenate([index.ravel(), emit]), self.device)
         picked = src.index_select(0, where)
         self.last_sampled[:n].copy_(picked[n * width :])
         self.counters["draft_tokens_computed"] += int(layout.drafts.sum())

@@ -48,7 +48,10 @@ ANY_SDPA = [*FUSED_SDPA, SDPBackend.MATH]
 SINGLE = TPGroup()  # one rank: every collective is a no-op
 
 
-def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on `device` without waiting for the device: a blocking copy would first
+    drain the stream, so under async scheduling the host would sit out the step in flight and
+    the device then wait for the host (the CUDA driver stages a pageable source at once)."""
     return torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
 
 
@@ -71,7 +74,7 @@ class DecodeRows:
         """The rows `rows` of the step (each one token) on `device`."""
 
         def dev(a: np.ndarray) -> torch.Tensor:
-            return _to_device(a, device)
+            return to_device(a, device)
 
         tokens = inputs.starts[rows]
         max_len = int(inputs.context_lens[rows].max())
@@ -145,7 +148,7 @@ class DeviceBatch:
         scheduled (`inputs.prev_rows`) are taken from `last_sampled`, where it left them."""
 
         def dev(a: np.ndarray) -> torch.Tensor:
-            return _to_device(a, device)
+            return to_device(a, device)
 
         token_ids = dev(inputs.token_ids)
         prev = inputs.prev_rows

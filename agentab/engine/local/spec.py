@@ -90,9 +90,21 @@ class VerifyLayout:
     drafts: np.ndarray  # their draft counts
     first: np.ndarray  # each verify row's first token in the flat batch (its last sampled one)
     draft_at: np.ndarray  # flat-batch index of every draft (row-major, d_i per row)
-    draft_slots: torch.Tensor  # the same on the device
-    out_index: torch.Tensor  # tokens whose greedy token is taken: all of a verify row's
+    out_index_host: np.ndarray  # tokens whose greedy token is taken: all of a verify row's
     out_starts: np.ndarray  # (rows + 1,): each row's first entry in out_index
+    device: torch.device
+
+    # The eager verify step's device forms, made when it asks (the graphs' step needs none):
+    # copies from pageable memory, which must never sit on the graphs' path.
+    @property
+    def draft_slots(self) -> torch.Tensor:
+        """`draft_at` on the device."""
+        return torch.from_numpy(self.draft_at).to(self.device)
+
+    @property
+    def out_index(self) -> torch.Tensor:
+        """`out_index_host` on the device."""
+        return torch.from_numpy(self.out_index_host).to(self.device)
 
     @staticmethod
     def of(plan: StepPlan, inputs: StepInputs, device: torch.device) -> VerifyLayout:
@@ -114,9 +126,9 @@ class VerifyLayout:
             drafts=dr,
             first=starts[rows],
             draft_at=draft_at,
-            draft_slots=torch.from_numpy(draft_at).to(device),
-            out_index=torch.from_numpy(out_index).to(device),
+            out_index_host=out_index,
             out_starts=out_starts,
+            device=device,
         )
 
     @property

@@ -20,7 +20,7 @@ from typing import Any
 
 from agentab.calibrate.client import Measurements, run_load
 from agentab.calibrate.facts import EngineFacts, engine_facts, local_engine_schedules_ahead
-from agentab.calibrate.fit import fit_all
+from agentab.calibrate.fit import DRAFTER, fit_all
 from agentab.calibrate.load import CalibrationLoad, build_load
 from agentab.calibrate.write import (
     SPECIALIZED_MAX_PADDED,
@@ -90,8 +90,9 @@ def calibrate(
         load = _load_for(
             req, path, f, one_prefill_step=timing == "engine" and f.engine_clock == "vllm"
         )
+        what = "drafter (speculative decoding)" if path == DRAFTER else f"{path} path"
         echo(
-            f"agentab calibrate: {path} path on {f.engine} {f.version or ''} at {redact_url(url)} "
+            f"agentab calibrate: {what} on {f.engine} {f.version or ''} at {redact_url(url)} "
             f"({timing} timing): {len(load.decode)} decode phases, "
             f"{len(load.prefill)} prefill requests, {len(load.mixed)} mixed phases"
         )
@@ -243,11 +244,16 @@ def _servers(req: CalibrateRequest) -> Iterator[tuple[str, str]]:
 
     from agentab.engine.local.launch import launched_local_server
 
-    for path in req.local_paths:
+    # the decode paths are timed without drafts (a verify step is a decode step of its padded
+    # token count: the same tables price it); with a speculative config, its drafter after
+    plain = {k: v for k, v in req.local.items() if k != "speculative_config"}
+    drafting = req.local.get("speculative_config") is not None
+    for path in (*req.local_paths, *((DRAFTER,) if drafting else ())):
         backend = backend_timing(path)
+        options = req.local if path == DRAFTER else plain
         with (
             tempfile.TemporaryDirectory(prefix="agentab-calibrate-") as log_dir,
-            _launched(launched_local_server, req.local, backend, Path(log_dir)) as url,
+            _launched(launched_local_server, options, backend, Path(log_dir)) as url,
         ):
             yield path, url
 
@@ -260,8 +266,11 @@ def _launched(launcher: Any, options: dict[str, Any], backend: str, log_dir: Pat
 
 def backend_timing(path: str) -> DecodeBackend:
     """The decode backend of the server a decode path is timed on: `auto` runs every step
-    standard; `latency_specialized` runs the pure-decode batches the specialized path takes."""
-    return DecodeBackend.AUTO if path == "standard" else DecodeBackend.LATENCY_SPECIALIZED
+    standard; `latency_specialized` runs the pure-decode batches the specialized path takes.
+    The drafter runs the standard path in both arms: timed under `auto`."""
+    if path in ("standard", DRAFTER):
+        return DecodeBackend.AUTO
+    return DecodeBackend.LATENCY_SPECIALIZED
 
 
 def _check_backend(path: str, f: EngineFacts, url: str) -> None:
@@ -289,8 +298,14 @@ def _load_for(
 ) -> CalibrationLoad:
     assert req.seed is not None, "calibrate() chooses the seed before the first load"
     batches = req.batches
+    steps = req.steps
     if path == "specialized":  # only the batches the path serves (pure decode, q = 1)
         batches = tuple(b for b in batches if b <= SPECIALIZED_MAX_PADDED)
+    if path == DRAFTER:  # every step emits up to 1 + k tokens a row: as many steps need more
+        k = int((req.local or {}).get("speculative_config", {}).get("num_speculative_tokens", 1))
+        steps = req.steps * (1 + k)
+        if f.max_num_seqs is not None:
+            batches = tuple(b for b in batches if b <= f.max_num_seqs)
     if f.max_num_seqs is not None and batches[-1] > f.max_num_seqs:
         raise AgentabError(
             f"--batches: {batches[-1]} exceeds the server's max_num_seqs {f.max_num_seqs}"
@@ -298,7 +313,7 @@ def _load_for(
     load = build_load(
         batches=batches,
         contexts=req.contexts,
-        steps=req.steps,
+        steps=steps,
         max_model_len=f.max_model_len or DEFAULT_MAX_MODEL_LEN,
         block_size=f.block_size or 16,
         max_num_batched_tokens=f.max_num_batched_tokens,
@@ -308,7 +323,7 @@ def _load_for(
         one_prefill_step=one_prefill_step,
         # vLLM's histograms cannot single out the one step a mixed phase times: its /metrics
         # answers late while it streams, so the prompt cannot be sent between two reads
-        with_mixed=not one_prefill_step,
+        with_mixed=not one_prefill_step and path != DRAFTER,
     )
     if f.kv_blocks and f.block_size:
         need = max(p.batch * math.ceil((p.context + p.steps) / f.block_size) for p in load.decode)
@@ -349,4 +364,7 @@ def _summary(fit: Any) -> str:
             f"mixed: {fit.mixed.us_per_decode_row.value / 1e3:.3g} ms per decode row, "
             f"max |residual| {worst:.1%}"
         )
+    if fit.drafter is not None:
+        d = fit.drafter
+        parts.append(f"drafter: {d.step_us.value:.4g} us per step + {d.row_us.value:.4g} us per row")
     return "; ".join(parts)

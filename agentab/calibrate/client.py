@@ -24,6 +24,8 @@ import orjson
 
 from agentab.calibrate.facts import (
     DECODE_STEPS,
+    DRAFT_SECONDS,
+    DRAFT_STEPS,
     STEP_SECONDS,
     STEPS,
     VLLM_ITL,
@@ -95,6 +97,10 @@ class DecodeMeasurement:
     kv_usage: float | None = None  # vllm:kv_cache_usage_perc mid-window, when exported
     kv_tokens: float | None = None  # tokens held in the cache at that sample
     window_steps_requested: int = 0  # max_tokens per request
+    # a server that drafts (speculative decoding): its drafter's seconds per step that drafted,
+    # and how many such steps (agentab:draft_device_seconds_total, agentab:draft_steps_total)
+    engine_draft_s: float | None = None
+    engine_draft_steps: int | None = None
 
 
 @dataclass
@@ -368,6 +374,10 @@ def _engine_decode(m: DecodeMeasurement, inside: list[Sample], where: str) -> No
             f"{where}: the engine's counters show {int(all_steps)} steps between the polls, "
             f"not {MIN_WINDOW_STEPS}+ pure decode steps on one path; raise --steps"
         )
+    drafted = delta(DRAFT_STEPS)
+    if drafted:
+        m.engine_draft_steps = int(drafted)
+        m.engine_draft_s = delta(DRAFT_SECONDS) / drafted
 
 
 def _vllm_decode(m: DecodeMeasurement, samples: list[Sample], where: str) -> None:

@@ -21,6 +21,9 @@ from agentab.errors import AgentabError
 STEP_SECONDS = "agentab:step_seconds_{path}_total"
 STEPS = "agentab:steps_{path}_total"
 DECODE_STEPS = "agentab:decode_steps_{path}_total"
+# the local engine's drafter, where it drafts (speculative decoding): its time and its steps
+DRAFT_SECONDS = "agentab:draft_device_seconds_total"
+DRAFT_STEPS = "agentab:draft_steps_total"
 # vLLM's histograms timed with the engine core's own timestamps (not the frontend's): the gap
 # between a request's tokens, its prefill (scheduled to first token), and tokens per step.
 VLLM_ITL = "vllm:inter_token_latency_seconds"

@@ -60,6 +60,9 @@ from agentab.calibrate.client import (
 from agentab.engine.paths import padded_tokens
 from agentab.errors import AgentabError
 
+# The measurements of the server that drafts (speculative decoding), beside the decode paths'.
+DRAFTER = "drafter"
+
 
 @dataclass
 class Coefficient:
@@ -105,12 +108,20 @@ class FrontendFit:
 
 
 @dataclass
+class DrafterFit:
+    step_us: Coefficient  # per step that drafts, whatever its rows
+    row_us: Coefficient  # per row drafted for
+    residuals: list[dict[str, float]]  # per phase: batch, context, measured, fitted, error
+
+
+@dataclass
 class Fit:
     timing: str  # client | engine
     decode: dict[str, DecodeFit] = field(default_factory=dict)
     prefill: PrefillFit | None = None
     mixed: MixedFit | None = None  # None: the load ran no mixed step
     frontend: FrontendFit | None = None  # None: client timing (the prefill table holds it)
+    drafter: DrafterFit | None = None  # None: no server that drafts was timed
 
 
 def _lstsq(x: np.ndarray, y: np.ndarray, nonneg: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -334,6 +345,9 @@ def fit_all(
     """Fit each path from the server that ran it; prefill from the standard path's server."""
     fit = Fit(timing=timing)
     for path, m in measured.items():
+        if path == DRAFTER:
+            fit.drafter = fit_drafter(m.decode)
+            continue
         fit.decode[path] = fit_decode(m.decode, path=path, timing=timing, graph_max=graph_max)
     fit.prefill = fit_prefill(
         measured["standard"].prefill,
@@ -347,6 +361,29 @@ def fit_all(
     if timing == "engine":
         fit.frontend = fit_frontend(measured["standard"].prefill)
     return fit
+
+
+def fit_drafter(rows: list[DecodeMeasurement]) -> DrafterFit:
+    """The drafter's time per step that drafts, `step_us + rows * row_us`, from the decode
+    phases of a server that drafts (the engine's own drafter timings). A drafter that runs
+    decoder layers k times (early exit, EAGLE, MTP) costs a fixed part (launches, its LM
+    head's weights) and a part that grows with the rows."""
+    timed = [r for r in rows if r.engine_draft_s is not None]
+    if len({r.batch for r in timed}) < 2:
+        raise AgentabError(
+            "the drafter phase: its server reported drafter timings at fewer than two batch "
+            "sizes (agentab:draft_steps_total); time it at two or more --batches"
+        )
+    x = np.array([[1.0, r.batch] for r in timed])
+    y = np.array([r.engine_draft_s or 0.0 for r in timed]) * 1e6
+    coef, stderr = _lstsq(x, y, nonneg=[0, 1])
+    fitted = x @ coef
+    residuals = [
+        {"batch": r.batch, "context": r.context, "measured_us": float(m), "fitted_us": float(f),
+         "error": float((f - m) / m)}
+        for r, m, f in zip(timed, y, fitted, strict=True)
+    ]  # fmt: skip
+    return DrafterFit(_coef(coef, stderr, 0), _coef(coef, stderr, 1), residuals)
 
 
 def fit_frontend(prefill: list[PrefillMeasurement]) -> FrontendFit | None:

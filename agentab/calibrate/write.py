@@ -74,7 +74,8 @@ def unidentified_fields(fit: Fit, facts: EngineFacts, kv_blocks: int | None) -> 
     missing = []
     if "specialized" not in fit.decode:
         missing.append("decode.specialized")
-    missing.append("spec_decode.drafter_step_us")
+    if fit.drafter is None:
+        missing.append("spec_decode.drafter_step_us")
     if fit.decode["standard"].kv_us_per_token is None:
         missing.append("kv_cache.hbm_read_bytes_per_s")
     if kv_blocks is None:
@@ -131,6 +132,20 @@ def _table(
         f"(stderr us: {', '.join(errs)})"
     )
     lines.append("step_fixed_us = 0.0  # [F] included in layer_time_us (num_layers = 1)")
+
+
+def _drafter_lines(fit: Fit) -> list[str]:
+    """The drafter's cost: fitted where a server that drafts was timed, else assumed 0."""
+    d = fit.drafter
+    if d is None:
+        return ["drafter_step_us = 0.0  # [A] the calibration load runs no drafter"]
+    where = "from the drafter phase (agentab:draft_device_seconds_total / draft_steps_total)"
+    return [
+        f"drafter_step_us = {_num(d.step_us.value)}  # [C] {_pm(d.step_us, unit=' us')} per "
+        f"step that drafts, {where}",
+        f"drafter_row_us = {_num(d.row_us.value)}  # [C] {_pm(d.row_us, unit=' us')} per row "
+        "drafted for",
+    ]
 
 
 def render_profile(
@@ -225,7 +240,7 @@ def render_profile(
         f"max_requests_by_q = {list(SPECIALIZED_MAX_REQUESTS_BY_Q)}  # [R] for q = 1..8",
         "",
         "[spec_decode]",
-        "drafter_step_us = 0.0  # [A] the calibration load runs no drafter",
+        *_drafter_lines(fit),
         "",
         "[prefill]",
     ]
@@ -341,6 +356,7 @@ def fit_report(
         "prefill": asdict(fit.prefill) if fit.prefill else None,
         "mixed": asdict(fit.mixed) if fit.mixed else None,
         "frontend": asdict(fit.frontend) if fit.frontend else None,
+        "drafter": asdict(fit.drafter) if fit.drafter else None,
         "assumed": assumed,
     }
 

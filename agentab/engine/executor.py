@@ -109,6 +109,7 @@ class SimExecutor:
         )
         self.prefill_ctx_us = profile.prefill_context_token_us
         self.mixed_row_us = profile.mixed_decode_row_us
+        self.drafter_row_us = profile.drafter_row_us if num_draft_tokens else 0.0
         self._base_cache: dict[tuple[str, int], float] = {}
 
     def decode_base_us(self, path: str, tokens: int) -> float:
@@ -153,12 +154,16 @@ class SimExecutor:
         dec = plan.is_decode
         ctx = plan.decode_context_tokens
         if dec.all():
-            return (self.decode_base_us(plan.path, plan.padded_tokens) + self.kv_us * ctx) * 1e-6
+            us = self.decode_base_us(plan.path, plan.padded_tokens) + self.kv_us * ctx
+            if self.drafter_row_us:  # only profiles that price it
+                us += self.drafter_row_us * int(np.count_nonzero(plan.drafts))
+            return us * 1e-6
         table = self.profile.standard
         t = min(plan.total_tokens, table.max_tokens)
         us = table.step_fixed_us + self.profile.num_layers * table.layer_us(t)
         if self.k and dec.any():
             us += self.profile.drafter_step_us
+            us += self.drafter_row_us * int(np.count_nonzero(plan.drafts))
         pre = ~dec
         n = plan.num_sched[pre].astype(np.float64)
         c0 = plan.computed_before[pre].astype(np.float64)
@@ -174,6 +179,8 @@ class SimExecutor:
     def window_seconds(self, w: WindowPlan) -> np.ndarray:
         """Durations of each step of a pure-decode window (same formula as step_seconds)."""
         base = self.decode_base_us(w.path, w.padded_tokens)
+        if w.q > 1:  # a window of verify steps: every row drafts
+            base += self.drafter_row_us * len(w.slots)
         seconds = (base + self.kv_us * w.context) * 1e-6
         if self.noise is not None:
             seconds = seconds * self.noise.many(len(seconds))

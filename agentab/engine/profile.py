@@ -73,6 +73,9 @@ class HardwareProfile:
     # per step, whatever the chunk's length: MLA prefill expands each cached latent into
     # per-head keys and values before attending.
     prefill_context_token_us: float = 0.0
+    # The drafter's cost per row it drafts for, per step, beside drafter_step_us: a drafter
+    # that runs decoder layers k times (EAGLE, MTP, early exit) costs more with more rows.
+    drafter_row_us: float = 0.0
     # Per decode row of a step that also carries prefill tokens: an engine that attends a mixed
     # step's decode rows one by one (a gather of each row's cache and a few kernels per row and
     # layer) pays this beside what the step's token count and KV read already price.
@@ -182,6 +185,7 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
         specialized_max_padded_tokens=spec.integer("max_padded_tokens", 1),
         specialized_max_requests_by_q=tuple(limits),
         drafter_step_us=sd.number("drafter_step_us", 0.0),
+        drafter_row_us=sd.number("drafter_row_us", 0.0, default=0.0),
         prefill_tokens_per_s_per_gpu=pre.number("tokens_per_s_per_gpu", 1.0),
         attention_flops_per_token_pair=pre.number("attention_flops_per_token_pair", 0.0),
         attention_flops_per_s_per_gpu=pre.number("attention_flops_per_s_per_gpu", 1.0),

@@ -116,3 +116,57 @@ def test_calibrate_from_the_local_engines_step_counters(tmp_path: Path, capsys) 
     assert again["refit_of"]["report"] == str(out.with_suffix(".fit.json"))
     assert again["refit_of"]["date"] == report["provenance"]["date"]
     assert "# refit of the measurements of" in refit.read_text().splitlines()[1]
+
+
+SPEC_EXPERIMENT = EXPERIMENT.replace(
+    "[[arms]]",
+    """[engine.speculative_config]
+num_speculative_tokens = 3
+draft_layers = 1
+rejection_sample_method = "synthetic"
+synthetic_acceptance_length = 3.0
+[[arms]]""",
+    1,
+)
+
+
+@pytest.mark.slow
+def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decoding(
+    tmp_path: Path,
+) -> None:
+    """With a speculative config the decode paths are timed without drafts (a verify step is
+    priced as a decode step of its padded tokens) and a third server, the config as given,
+    times the drafter: its seconds per drafting step from the engine's counters, fitted as
+    `drafter_step_us + rows * drafter_row_us`, both [C], nothing assumed about it."""
+    out = tmp_path / "spec.toml"
+    experiment = tmp_path / "experiment.toml"
+    experiment.write_text(SPEC_EXPERIMENT)
+    assumed = ["--allow-assumed", "decode.specialized"]  # one path timed: the test's time
+    main(["calibrate", "--engine-config", str(experiment), "--batches", "1,4", "--steps", "16",
+          "--prefill-repeats", "1", "--contexts", "64,256", "-o", str(out), "--quiet",
+          *assumed])  # fmt: skip
+    report = json.loads(out.with_suffix(".fit.json").read_text())
+    assert report["assumed"] == ["decode.specialized"]
+    # the standard path's load ran without drafts, the drafter's with them, on auto
+    standard = report["measurements"]["standard"]["decode"]
+    assert all(r["engine_draft_steps"] is None for r in standard)
+    drafter = report["measurements"]["drafter"]["decode"]
+    assert [r["batch"] for r in drafter] == [1, 1, 4, 4]
+    assert all(r["engine_draft_steps"] >= 8 and r["engine_draft_s"] > 0 for r in drafter)
+    assert report["engine"]["drafter"]["decode_backend"] == "auto"
+    assert report["measurements"]["drafter"]["prefill"] == []
+    assert report["measurements"]["drafter"]["mixed"] == []
+    fit = report["drafter"]
+    assert [r["batch"] for r in fit["residuals"]] == [1, 1, 4, 4]
+    p = load_profile(out)
+    assert p.drafter_step_us == pytest.approx(fit["step_us"]["value"], rel=1e-5)
+    assert p.drafter_row_us == pytest.approx(fit["row_us"]["value"], rel=1e-5)
+    assert p.drafter_step_us + 4 * p.drafter_row_us > 0
+    text = out.read_text()
+    assert "drafter_step_us = " in text and "# [C]" in text.split("drafter_step_us = ")[1]
+    print(f"drafter: {p.drafter_step_us:.0f} us per step + {p.drafter_row_us:.0f} us per row")
+    # refit: the drafter's measurements travel with the report
+    refit = tmp_path / "refit.toml"
+    main(["calibrate", "--refit", str(out.with_suffix(".fit.json")), "-o", str(refit), *assumed])
+    q = load_profile(refit)
+    assert (q.drafter_step_us, q.drafter_row_us) == (p.drafter_step_us, p.drafter_row_us)

@@ -104,6 +104,35 @@ def test_drafter_cost_on_decode_steps_only_when_speculating():
     assert SimExecutor(prof, 7).step_seconds(plan) == pytest.approx(want * 1e-6, rel=1e-12)
 
 
+def test_the_drafter_pays_per_row_it_drafts_for_when_the_profile_prices_it():
+    """[spec_decode] drafter_row_us: per row that drafts, on a verify step and on every step
+    of a window of them; nothing without drafts; profiles without the key price it 0."""
+    import dataclasses
+
+    from agentab.engine.outputs import WindowPlan
+
+    prof = load_profile("gb300-tp16-kimi-k3")
+    assert prof.drafter_row_us == 0.0
+    priced = dataclasses.replace(prof, drafter_row_us=250.0)
+    s = decoding_scheduler(8, 3, specialized=False)
+    plan = s.schedule()
+    assert int(np.count_nonzero(plan.drafts)) == 3
+    extra = SimExecutor(priced, 7).step_seconds(plan) - SimExecutor(prof, 7).step_seconds(plan)
+    assert extra == pytest.approx(3 * 250.0 * 1e-6, rel=1e-9)
+    plain = decoding_scheduler(1, 3, specialized=False).schedule()
+    assert SimExecutor(priced, 0).step_seconds(plain) == SimExecutor(prof, 0).step_seconds(plain)
+    steps = 4
+    window = WindowPlan(
+        slots=np.arange(3), q=8, path="standard", padded_tokens=24,
+        emitted=np.ones((steps, 3), dtype=np.int64), accepted=np.zeros((steps, 3), dtype=np.int64),
+        context=np.full(steps, 120), computed0=np.zeros(3, dtype=np.int64),
+        cum_uncapped=np.ones((steps, 3), dtype=np.int64), num_running=3, num_waiting=0,
+    )  # fmt: skip
+    diff = SimExecutor(priced, 7).window_seconds(window)
+    diff -= SimExecutor(prof, 7).window_seconds(window)
+    assert diff == pytest.approx(np.full(steps, 3 * 250.0 * 1e-6), rel=1e-9)
+
+
 def test_a_prefill_chunk_pays_for_its_computed_context_when_the_profile_prices_it():
     """[prefill] context_token_us: per token a prefill row has already computed (here the
     first chunk's 512), per step; profiles without the key price it 0."""

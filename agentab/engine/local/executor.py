@@ -61,6 +61,7 @@ class Launched:
     events: tuple[Any, Any, Any] | None  # start, end, ids-copied (CUDA events)
     accepted: np.ndarray | None = None  # drafts accepted per row (a step with verify rows)
     drafted: Any = None  # the CUDA event recorded when a verify step's drafts were made
+    draft_s: float | None = None  # the drafts' time where the host measures it (the CPU)
 
 
 class TorchExecutor:
@@ -135,6 +136,7 @@ class TorchExecutor:
                 "decode_tokens_computed",
                 "draft_tokens_computed",
                 "draft_device_seconds",
+                "draft_steps",
                 "step_seconds_standard",
                 "step_seconds_specialized",
                 "graph_steps",
@@ -157,6 +159,7 @@ class TorchExecutor:
         assert inputs is not None
         t0 = time.perf_counter()
         n = inputs.num_rows
+        self._draft_s: float | None = None
         if self.drafter is not None:
             inputs = self._shifted(inputs)
         if self.tp.active and self.tp.rank == 0:
@@ -211,7 +214,7 @@ class TorchExecutor:
                 events[2].record()
         self.counters["host_launch_seconds"] += time.perf_counter() - t0
         return Launched(plan=plan, rows=n, t0=t0, ids=host, events=events, accepted=accepted,
-                        drafted=drafted_event)  # fmt: skip
+                        drafted=drafted_event, draft_s=self._draft_s)  # fmt: skip
 
     def _shifted(self, inputs: StepInputs) -> StepInputs:
         """A step scheduled while the previous one ran (async scheduling with drafts): the
@@ -262,12 +265,15 @@ class TorchExecutor:
         assert self.drafter is not None and self.spec is not None
         b = DeviceBatch.of(inputs, self.device, self.last_sampled)
         layout = VerifyLayout.of(plan, inputs, self.device)
+        t0 = time.perf_counter()
         if self.draft_graphs is not None:
             self._draft_in_graphs(inputs, layout)
             drafted = self._drafts_of(layout)
         else:
             first = b.token_ids[torch.from_numpy(inputs.starts[layout.rows]).to(self.device)]
             drafted = self.drafter.propose(inputs, layout.rows, layout.drafts, first)
+        if not self.cuda:  # the CPU computes as it goes: its host time is the drafts' time
+            self._draft_s = time.perf_counter() - t0
         mask = (
             torch.arange(drafted.shape[1], device=self.device)[None, :]
             < torch.from_numpy(layout.drafts).to(self.device)[:, None]
@@ -331,11 +337,14 @@ class TorchExecutor:
         assert self.spec is not None
         pool, n = self.pool, inputs.num_rows
         layout = VerifyLayout.of(plan, inputs, self.device)
+        t0 = time.perf_counter()
         self._draft_in_graphs(inputs, layout)
         drafted_event = None
         if self.cuda:
             drafted_event = torch.cuda.Event(enable_timing=True)
             drafted_event.record()
+        else:
+            self._draft_s = time.perf_counter() - t0
         tokens = len(inputs.token_ids)
         row_of = np.repeat(np.arange(n), np.diff(inputs.starts))
         prev = np.full(tokens, -1, dtype=np.int64)
@@ -371,6 +380,10 @@ class TorchExecutor:
             self._device_times(out, step.events[0], step.events[1], bool(plan.is_decode.all()))
         if step.drafted is not None and step.events is not None:
             c["draft_device_seconds"] += step.events[0].elapsed_time(step.drafted) / 1e3
+            c["draft_steps"] += 1
+        elif step.draft_s is not None:
+            c["draft_device_seconds"] += step.draft_s
+            c["draft_steps"] += 1
         # Seconds by path: the device's time where it is measured, since under async scheduling
         # one step's launch-to-collect host time overlaps the next one's; on the CPU, which runs
         # a step when it is launched, the host time is the step's.
@@ -433,6 +446,7 @@ class TorchExecutor:
             "agentab:decode_tokens_computed_total": c["decode_tokens_computed"],
             "agentab:draft_tokens_computed_total": c["draft_tokens_computed"],
             "agentab:draft_device_seconds_total": c["draft_device_seconds"],
+            "agentab:draft_steps_total": c["draft_steps"],
             "agentab:step_seconds_standard_total": c["step_seconds_standard"],
             "agentab:step_seconds_specialized_total": c["step_seconds_specialized"],
             "agentab:graph_steps_total": c["graph_steps"],

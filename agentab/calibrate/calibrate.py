@@ -245,9 +245,15 @@ def _servers(req: CalibrateRequest) -> Iterator[tuple[str, str]]:
     from agentab.engine.local.launch import launched_local_server
 
     # the decode paths are timed without drafts (a verify step is a decode step of its padded
-    # token count: the same tables price it); with a speculative config, its drafter after
+    # token count: the same tables price it); with a speculative config, its drafter after.
+    # The draft-free servers then hold max_num_seqs x (1 + k) sequences, so their decode
+    # batches reach the token counts of the engine's verify steps: the same graphs, which the
+    # engine with drafts captures up to that count too.
     plain = {k: v for k, v in req.local.items() if k != "speculative_config"}
-    drafting = req.local.get("speculative_config") is not None
+    spec = req.local.get("speculative_config")
+    drafting = spec is not None
+    if drafting and plain.get("max_num_seqs"):
+        plain["max_num_seqs"] = int(plain["max_num_seqs"]) * (1 + _draft_tokens(req))
     for path in (*req.local_paths, *((DRAFTER,) if drafting else ())):
         backend = backend_timing(path)
         options = req.local if path == DRAFTER else plain
@@ -302,8 +308,7 @@ def _load_for(
     if path == "specialized":  # only the batches the path serves (pure decode, q = 1)
         batches = tuple(b for b in batches if b <= SPECIALIZED_MAX_PADDED)
     if path == DRAFTER:  # every step emits up to 1 + k tokens a row: as many steps need more
-        k = int((req.local or {}).get("speculative_config", {}).get("num_speculative_tokens", 1))
-        steps = req.steps * (1 + k)
+        steps = req.steps * (1 + _draft_tokens(req))
         if f.max_num_seqs is not None:
             batches = tuple(b for b in batches if b <= f.max_num_seqs)
     if f.max_num_seqs is not None and batches[-1] > f.max_num_seqs:
@@ -333,6 +338,12 @@ def _load_for(
                 "lower --batches or --contexts"
             )
     return load
+
+
+def _draft_tokens(req: CalibrateRequest) -> int:
+    """k of the local engine's speculative config (0 without one)."""
+    spec = (req.local or {}).get("speculative_config") or {}
+    return int(spec.get("num_speculative_tokens", 0))
 
 
 def _capacity(f: EngineFacts, m: Measurements) -> tuple[int | None, str]:
@@ -366,5 +377,6 @@ def _summary(fit: Any) -> str:
         )
     if fit.drafter is not None:
         d = fit.drafter
-        parts.append(f"drafter: {d.step_us.value:.4g} us per step + {d.row_us.value:.4g} us per row")
+        step, row = d.step_us.value, d.row_us.value
+        parts.append(f"drafter: {step:.4g} us per step + {row:.4g} us per row")
     return "; ".join(parts)

@@ -27,8 +27,13 @@ export PYTHONPATH=/tmp/pysite${PYTHONPATH:+:$PYTHONPATH}
 source .gpu/setup.sh
 if [ "${1:-}" = calibrate ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env-calibrate.log"
-  timeout "${AB_TIMEOUT:-580}" python3 -m agentab calibrate --engine-config examples/local-k2-h200.toml \
-    --specialized --contexts "${CONTEXTS:-256,8192}" --allow-assumed spec_decode.drafter_step_us \
+  # ENGINE_CONFIG with a speculative_config also times its drafter (no drafter assumption
+  # then: ALLOW=none), e.g. ENGINE_CONFIG=examples/local-k2-h200-c8-spec.toml
+  # BATCHES=1,2,4,8,16,32,64 (the draft-free servers reach the verify steps' token counts)
+  allow=${ALLOW:-spec_decode.drafter_step_us}
+  timeout "${AB_TIMEOUT:-580}" python3 -m agentab calibrate --engine-config "${ENGINE_CONFIG:-examples/local-k2-h200.toml}" \
+    --specialized --contexts "${CONTEXTS:-256,8192}" ${BATCHES:+--batches "$BATCHES"} \
+    $([ "$allow" = none ] || echo --allow-assumed "$allow") \
     -o "$OUT/h200-local-k2-tp8-shard.toml" 2>&1 | tee "$OUT/calibrate.log"
   exit "${PIPESTATUS[0]}"
 fi

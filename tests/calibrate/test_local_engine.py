@@ -154,6 +154,10 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     assert [r["batch"] for r in drafter] == [1, 1, 4, 4]
     assert all(r["engine_draft_steps"] >= 8 and r["engine_draft_s"] > 0 for r in drafter)
     assert report["engine"]["drafter"]["decode_backend"] == "auto"
+    # the draft-free server holds max_num_seqs x (1 + k) rows: its batches reach the verify
+    # steps' token counts
+    assert report["engine"]["drafter"]["max_num_seqs"] == 32
+    assert report["engine"]["standard"]["max_num_seqs"] == 32 * 4
     assert report["measurements"]["drafter"]["prefill"] == []
     assert report["measurements"]["drafter"]["mixed"] == []
     fit = report["drafter"]

@@ -121,6 +121,7 @@ class TorchExecutor:
         self.pool = pool or TokenPool(max_rows, device)
         self.last_sampled = self.pool.last
         self.draft_graphs = draft_graphs
+        self._draft_s: float | None = None  # this launch's drafts, timed by the host (the CPU)
         self._host = [
             torch.zeros(max_rows, dtype=torch.int64, pin_memory=self.cuda)
             for _ in range(_HOST_RING)
@@ -159,7 +160,7 @@ class TorchExecutor:
         assert inputs is not None
         t0 = time.perf_counter()
         n = inputs.num_rows
-        self._draft_s: float | None = None
+        self._draft_s = None
         if self.drafter is not None:
             inputs = self._shifted(inputs)
         if self.tp.active and self.tp.rank == 0:

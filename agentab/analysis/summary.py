@@ -112,17 +112,18 @@ def counter_delta(metrics: pl.DataFrame, name: str, since_s: float | None) -> fl
 
 
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
 
 
-def acceptance_rates(metrics: pl.DataFrame, since_s: float | None) -> list[float] | None:
-    """Per-position acceptance rates over the profiling phase: accepted tokens at draft
-    position i / drafts (vLLM's own definition of the per-position vector), or None without
-    the counters. They are the unconditional rates p_1 >= ... >= p_k that a synthetic
-    rejection takes (`synthetic_acceptance_rates`), so a run on a real server with a real
-    drafter measures what the local engine and the simulator then replay."""
-    drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
+def accepted_per_position(metrics: pl.DataFrame, since_s: float | None) -> list[float] | None:
+    """Accepted draft tokens at each draft position over the profiling phase (vLLM's
+    `spec_decode_num_accepted_tokens_per_pos`), position 0 first, or None without the counter.
+
+    A position's series are kept apart from the other positions' and summed over the labels
+    that are not the position (a server's engines, its model name): a draft position's count is
+    the server's, whichever engine core verified it."""
     series = metrics.filter(pl.col("name") == PER_POSITION)
-    if not drafts or series.is_empty():
+    if series.is_empty():
         return None
     by_position: dict[int, float] = {}
     for labels in series["labels"].unique().to_list():
@@ -133,7 +134,20 @@ def acceptance_rates(metrics: pl.DataFrame, since_s: float | None) -> list[float
         by_position[int(position)] = by_position.get(int(position), 0.0) + (delta or 0.0)
     if not by_position:
         return None
-    return [by_position.get(i, 0.0) / drafts for i in range(max(by_position) + 1)]
+    return [by_position.get(i, 0.0) for i in range(max(by_position) + 1)]
+
+
+def acceptance_rates(metrics: pl.DataFrame, since_s: float | None) -> list[float] | None:
+    """Per-position acceptance rates over the profiling phase: accepted tokens at draft
+    position i / drafts (vLLM's own definition of the per-position vector), or None without
+    the counters. They are the unconditional rates p_1 >= ... >= p_k that a synthetic
+    rejection takes (`synthetic_acceptance_rates`), so a run on a real server with a real
+    drafter measures what the local engine and the simulator then replay."""
+    drafts = counter_delta(metrics, DRAFTS, since_s)
+    accepted = accepted_per_position(metrics, since_s)
+    if not drafts or accepted is None:
+        return None
+    return [a / drafts for a in accepted]
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -284,7 +298,7 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
     standard = counter_delta(metrics, "agentab:decode_steps_standard_total", since_s)
     hits = counter_delta(metrics, "vllm:prefix_cache_hits_total", since_s)
     queries = counter_delta(metrics, "vllm:prefix_cache_queries_total", since_s)
-    drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
+    drafts = counter_delta(metrics, DRAFTS, since_s)
     accepted = counter_delta(metrics, "vllm:spec_decode_num_accepted_tokens_total", since_s)
     acceptance = _ratio(accepted, drafts)
     busy = counter_delta(metrics, "agentab:device_busy_seconds_total", since_s)

@@ -173,3 +173,54 @@ def test_a_file_without_the_table_is_refused_naming_the_flag(measured: dict) -> 
         f"agentab: error: --acceptance-probs {path}: no [simulator] table "
         "(`agentab acceptance -o FILE` writes one)\n",
     )
+
+
+def test_a_run_without_speculative_decoding_is_refused_in_one_line(measured: dict) -> None:
+    root = measured["root"]
+    agentab("simulate", measured["workload"], "--profile", "gb300-tp16-kimi-k3", "--out",
+            root / "plain", "--duration", "60", *SCRAPE)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "agentab", "acceptance", str(root / "plain")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        f"agentab: error: {root / 'plain'}: no speculative-decoding counters "
+        "(vllm:spec_decode_num_drafts_total and "
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total); the server must run speculative "
+        "decoding, and the run must scrape them ([replay] scrape_metrics = true)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("drafts", "accepted", "message"),
+    [
+        (0.0, (0.0, 0.0), "s: no drafts verified (w)"),
+        (10.0, (11.0, 0.0), "s: accepted per position [11.0, 0.0] outside [0, 10 drafts]"),
+        (
+            10.0,
+            (2.0, 3.0),
+            "s: accepted per position [2.0, 3.0] rises with the position; per-position counts "
+            "of one server never do",
+        ),
+    ],
+)
+def test_counts_no_rate_model_holds_are_refused(
+    drafts: float, accepted: tuple[float, ...], message: str
+) -> None:
+    from agentab.calibrate.acceptance import Acceptance
+    from agentab.errors import AgentabError
+
+    with pytest.raises(AgentabError) as caught:
+        Acceptance("s", "w", drafts, accepted).check()
+    assert str(caught.value) == message
+
+
+def test_the_metrics_address_of_a_server_url() -> None:
+    from agentab.calibrate.acceptance import metrics_url
+
+    assert metrics_url("http://h:8000") == "http://h:8000/metrics"
+    assert metrics_url("http://h:8000/v1/") == "http://h:8000/metrics"
+    assert metrics_url("http://h:8000/metrics") == "http://h:8000/metrics"

@@ -129,6 +129,8 @@ def from_url(url: str, timeout_s: float = 10.0) -> Acceptance:
     not the position: engine cores, model names)."""
     address = metrics_url(url)
     shown = redact_text(address)
+    if not address.startswith(("http://", "https://")):
+        raise AgentabError(f"--url {shown}: expected an http:// or https:// server address")
     try:
         with urllib.request.urlopen(address, timeout=timeout_s) as response:
             text = response.read().decode("utf-8", errors="replace")

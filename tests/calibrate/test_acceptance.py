@@ -224,3 +224,14 @@ def test_the_metrics_address_of_a_server_url() -> None:
     assert metrics_url("http://h:8000") == "http://h:8000/metrics"
     assert metrics_url("http://h:8000/v1/") == "http://h:8000/metrics"
     assert metrics_url("http://h:8000/metrics") == "http://h:8000/metrics"
+
+
+def test_a_url_that_is_not_a_server_is_refused_before_reading_it() -> None:
+    from agentab.calibrate.acceptance import from_url
+    from agentab.errors import AgentabError
+
+    with pytest.raises(AgentabError) as caught:
+        from_url("file:///etc/hostname")
+    assert str(caught.value) == (
+        "--url file:///etc/hostname/metrics: expected an http:// or https:// server address"
+    )

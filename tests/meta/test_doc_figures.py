@@ -5,7 +5,8 @@ notices; a figure some file under benchmarks/results/ holds can be traced to the
 it. Three forms are recognised, the ones a reader takes as measurements:
 
 - a point estimate with its interval: `1.223 (1.067-1.412)`, `1.323 (95% CI 1.318-1.327)`,
-  `0.874, 95% CI 0.803-0.930` (the estimate inside its bounds, so version ranges do not count);
+  `0.874, 95% CI 0.803-0.930`, a report's table row `| 1.243 | 1.087 – 1.443 |` (the estimate
+  inside its bounds, so version ranges do not count);
   all three numbers must be held by one JSON object or one line of one result file;
 - a lone ratio after "B/A": `B/A 1.078`, `B/A of P90 interactivity 1.323`; held as an A/B ratio (a
   JSON value under one of RATIO_KEYS, or a number on a text line that says "B/A");
@@ -38,6 +39,8 @@ DASH = r"\s*[-–]\s*"
 INTERVALS = [
     re.compile(rf"(?<![\w.])({NUM}),?\s+\((?:95%\s+CI\s+)?({NUM}){DASH}({NUM})(?!\.?\d)\)?"),
     re.compile(rf"(?<![\w.])({NUM}),?\s+95%\s+CI\s+\(?({NUM}){DASH}({NUM})(?!\.?\d)"),
+    # a report's table row copied into a page: `| 1.243 | 1.087 – 1.443 |` (B/A, then its CI)
+    re.compile(rf"(?<=\|)\s*({NUM})\s*\|\s*({NUM}){DASH}({NUM})\s*(?=\|)"),
 ]
 RATIO = re.compile(rf"B/A\s+(?:of\s+[\w ]{{1,40}}?\s+)?({NUM})(?!\.?\d)")
 DETECT = re.compile(r"could\s+detect\s+(?:a\s+change\s+of\s+)?(?:\+-|±|\+/-)(\d+(?:\.\d+)?)%")
@@ -191,6 +194,7 @@ def test_a_made_up_figure_is_caught(files: dict[str, Held], tmp_path: Path) -> N
         "a run that gave B/A 1.643 (1.512-1.779) on the",
         "H200, B/A 1.917 at\nconcurrency 8, and could detect +-13.9% there;",
         "a prediction of 0.874, 95% CI 0.803-0.931.",
+        "| P90 interactivity | higher | 99.2 | 123.2 | 1.599 | 1.411 – 1.802 | better |",
     ]
     page.write_text("\n".join([*held, *made_up]) + "\n")
     assert unheld([page], tmp_path, files) == [
@@ -199,6 +203,7 @@ def test_a_made_up_figure_is_caught(files: dict[str, Held], tmp_path: Path) -> N
         "page.md:4: 'B/A 1.917'",
         "page.md:5: 'could detect +-13.9%'",
         "page.md:6: '0.874, 95% CI 0.803-0.931'",
+        "page.md:7: ' 1.599 | 1.411 – 1.802 '",
     ]
 
 

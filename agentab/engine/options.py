@@ -189,7 +189,11 @@ def options_file_table(value: str, table: str, flag: str) -> dict[str, Any] | No
     from pathlib import Path
 
     path = Path(value)
-    if value.lstrip().startswith(("{", "[")) or not path.is_file():
+    if value.lstrip().startswith(("{", "[")):
+        return None
+    if not path.is_file():
+        if path.suffix == ".toml":
+            raise AgentabError(f"{flag} {path}: no such file")
         return None
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

@@ -235,3 +235,15 @@ def test_a_url_that_is_not_a_server_is_refused_before_reading_it() -> None:
     assert str(caught.value) == (
         "--url file:///etc/hostname/metrics: expected an http:// or https:// server address"
     )
+
+
+def test_a_missing_rates_file_is_named_as_such(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agentab", "serve", "--engine", "local", "--preset", "tiny",
+         "--speculative-config", str(tmp_path / "acceptance.toml")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"agentab: error: --speculative-config {tmp_path / 'acceptance.toml'}: no such file\n",
+    )

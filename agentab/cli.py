@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "kernels": "agentab.kernels.cli:kernels",
     "calibrate": "agentab.calibrate.cli:calibrate",
     "fidelity": "agentab.calibrate.cli:fidelity",
+    "acceptance": "agentab.calibrate.cli:acceptance",
 }
 
 

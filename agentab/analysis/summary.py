@@ -88,30 +88,61 @@ def decode_busy(frame: pl.LazyFrame) -> pl.LazyFrame:
     )
 
 
-def counter_delta(metrics: pl.DataFrame, name: str, since_s: float | None) -> float | None:
-    """Increase of a Prometheus counter over the profiling phase, summed over label sets.
+def series_deltas(metrics: pl.DataFrame, name: str, since_s: float | None) -> pl.DataFrame:
+    """Increase of each series (label set) of a Prometheus counter over the profiling phase:
+    columns `labels` (the label set as sorted JSON) and `delta`.
 
-    The baseline is each series' last sample at or before the phase start (its first sample when
-    scraping began later), so warmup traffic is not counted.
-    """
-    series = metrics.filter(pl.col("name") == name)
-    if series.is_empty():
-        return None
+    The baseline is each series' last sample at or before the phase start. A series with no
+    sample then counts from 0 when scraping was already running (any series sampled by then):
+    a server creates a labelled series when it first counts in it, so its first sample already
+    holds what it counted before that scrape. Only when scraping began after the phase start
+    (no sample by then at all) is a series' first sample the baseline."""
     since = float("-inf") if since_s is None else since_s
-    deltas = (
-        series.sort("t_s")
-        .group_by("labels")
+    scraping_then = metrics.filter(pl.col("t_s") <= since).height > 0
+    missing_base = pl.lit(0.0) if scraping_then else pl.col("first")
+    return (
+        metrics.filter(pl.col("name") == name)
+        .sort("t_s")
+        .group_by("labels", maintain_order=True)
         .agg(
             last=pl.col("value").last(),
             base=pl.col("value").filter(pl.col("t_s") <= since).last(),
             first=pl.col("value").first(),
         )
-        .select((pl.col("last") - pl.coalesce("base", "first")).sum())
+        .select("labels", delta=pl.col("last") - pl.coalesce("base", missing_base))
     )
-    return float(deltas.item())
+
+
+def counter_delta(metrics: pl.DataFrame, name: str, since_s: float | None) -> float | None:
+    """Increase of a Prometheus counter over the profiling phase, summed over its series (a
+    server's engine cores, model names: the counter's total), or None when it was not scraped.
+    A counter whose series must stay apart (one per draft position) is read with
+    `series_deltas`."""
+    deltas = series_deltas(metrics, name, since_s)
+    if deltas.is_empty():
+        return None
+    return float(deltas["delta"].sum())
 
 
 PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+
+
+def accepted_per_position(metrics: pl.DataFrame, since_s: float | None) -> list[float] | None:
+    """Accepted draft tokens at each draft position over the profiling phase (vLLM's
+    `spec_decode_num_accepted_tokens_per_pos`), position 0 first, or None without the counter.
+
+    A position's series are kept apart from the other positions' and summed over the labels
+    that are not the position (a server's engines, its model name): a draft position's count is
+    the server's, whichever engine core verified it."""
+    by_position: dict[int, float] = {}
+    for labels, delta in series_deltas(metrics, PER_POSITION, since_s).iter_rows():
+        position = orjson.loads(labels).get("position")
+        if position is not None:
+            by_position[int(position)] = by_position.get(int(position), 0.0) + delta
+    if not by_position:
+        return None
+    return [by_position.get(i, 0.0) for i in range(max(by_position) + 1)]
 
 
 def acceptance_rates(metrics: pl.DataFrame, since_s: float | None) -> list[float] | None:
@@ -120,20 +151,11 @@ def acceptance_rates(metrics: pl.DataFrame, since_s: float | None) -> list[float
     the counters. They are the unconditional rates p_1 >= ... >= p_k that a synthetic
     rejection takes (`synthetic_acceptance_rates`), so a run on a real server with a real
     drafter measures what the local engine and the simulator then replay."""
-    drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
-    series = metrics.filter(pl.col("name") == PER_POSITION)
-    if not drafts or series.is_empty():
+    drafts = counter_delta(metrics, DRAFTS, since_s)
+    accepted = accepted_per_position(metrics, since_s)
+    if not drafts or accepted is None:
         return None
-    by_position: dict[int, float] = {}
-    for labels in series["labels"].unique().to_list():
-        position = orjson.loads(labels).get("position")
-        if position is None:
-            continue
-        delta = counter_delta(series.filter(pl.col("labels") == labels), PER_POSITION, since_s)
-        by_position[int(position)] = by_position.get(int(position), 0.0) + (delta or 0.0)
-    if not by_position:
-        return None
-    return [by_position.get(i, 0.0) / drafts for i in range(max(by_position) + 1)]
+    return [a / drafts for a in accepted]
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -284,7 +306,7 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
     standard = counter_delta(metrics, "agentab:decode_steps_standard_total", since_s)
     hits = counter_delta(metrics, "vllm:prefix_cache_hits_total", since_s)
     queries = counter_delta(metrics, "vllm:prefix_cache_queries_total", since_s)
-    drafts = counter_delta(metrics, "vllm:spec_decode_num_drafts_total", since_s)
+    drafts = counter_delta(metrics, DRAFTS, since_s)
     accepted = counter_delta(metrics, "vllm:spec_decode_num_accepted_tokens_total", since_s)
     acceptance = _ratio(accepted, drafts)
     busy = counter_delta(metrics, "agentab:device_busy_seconds_total", since_s)

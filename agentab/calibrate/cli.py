@@ -406,3 +406,42 @@ def _flag(ctx: click.Context, name: str) -> str:
         if param.name == name and isinstance(param, click.Option):
             return max(param.opts, key=len)
     return name
+
+
+@click.command("acceptance")
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option(
+    "--url",
+    default=None,
+    help="A live server instead of a run dir: its base URL (or /metrics address); the counters "
+    "hold everything since it started.",
+)
+@click.option(
+    "-o",
+    "--out",
+    type=OutputPath(),
+    default=None,
+    help=output_help(
+        "Write the rates as TOML: [speculative_config] for the local engine "
+        "(`serve --speculative-config FILE`), [simulator] for the simulator "
+        "(`--acceptance-probs FILE`)."
+    ),
+)
+def acceptance(run_dir: Path | None, url: str | None, out: Path | None) -> None:
+    """Per-position acceptance rates of a speculative-decoding server, for replay.
+
+    Reads vLLM's counters (spec_decode_num_drafts, spec_decode_num_accepted_tokens_per_pos) from
+    RUN_DIR (a recorded run, or a folder of runs pooled: their profiling phases) or from --url,
+    and prints the mean acceptance length and each position's rate, accepted there / drafts: the
+    synthetic_acceptance_rates the local engine and the simulator replay (docs/engine.md).
+    """
+    from agentab.calibrate.acceptance import from_runs, from_url, summary_lines, to_toml
+
+    if (run_dir is None) == (url is None):
+        raise click.UsageError("give exactly one of RUN_DIR or --url")
+    measured = from_runs(run_dir) if run_dir is not None else from_url(str(url))
+    for line in summary_lines(measured):
+        click.echo(line)
+    if out is not None:
+        out.write_text(to_toml(measured), encoding="utf-8")
+        click.echo(f"  written: {out}")

@@ -23,6 +23,7 @@ from agentab.engine.options import (
     decode_options,
     flag_name,
     option_names,
+    options_file_table,
 )
 from agentab.errors import AgentabError
 
@@ -35,9 +36,16 @@ def engine() -> None:
 def parse_acceptance_probs(
     ctx: click.Context | None, param: click.Parameter | None, value: str | None
 ) -> list[float] | None:
-    """`--acceptance-probs 0.9,0.7,0.5` -> per-position acceptance rates (a click callback)."""
+    """`--acceptance-probs 0.9,0.7,0.5` -> per-position acceptance rates (a click callback);
+    a TOML file's `[simulator] acceptance_probs` (`agentab acceptance -o FILE`) as well."""
     if value is None:
         return None
+    table = options_file_table(value, "simulator", "--acceptance-probs")
+    if table is not None:
+        probs = table.get("acceptance_probs")
+        if not isinstance(probs, list):
+            raise AgentabError(f"--acceptance-probs {value}: [simulator] has no acceptance_probs")
+        return probs
     try:
         return [float(x) for x in value.split(",") if x.strip()]
     except ValueError:
@@ -81,7 +89,8 @@ def simulator_options(
             "--acceptance-probs",
             callback=parse_acceptance_probs,
             default=None,
-            help="Per-position acceptance rates, e.g. 0.9,0.7,0.5 (instead of the length).",
+            help="Per-position acceptance rates, e.g. 0.9,0.7,0.5 (instead of the length), or a "
+            "TOML file with [simulator] acceptance_probs (`agentab acceptance -o` writes one).",
         ),
         click.option("--max-num-seqs", type=int, default=None),
         click.option("--max-num-batched-tokens", type=int, default=None),

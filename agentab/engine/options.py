@@ -179,6 +179,36 @@ def parse_decode_backend(value: object, name: str = "decode_backend") -> DecodeB
 OptionsT = TypeVar("OptionsT", bound=msgspec.Struct)
 
 
+def options_file_table(value: str, table: str, flag: str) -> dict[str, Any] | None:
+    """The `[table]` of a TOML file when a flag's value names one (None when it does not).
+
+    Why: `agentab acceptance -o FILE` writes measured acceptance as the options read it
+    (`[speculative_config]` for the local engine, `[simulator]` for the simulator), and a flag
+    that takes the file replays the measurement without a hand-copied list of rates."""
+    import tomllib
+    from pathlib import Path
+
+    path = Path(value)
+    if value.lstrip().startswith(("{", "[")):
+        return None
+    if not path.is_file():
+        if path.suffix == ".toml":
+            raise AgentabError(f"{flag} {path}: no such file")
+        return None
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise AgentabError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise AgentabError(f"{flag} {path}: not TOML ({exc})") from None
+    found = data.get(table)
+    if not isinstance(found, dict):
+        raise AgentabError(
+            f"{flag} {path}: no [{table}] table (`agentab acceptance -o FILE` writes one)"
+        )
+    return found
+
+
 class OptionsError(AgentabError):
     """A bad option: the message names it; `field` is its name in the struct (a file's
     loader looks up the field's line with it; dotted inside a sub-table:

@@ -15,7 +15,13 @@ from typing import Any
 import click
 
 from agentab.engine.cli import simulator_options, simulator_options_of
-from agentab.engine.options import LocalOptions, decode_options, flag_name, option_names
+from agentab.engine.options import (
+    LocalOptions,
+    decode_options,
+    flag_name,
+    option_names,
+    options_file_table,
+)
 from agentab.engine.server import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -68,7 +74,8 @@ def _with_simulator_options(command: Any) -> Any:
     default=None,
     help="Local engine: speculative decoding as JSON, vLLM's names "
     '(\'{"num_speculative_tokens": 7, "rejection_sample_method": "synthetic", '
-    '"synthetic_acceptance_length": 6}\'; docs/engine.md).',
+    '"synthetic_acceptance_length": 6}\'), or a TOML file with a [speculative_config] '
+    "table (`agentab acceptance -o` writes one; docs/engine.md).",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
@@ -188,8 +195,13 @@ def _local_engine(kw: dict[str, Any]) -> Any:
 
 
 def _json_flag(name: str, text: str) -> Any:
-    """A flag whose value is a JSON object (as vLLM's `--speculative-config`)."""
+    """A flag whose value is a JSON object (as vLLM's `--speculative-config`), or a TOML file
+    holding it as a table of the flag's name (what `agentab acceptance -o` writes)."""
     import orjson
+
+    table = options_file_table(text, name, flag_name(name))
+    if table is not None:
+        return table
 
     try:
         value = orjson.loads(text)

@@ -49,6 +49,7 @@ from agentab.experiments.experiment_dir import (
     clear_unfinished,
     experiment_salt,
     is_complete,
+    is_fresh,
     prepare_dir,
 )
 from agentab.extras import require
@@ -349,6 +350,9 @@ def run_experiment(
         raise AgentabError("--block-seconds applies with --until-decided")
     window = block_window(experiment, block_seconds)
     check_before_running(experiment, window)
+    # a fresh start runs everything: its workload is loaded (and a bad trace refused) before the
+    # dir exists; a resume loads it only when a run is left to do
+    workload = load_workload(experiment) if is_fresh(out_dir) else None
     resumed = prepare_dir(experiment, out_dir)
     started = time.monotonic()
     limit = experiment.repeats
@@ -365,7 +369,8 @@ def run_experiment(
         if until_decided
         else f"{_repeats(limit)} x 2 arms"
     )
-    workload = load_workload(experiment) if todo else None
+    if todo and workload is None:
+        workload = load_workload(experiment)
     if resumed:
         log(
             f"agentab ab: {experiment.name}: resuming {out_dir}: {len(plan) - len(todo)} of "

@@ -35,6 +35,20 @@ def is_complete(path: Path) -> bool:
     return isinstance(manifest, dict) and manifest.get("status") == "completed"
 
 
+def is_fresh(out_dir: Path) -> bool:
+    """Whether `out_dir` holds nothing of an experiment yet (absent, empty, or only a lock).
+
+    A fresh start loads and checks everything it can before it creates the dir, so a start that
+    fails (a trace that does not parse) leaves no dir that a later run would take for a resume.
+    """
+    try:
+        return all(p.name == LOCK_NAME for p in out_dir.iterdir())
+    except FileNotFoundError:
+        return True
+    except NotADirectoryError:
+        return False  # prepare_dir refuses it in its own words
+
+
 def prepare_dir(experiment: Experiment, out_dir: Path) -> bool:
     """Create and lock the experiment dir (for this process's lifetime: a second `ab` on it is
     refused), or accept it for a resume when it holds this experiment.

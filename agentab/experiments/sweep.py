@@ -42,6 +42,7 @@ from agentab.experiments.experiment_dir import (
     check_same_engine_code,
     experiment_salt,
     is_complete,
+    is_fresh,
     prepare_dir,
 )
 from agentab.experiments.pool import RunDone, RunTask, execute, run_in_pool
@@ -76,6 +77,8 @@ def run_sweep(
     if sweep is None:
         raise AgentabError(f"{experiment.path}: no [sweep] table")
     check_before_running(experiment)
+    # as in run_experiment: a fresh start refuses a bad workload before the dir exists
+    workload = load_workload(experiment) if is_fresh(out_dir) else None
     resumed = prepare_dir(experiment, out_dir)
     started = time.monotonic()
     plan = [
@@ -92,7 +95,8 @@ def run_sweep(
     if todo:
         dirs = (run_dir(out_dir, sweep, point, arm.name, k) for point, k, arm in plan)
         check_same_engine_code(experiment, [d for d in dirs if is_complete(d)])
-    workload = load_workload(experiment) if todo else None
+    if todo and workload is None:
+        workload = load_workload(experiment)
     what = f"{len(sweep.points)} {sweep.variable} points x {experiment.repeats} repeats x 2 arms"
     if resumed:
         log(

@@ -143,6 +143,7 @@ def _figures(data: dict[str, Any]) -> list:  # list[plotly Figure]
     points = data["points"]
     labels = [f"{variable} {p['point']:g}" for p in points]
     frontier = go.Figure()
+    positions = _label_positions(points)
     for side, color in zip(("a", "b"), COLORS, strict=True):
         name = data["arms"][side]
         xs = [p[side][THROUGHPUT] for p in points]
@@ -153,7 +154,7 @@ def _figures(data: dict[str, Any]) -> list:  # list[plotly Figure]
             name=name,
             mode="lines+markers+text",
             text=[f"{p['point']:g}" for p in points],
-            textposition="top right",  # clear of the vertical and horizontal error bars
+            textposition=positions[side],
             hovertext=labels,
             marker={"color": color, "size": 9},
             line={"color": color},
@@ -205,6 +206,21 @@ def _figures(data: dict[str, Any]) -> list:  # list[plotly Figure]
         barmode="group",
     )
     return [frontier, ratio, share]
+
+
+def _label_positions(points: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    """Where each arm's point label goes: to the right of the marker, clear of its own error bars,
+    above it for the arm that is higher at that point and below it for the other.
+
+    Both arms sit close together where they are equivalent (the same throughput and
+    interactivity): labels on the same side of both markers would run into each other ("3232")
+    and into the other arm's horizontal error bar."""
+    positions: dict[str, list[str]] = {"a": [], "b": []}
+    for p in points:
+        a_on_top = (p["a"][HEADLINE]["value"] or 0) > (p["b"][HEADLINE]["value"] or 0)
+        positions["a"].append("top right" if a_on_top else "bottom right")
+        positions["b"].append("bottom right" if a_on_top else "top right")
+    return positions
 
 
 def _gap(high: float | None, low: float | None) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -37,27 +38,35 @@ def _chromium_args(chromium: str, profile: Path) -> list[str]:
     ]
 
 
-def overflow_px(chromium: str, page: Path, width: int, tmp: Path) -> int:
-    """How many pixels `page` is wider than a `width`-pixel window (0: no horizontal scroll).
+def probe_in_frame(chromium: str, page: Path, width: int, tmp: Path, script: str) -> str:
+    """The string `script` computes from `page` laid out in a `width`-pixel frame.
 
     A headless browser prints no layout, so a wrapper page loads the report in a frame of that
-    width and writes the frame's scroll overflow into its own title, which --dump-dom shows."""
-    wrapper = tmp / "overflow.html"
+    width, runs `script` (a JS expression over `d`, the frame's document) once the frame has
+    loaded and its plots have drawn, and writes the result into its own title, which --dump-dom
+    shows."""
+    wrapper = tmp / "probe.html"
     wrapper.write_text(
         '<!DOCTYPE html><html><head><title>pending</title></head><body style="margin:0">'
         f'<iframe id="f" src="{page.resolve().as_uri()}" '
         f'style="width:{width}px;height:1500px;border:0"></iframe><script>'
         "document.getElementById('f').onload = function () {"
-        " var d = this.contentDocument.documentElement;"
-        " document.title = 'overflow:' + (d.scrollWidth - d.clientWidth); };"
+        " var d = this.contentDocument; setTimeout(function () {"
+        f" document.title = 'probe:' + ({script}); }}, 1000); }};"
         "</script></body></html>"
     )
-    args = [*_chromium_args(chromium, tmp / "overflow-profile"), "--allow-file-access-from-files"]
+    args = [*_chromium_args(chromium, tmp / "probe-profile"), "--allow-file-access-from-files"]
     command = [*args, "--dump-dom", wrapper.resolve().as_uri()]
     dom = subprocess.run(command, capture_output=True, text=True, timeout=120).stdout
-    found = re.search(r"<title>overflow:(-?\d+)</title>", dom)
+    found = re.search(r"<title>probe:(.*?)</title>", dom, re.DOTALL)
     assert found is not None, dom[:500]
-    return int(found.group(1))
+    return html.unescape(found.group(1))
+
+
+def overflow_px(chromium: str, page: Path, width: int, tmp: Path) -> int:
+    """How many pixels `page` is wider than a `width`-pixel window (0: no horizontal scroll)."""
+    script = "d.documentElement.scrollWidth - d.documentElement.clientWidth"
+    return int(probe_in_frame(chromium, page, width, tmp, script))
 
 
 @pytest.fixture(scope="module")

@@ -268,7 +268,45 @@ def test_ab_refuses_a_bad_arm_or_input_before_any_run(
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("agentab: error: " + message.format(path=path))
-    assert not list((tmp_path / "out").glob("*/run-*"))  # no arm ran
+    assert not (tmp_path / "out").exists()  # a start refused leaves nothing
+
+
+BAD_TRACE = '{"id": "s1", "models": ["m"], "block_size": 64, "hash_id_scope": "local", '
+BAD_TRACE += '"requests": [{"t": 0.0, "type": "n", "model": "m", "in": 128, "out": -5}]}\n'
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["ab", "sweep"])
+@pytest.mark.parametrize(
+    ("trace", "message"),
+    [
+        (None, "{trace}: no such file"),
+        (BAD_TRACE, "{trace}: session 's1': request 0: field 'out' is negative (-5)"),
+    ],
+    ids=["missing", "malformed"],
+)
+def test_a_bad_trace_is_refused_before_the_experiment_dir_exists(
+    tmp_path: Path, sweep: bool, trace: str | None, message: str
+) -> None:
+    path = tmp_path / "exp.toml"
+    trace_path = tmp_path / "trace.json"
+    if trace is not None:
+        trace_path.write_text(trace)
+    text = EXPERIMENT.replace(
+        'generate = { preset = "agentx-coding", sessions = 6 }', f'path = "{trace_path.name}"'
+    )
+    if sweep:
+        text = text.replace("concurrency = 2\n", "").replace(
+            "[analysis]", "[sweep]\nconcurrency = [1, 2]\n\n[analysis]"
+        )
+    path.write_text(text)
+    out = tmp_path / "out"
+    result = agentab("ab", path, "-o", out)
+    assert (result.returncode, result.stdout) == (2, "")
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "agentab: error: " + message.format(trace=trace_path)
+    ), result.stderr
+    assert not out.exists()  # nothing a later `ab -o out` would take for a resume
 
 
 def test_ab_refuses_an_experiment_file_that_is_not_utf8(tmp_path: Path) -> None:

@@ -12,8 +12,43 @@ from pathlib import Path
 
 import pytest
 
-from tests.analysis.test_html import _chromium_args, overflow_px
+from tests.analysis.test_html import _chromium_args, overflow_px, probe_in_frame
 
+# Over the frontier (the report's first plot): every point label's box against every error bar's
+# box and, widened by 1 px on each side, against every other label's (two labels that touch read
+# as one number: "3232"). Plotly draws a trace's labels in `.textpoint text` and its error bars in
+# `.errorbar path` (one x and one y path per point).
+FRONTIER_OVERLAPS = """(function () {
+  var plot = d.querySelectorAll('.js-plotly-plot')[0];
+  function box(e, pad) {
+    var r = e.getBoundingClientRect();
+    return [r.left - pad, r.top - pad, r.right + pad, r.bottom + pad];
+  }
+  function cross(a, b) {
+    var across = Math.min(a[2], b[2]) > Math.max(a[0], b[0]);
+    return across && Math.min(a[3], b[3]) > Math.max(a[1], b[1]);
+  }
+  var labels = [], bars = [];
+  plot.querySelectorAll('.scatterlayer .trace').forEach(function (trace, t) {
+    trace.querySelectorAll('.textpoint text').forEach(function (e) {
+      labels.push({name: 'arm ' + t + ' label ' + e.textContent, box: box(e, 0), wide: box(e, 1)});
+    });
+    trace.querySelectorAll('.errorbar path').forEach(function (e, i) {
+      var name = 'arm ' + t + ' point ' + Math.floor(i / 2) + ' ' + e.getAttribute('class');
+      bars.push({name: name, box: box(e, 0)});
+    });
+  });
+  var overlaps = [];
+  labels.forEach(function (l, i) {
+    bars.forEach(function (b) {
+      if (cross(l.box, b.box)) overlaps.push(l.name + ' on ' + b.name);
+    });
+    labels.slice(i + 1).forEach(function (m) {
+      if (cross(l.wide, m.wide)) overlaps.push(l.name + ' on ' + m.name);
+    });
+  });
+  return JSON.stringify({labels: labels.length, bars: bars.length, overlaps: overlaps});
+})()"""
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sweep-gb300-tp16.toml"
 pytestmark = pytest.mark.slow
 
@@ -79,3 +114,15 @@ def test_the_example_report_renders_in_headless_chromium(
     assert "<b>Recommendation</b>: latency_specialized raises P90 interactivity" in dom
     # the point table is wide: it scrolls inside its own box, the page does not
     assert overflow_px(chromium_path, page, 1280, tmp_path) == 0
+
+
+@pytest.mark.chromium
+def test_the_frontier_labels_clear_the_error_bars_and_each_other(
+    example: Path, chromium_path: str, tmp_path: Path
+) -> None:
+    found = json.loads(
+        probe_in_frame(chromium_path, example / "report.html", 1280, tmp_path, FRONTIER_OVERLAPS)
+    )
+    # 5 points x 2 arms, each with an x and a y error bar: the probe saw the whole plot
+    assert (found["labels"], found["bars"]) == (10, 20)
+    assert found["overlaps"] == []

@@ -48,6 +48,9 @@ SERVER_FAULT_MODES = (
     "usage_over_chunks",  # n/2 chunks without token ids, usage claiming n
 )
 HUGE = "huge"  # one chunk, then one data line of `huge_bytes` (n - 1 more and usage if read)
+# n chunks with token ids, each event's JSON split over data lines (CRLF line ends, an `id:`
+# field and a comment inside the event), usage n, [DONE]: what the SSE spec lets a server send
+MULTILINE = "multiline"
 _NODE = re.compile(r"N(\d+)$")
 
 
@@ -66,11 +69,23 @@ def chunk(
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
+def split_chunk(i: int) -> bytes:
+    """`chunk(i)` with token ids as one SSE event of three data lines, CRLF line ends."""
+    body = chunk(i, token_ids=[100 + i])[len(b"data: ") : -2]
+    head, rest = body.split(b",", 1)
+    middle, tail = rest.split(b'"choices"', 1)
+    return (
+        b"data: " + head + b",\r\nid: " + str(i).encode() + b"\r\n: inside the event\r\n"
+        b"data:" + middle + b"\r\ndata: " + b'"choices"' + tail + b"\r\n\r\n"
+    )
+
+
 def huge_line(size: int) -> bytes:
-    """One `data:` line of `size` bytes (newline included) holding a valid text chunk."""
+    """One `data:` line of `size` bytes (newline included) holding a valid text chunk, and the
+    blank line that ends its event."""
     head = b'data: {"id":"cmpl-x","choices":[{"index":0,"text":"'
     tail = b'"}]}\n'
-    return head + b"x" * (size - len(head) - len(tail)) + tail
+    return head + b"x" * (size - len(head) - len(tail)) + tail + b"\n"
 
 
 def usage_chunk(prompt: int, completion: int, cached: int | None) -> bytes:
@@ -227,6 +242,13 @@ class FaultServer:
             return resp
         if mode in SERVER_FAULT_MODES:
             await self._server_fault(resp, mode, n, prompt)
+            return resp
+        if mode == MULTILINE:
+            for i in range(n):
+                await resp.write(split_chunk(i))
+            await resp.write(usage_chunk(prompt, n, None))
+            await resp.write(b"data: [DONE]\r\n\r\n")
+            await resp.write_eof()
             return resp
         if mode == HUGE:
             try:

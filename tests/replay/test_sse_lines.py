@@ -14,6 +14,8 @@ from agentab.replay import ReplayOptions, replay_to_dir
 from agentab.replay.targets.sse import (
     DEFAULT_MAX_LINE_BYTES,
     MAX_LINE_ENV,
+    EventAssembler,
+    EventTooLong,
     LineSplitter,
     LineTooLong,
     max_line_bytes_from_env,
@@ -21,7 +23,7 @@ from agentab.replay.targets.sse import (
 from agentab.rundir import scan_records
 from agentab.workloads.model import Request, Session, Workload
 
-from .fault_server import HUGE, HUGE_ERROR, FaultServer
+from .fault_server import HUGE, HUGE_ERROR, MULTILINE, FaultServer
 
 
 def test_lines_are_the_same_however_the_body_is_cut() -> None:
@@ -119,3 +121,60 @@ def test_an_endless_error_body_is_not_read_past_its_excerpt(tmp_path: Path) -> N
     assert df["error_class"].to_list() == ["http", "http"]
     assert df["error_message"].to_list() == ["HTTP 500: " + "boom " * 60] * 2
     assert time.monotonic() - started < 30
+
+
+def test_an_events_data_lines_are_joined_and_dispatched_at_its_blank_line() -> None:
+    events = EventAssembler()
+    # one event over three reads' lines: nothing until the blank line that ends it
+    assert events.feed([b'data: {"a":', b"id: 7", b": a comment"]) == ([], True)
+    assert events.feed([b"data:1,", b"data", b'data:  "b": 2}\r']) == ([], True)
+    assert events.feed([b"event: message", b"\r"]) == ([b'{"a":\n1,\n\n "b": 2}'], False)
+    assert events.comments == 1
+    # blank lines with no data dispatch nothing; a comment alone is no data
+    assert events.feed([b"", b": keep-alive", b""]) == ([], False)
+    assert events.comments == 2
+    # two events in one read, and an event left open when the body ends
+    assert events.feed([b"data: 1", b"", b"data: 2", b"", b"data: [DONE]"]) == (
+        [b"1", b"2"],
+        True,
+    )
+    assert events.end() == [b"[DONE]"]
+    assert events.end() == []
+
+
+def test_an_event_over_the_limit_is_refused_however_short_its_lines() -> None:
+    events = EventAssembler(10)
+    assert events.feed([b"data: 1234", b"data: 1234"]) == ([], True)  # 5 + 5 bytes with "\n"s
+    with pytest.raises(EventTooLong) as exc:
+        events.feed([b"data: 1"])
+    assert isinstance(exc.value, LineTooLong)  # a replay records it as line_too_long
+    assert str(exc.value) == "an SSE event passed 10 bytes (12 bytes of it read)"
+
+
+def test_a_stream_of_multi_line_events_is_read_as_its_chunks(tmp_path: Path) -> None:
+    # Every chunk's JSON split over three data lines, CRLF line ends, an id field and a comment
+    # inside each event (tests/replay/fault_server.py, split_chunk): read line by line, each
+    # half is undecodable and the request fails as malformed_stream.
+    request = Request(t=0.0, in_tokens=40, out_tokens=12, hash_ids=(1,), api_time=0.0)
+    opts = ReplayOptions(
+        concurrency=1,
+        passes=1,
+        duration_s=None,
+        start_window=(0.0, 0.0),
+        warmup_requests=0,
+        request_timeout_s=10.0,
+        max_error_rate=1.0,
+    )
+    with FaultServer(lambda rid: MULTILINE) as srv:
+        run = replay_to_dir(
+            Workload((Session("s0", 16, (request,)),)),
+            url=srv.url,
+            replay=opts,
+            out_dir=tmp_path / "r",
+            progress=False,
+        )
+    df = scan_records(run).collect()
+    assert df["error_class"].to_list() == [None]
+    assert df["warning_class"].to_list() == [None]
+    assert df["chunk_times_s"].list.len().to_list() == [12]
+    assert df["completion_tokens"].to_list() == [12]

@@ -25,6 +25,7 @@ from agentab.errors import AgentabError
 from agentab.replay.targets.base import Outcome, RequestSpec
 from agentab.replay.targets.sse import (
     MAX_LINE_ENV,
+    EventAssembler,
     LineSplitter,
     LineTooLong,
     max_line_bytes_from_env,
@@ -231,7 +232,8 @@ class HttpTarget:
         loop: asyncio.AbstractEventLoop,
         deadline: _ReadDeadline | None,
     ) -> None:
-        """Parse SSE `data:` lines; time every content chunk at the read that delivered it.
+        """Parse SSE events (`EventAssembler`: data lines joined, dispatched at the blank line
+        that ends the event); time every content chunk at the read that completed its event.
 
         A content chunk carries output: text, token ids, reasoning or a tool call. A chunk with
         none of them (chat's role-only opening chunk, a closing chunk that only has the finish
@@ -249,43 +251,42 @@ class HttpTarget:
         blank: list[float] = []  # when the text-less chunks came (completions)
         finish: object = None
         splitter = LineSplitter(self.max_line_bytes)
+        assembler = EventAssembler(self.max_line_bytes)
         done = False
-        keepalives = 0
+        ended = False
         content = resp.content
-        while not done:
+        while not done and not ended:
             try:
                 data = await content.readany()
             except aiohttp.ServerTimeoutError:
-                if keepalives and not times:
+                if assembler.comments and not times:
                     out.fail(
                         "keepalive_timeout",
-                        f"only {keepalives} keep-alive line(s), no data, for {self.timeout_s:g} s",
+                        f"only {assembler.comments} keep-alive line(s), no data, for "
+                        f"{self.timeout_s:g} s",
                     )
                     out.end = loop.time()
                     return
                 raise
-            if not data:
-                break
             now = loop.time()
             stamp = now
             now -= sent
             try:
-                lines = splitter.feed(data)
+                if data:
+                    events, saw_data = assembler.feed(splitter.feed(data))
+                else:
+                    ended = True
+                    events, saw_data = assembler.end(), False
             except LineTooLong as exc:
                 out.fail("line_too_long", f"{exc} (limit: {MAX_LINE_ENV})")
                 out.end = loop.time()
                 resp.close()  # the rest of the line is not read
                 return
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    # Blank separators, other SSE fields, and comments: a server's keep-alive
-                    # (": ping") does not count as progress against the silence limit.
-                    keepalives += line.startswith(b":")
-                    continue
-                if deadline is not None:
-                    deadline.last = stamp
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
+            if saw_data and deadline is not None:
+                # a data line is progress against the silence limit; a keep-alive comment is not
+                deadline.last = stamp
+            for payload in events:
+                if payload.strip() == b"[DONE]":
                     done = True
                     break
                 try:

@@ -91,3 +91,71 @@ class LineSplitter:
             self._pending.append(rest)
             self._size = len(rest)
         return lines
+
+
+class EventTooLong(LineTooLong):
+    """An SSE event's data lines together passed the limit (each line alone was within it)."""
+
+    def __init__(self, pending: int, limit: int) -> None:
+        super().__init__(pending, limit)
+        self.args = (f"an SSE event passed {limit:,} bytes ({pending:,} bytes of it read)",)
+
+
+class EventAssembler:
+    """SSE lines in, the data of each complete event out (the WHATWG event-stream rules for the
+    one field a completion stream uses).
+
+    Why not one event per `data:` line: the spec lets a server split an event's data over
+    several `data:` lines, which the client joins with newlines, and dispatches the event only
+    at the blank line that ends it. A JSON chunk split that way is one chunk; read line by line
+    it is two undecodable halves. The rules kept: a trailing CR is dropped (CRLF line ends), a
+    line starting with ":" is a comment (a keep-alive, counted), `data` with no colon is an empty
+    data line, one space after the colon is not part of the value, and other fields (`event`,
+    `id`, `retry`) carry nothing the client reads. An event's joined data is held to the same
+    limit as a line, so many short lines cannot make the client hold more than one long line.
+    """
+
+    __slots__ = ("_data", "_limit", "_size", "comments")
+
+    def __init__(self, max_event_bytes: int = DEFAULT_MAX_LINE_BYTES) -> None:
+        self._limit = max_event_bytes
+        self._data: list[bytes] = []  # the data lines of the event not yet dispatched
+        self._size = 0
+        self.comments = 0
+
+    def feed(self, lines: list[bytes]) -> tuple[list[bytes], bool]:
+        """(the data of every event these lines end, whether any of them was a data line)."""
+        events: list[bytes] = []
+        saw_data = False
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data:
+                    events.append(b"\n".join(self._data))
+                    self._data, self._size = [], 0
+                continue
+            if line.startswith(b":"):
+                self.comments += 1
+                continue
+            name, _, value = line.partition(b":")
+            if name != b"data":
+                continue
+            if value.startswith(b" "):
+                value = value[1:]
+            self._size += len(value) + 1
+            if self._size > self._limit:
+                raise EventTooLong(self._size, self._limit)
+            self._data.append(value)
+            saw_data = True
+        return events, saw_data
+
+    def end(self) -> list[bytes]:
+        """At the end of the body: the last event when the server closed without the blank
+        line that ends it (the spec drops it; a stream's last `data: [DONE]` is kept, so a
+        server that closes right after it is not taken for a broken stream)."""
+        if not self._data:
+            return []
+        event = b"\n".join(self._data)
+        self._data, self._size = [], 0
+        return [event]

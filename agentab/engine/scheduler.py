@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine import loops_numba, model_io, window
+from agentab.engine import emissions, loops_numba, model_io, window
 from agentab.engine.emissions import EmissionLog
 from agentab.engine.hashing import PrefixHashes, synthetic_output_keys
 from agentab.engine.kv_cache import BlockPool
@@ -164,39 +164,10 @@ class Scheduler:
         return [slot_req[x] for x in slots.tolist()]  # type: ignore[misc]
 
     # -- collected timelines (agentab.engine.emissions) ----------------------------------------
-    def collect_timelines(self) -> None:
-        """Log every step's emissions from now on (see EmissionLog); the engine then passes each
-        step's end time to `log_times` before applying the step."""
-        if self.log is None:
-            self.log = EmissionLog(self.state.capacity)
-            for req in self.requests.values():
-                req.since = 0
-
-    def log_times(self, times: np.ndarray) -> None:
-        """The end times of the next steps to be applied (one for a step, m for a window)."""
-        log = self.log
-        assert log is not None
-        m = len(times)
-        cap = len(self.state.computed)
-        if log.n - log.base + m > len(log.times) or cap > log.counts.shape[1]:
-            keep = min((r.since for r in self.requests_of(self.run)), default=log.n)
-            log.make_room(m, keep, cap)
-        row = log.n - log.base
-        log.times[row : row + m] = times
-        log.n += m
-
-    def span(self, req: Request) -> tuple[np.ndarray, np.ndarray]:
-        """(end times, tokens) of the steps in which `req` emitted since it took its slot."""
-        assert self.log is not None and req.is_running
-        return self.log.span(req.since, req.slot)
-
-    def emitted_parts(self, req: Request) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(end times, tokens) pieces of everything `req` emitted: its earlier slots' chunks,
-        then what its current slot logged so far (empty without a log)."""
-        parts = list(req.chunk_parts)
-        if req.is_running and self.log is not None:
-            parts.append(self.span(req))
-        return parts
+    collect_timelines = emissions.collect_timelines
+    log_times = emissions.log_times
+    span = emissions.span
+    emitted_parts = emissions.emitted_parts
 
     # -- transitions ---------------------------------------------------------------------------
     def add(

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from agentab.engine import loops_numba
+
 if TYPE_CHECKING:
     from agentab.engine.request import Request
     from agentab.engine.scheduler import Scheduler
@@ -56,10 +58,10 @@ class EmissionLog:
 
     def span(self, since: int, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """(end times, tokens) of the steps from step `since` in which `slot` emitted."""
-        lo = since - self.base
-        seg = self.counts[lo : self.n - self.base, slot]
-        nz = np.flatnonzero(seg)
-        return self.times[lo + nz], seg[nz]
+        result: tuple[np.ndarray, np.ndarray] = loops_numba.log_span(
+            self.times, self.counts, since - self.base, self.n - self.base, slot
+        )
+        return result
 
 
 def collect_timelines(s: Scheduler) -> None:

@@ -80,10 +80,12 @@ class BlockPool:
         """Mark full, computed blocks as holding these prefix hashes (cacheable from now on)."""
         if len(ids) == 0:
             return
-        self.hash[ids] = hashes
+        ids = np.asarray(ids, dtype=np.int64)
+        hashes = np.asarray(hashes, dtype=np.uint64)
         if self._used + len(ids) > self._table_size // 4:
+            self.hash[ids] = hashes  # (the rebuild re-inserts every live block, these too)
             self._rebuild(len(ids))
-        self._insert(np.asarray(ids, dtype=np.int64), np.asarray(hashes, dtype=np.uint64))
+        self._insert(ids, hashes)
 
     def _rebuild(self, incoming: int) -> None:
         """Drop dead entries (and grow if live ones alone would fill an eighth of the table)."""
@@ -96,9 +98,10 @@ class BlockPool:
             self._insert(live.astype(np.int64), self.hash[live])
 
     def _insert(self, ids: np.ndarray, keys: np.ndarray) -> None:
-        """Linear-probing insert in rounds (loops_numba.insert): a slot is free if never used,
-        dead (its block no longer holds its key) or holding the same key; of the keys that
-        contest one slot in a round the last write stays, the others probe on."""
+        """The blocks' keys held (`hash`), then a linear-probing insert in rounds
+        (loops_numba.insert): a slot is free if never used, dead (its block no longer holds its
+        key) or holding the same key; of the keys that contest one slot in a round the last
+        write stays, the others probe on."""
         self._used += loops_numba.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
 
     # -- reference counts -----------------------------------------------------------------
@@ -123,22 +126,12 @@ class BlockPool:
             return np.zeros(0, dtype=np.int64)
         tail = self._head + self._entries
         out = np.empty(n, dtype=np.int64)
-        got, head = loops_numba.take_live(
-            self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, n, out, 0
+        head, evicted = loops_numba.take_blocks(
+            self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, self.hash, out
         )
-        assert got == n
         self._entries -= head - self._head
         self._head = head
-        return self._hand_out(out)
-
-    def _hand_out(self, out: np.ndarray) -> np.ndarray:
-        """Allocated blocks: their cached hashes evicted, one reference each."""
-        n = len(out)
-        held = self.hash[out] != 0
-        if held.any():
-            self.evictions += int(np.count_nonzero(held))
-            self.hash[out] = 0
-        self.ref[out] = 1
+        self.evictions += evicted
         self.num_free -= n
         return out
 

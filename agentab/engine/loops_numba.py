@@ -65,10 +65,13 @@ def insert(
     held: np.ndarray,
     mask: np.uint64,
 ) -> int:
-    """BlockPool._insert's rounds, element by element in the same order (so the table ends
-    up the same); returns how many never-used slots were taken."""
+    """Mark blocks `ids` as holding `keys` (`held`), then BlockPool._insert's rounds, element by
+    element in the same order (so the table ends up the same); returns how many never-used
+    slots were taken."""
     m = np.int64(mask)
     n = len(keys)
+    for i in range(n):
+        held[ids[i]] = keys[i]
     pos = np.empty(n, dtype=np.int64)
     for i in range(n):
         pos[i] = np.int64(keys[i] & mask)
@@ -151,28 +154,35 @@ def newly_full(
 
 
 @jit
-def take_live(
+def take_blocks(
     ids: np.ndarray,
     gens: np.ndarray,
     head: int,
     ref: np.ndarray,
     gen: np.ndarray,
-    need: int,
+    held: np.ndarray,
     out: np.ndarray,
-    at: int,
 ) -> tuple[int, int]:
-    """Take up to `need` live entries of one free-queue chunk from `head` into out[at:], in
-    order; returns (how many, the new head: just past the last one taken, or the chunk's end)."""
+    """Take len(out) live entries of the free queue `ids[head:]`, in order, into `out`, each
+    with one reference and its cached key evicted (BlockPool.allocate); returns (the new head:
+    just past the last one taken, how many held a key). A block has one live entry at most
+    (its latest), so taking it during the scan cannot make a later entry of it live."""
     n = len(ids)
+    need = len(out)
     got = 0
+    evicted = 0
     i = head
     while i < n and got < need:
         b = ids[i]
         if ref[b] == 0 and gen[b] == gens[i]:
-            out[at + got] = b
+            out[got] = b
             got += 1
+            ref[b] = 1
+            if held[b] != 0:
+                evicted += 1
+                held[b] = 0
         i += 1
-    return got, i
+    return i, evicted
 
 
 # -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------
@@ -604,3 +614,24 @@ def touch(ids: np.ndarray, ref: np.ndarray) -> int:
             n += 1
         ref[b] += 1
     return n
+
+
+@jit
+def log_span(
+    times: np.ndarray, counts: np.ndarray, lo: int, hi: int, slot: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(times[r], counts[r, slot]) of the rows lo <= r < hi where `slot` emitted
+    (EmissionLog.span): one pass down the column instead of a strided copy and two gathers."""
+    n = 0
+    for r in range(lo, hi):
+        if counts[r, slot] != 0:
+            n += 1
+    t = np.empty(n, dtype=times.dtype)
+    c = np.empty(n, dtype=counts.dtype)
+    at = 0
+    for r in range(lo, hi):
+        if counts[r, slot] != 0:
+            t[at] = times[r]
+            c[at] = counts[r, slot]
+            at += 1
+    return t, c

@@ -87,6 +87,28 @@ class BlockPool:
             self._rebuild(len(ids))
         self._insert(ids, hashes)
 
+    def register_rows(
+        self,
+        block_table: np.ndarray,
+        hash_table: np.ndarray,
+        ncached: np.ndarray,
+        slots: np.ndarray,
+        full: np.ndarray,
+    ) -> None:
+        """`register` each row's blocks from ncached[s] up to full[i] (ids from `block_table`,
+        keys from `hash_table`, rows `slots`), ncached raised to match: one kernel call for a
+        step's rows unless the table must be rebuilt first."""
+        room = self._table_size // 4 - self._used
+        used = loops_numba.register_full(
+            block_table, hash_table, ncached, slots, full,
+            self._tkey, self._tblk, self.hash, self._mask, room,
+        )  # fmt: skip
+        if used >= 0:
+            self._used += used
+            return
+        ids, keys = loops_numba.newly_full(block_table, hash_table, ncached, slots, full)
+        self.register(ids, keys)
+
     def _rebuild(self, incoming: int) -> None:
         """Drop dead entries (and grow if live ones alone would fill an eighth of the table)."""
         live = np.flatnonzero(self.hash)
@@ -129,11 +151,34 @@ class BlockPool:
         head, evicted = loops_numba.take_blocks(
             self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, self.hash, out
         )
+        self._took(head, evicted, n)
+        return out
+
+    def allocate_rows(
+        self,
+        total: int,
+        block_table: np.ndarray,
+        nblocks: np.ndarray,
+        slots: np.ndarray,
+        need: np.ndarray,
+    ) -> None:
+        """`allocate(total)` appended to the rows' block tables: need[i] blocks to row
+        slots[i], in order, nblocks raised to match."""
+        if total > self.num_free:
+            raise RuntimeError(f"allocate({total}) with only {self.num_free} free blocks")
+        tail = self._head + self._entries
+        head, evicted = loops_numba.take_into_rows(
+            self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, self.hash,
+            total, block_table, nblocks, slots, need,
+        )  # fmt: skip
+        self._took(head, evicted, total)
+
+    def _took(self, head: int, evicted: int, n: int) -> None:
+        """The queue's head after taking `n` blocks, `evicted` of which held a cached key."""
         self._entries -= head - self._head
         self._head = head
         self.evictions += evicted
         self.num_free -= n
-        return out
 
     def free(self, ids: np.ndarray) -> None:
         """Drop one reference on each of these distinct blocks, in the given order (callers pass

@@ -185,6 +185,57 @@ def take_blocks(
     return i, evicted
 
 
+@jit
+def take_into_rows(
+    ids: np.ndarray,
+    gens: np.ndarray,
+    head: int,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    held: np.ndarray,
+    total: int,
+    block_table: np.ndarray,
+    nblocks: np.ndarray,
+    slots: np.ndarray,
+    need: np.ndarray,
+) -> tuple[int, int]:
+    """`take_blocks` of `total` blocks appended to the rows' block tables, need[i] to row
+    slots[i] in order (BlockPool.allocate_rows): one call for a step's or a window's rows."""
+    out = np.empty(total, dtype=np.int64)
+    head, evicted = take_blocks(ids, gens, head, ref, gen, held, out)
+    fill_rows(block_table, nblocks, slots, need, out)
+    return head, evicted
+
+
+@jit
+def register_full(
+    block_table: np.ndarray,
+    hash_table: np.ndarray,
+    ncached: np.ndarray,
+    slots: np.ndarray,
+    full: np.ndarray,
+    tkey: np.ndarray,
+    tblk: np.ndarray,
+    held: np.ndarray,
+    mask: np.uint64,
+    room: int,
+) -> int:
+    """`newly_full` then `insert` (BlockPool.register_rows): the rows' blocks from ncached up
+    to `full` registered; returns the never-used table slots taken, or -1, changing nothing,
+    if more than `room` blocks are newly full (the table is rebuilt first then)."""
+    total = 0
+    for i in range(len(slots)):
+        c = full[i] - ncached[slots[i]]
+        if c > 0:
+            total += c
+    if total > room:
+        return -1
+    if total == 0:
+        return 0
+    ids, keys = newly_full(block_table, hash_table, ncached, slots, full)
+    return insert(ids, keys, tkey, tblk, held, mask)
+
+
 # -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------
 # The hash's constants, which hashing.py's numpy code uses too: the odd base of the within-block
 # polynomial, the token mixing and the per-block salt.

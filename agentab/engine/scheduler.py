@@ -301,8 +301,8 @@ class Scheduler:
         if total is None:
             total = int(need.sum())
         if total:
-            ids = self.pool.allocate(total)
-            loops_numba.fill_rows(self.state.block_table, self.state.nblocks, slots, need, ids)
+            st = self.state
+            self.pool.allocate_rows(total, st.block_table, st.nblocks, slots, need)
 
     def register_rows(self, slots: np.ndarray, full: np.ndarray) -> None:
         """Cache the blocks of rows that are now full of computed (or scheduled) tokens.
@@ -312,11 +312,8 @@ class Scheduler:
         st = self.state
         if not self.cfg.synthetic_output:
             full = np.minimum(full, st.nhashed[slots])
-        ids, keys = loops_numba.newly_full(
-            st.block_table, st.hash_table, st.ncached, slots, full.astype(_I64)
-        )
-        if len(ids):
-            self.pool.register(ids, keys)
+        full = full.astype(_I64, copy=False)
+        self.pool.register_rows(st.block_table, st.hash_table, st.ncached, slots, full)
 
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:

@@ -243,9 +243,10 @@ class Scheduler:
         st.keys[slot] = np.uint64(req.key)
         st.in_decode[slot] = False
         one = np.array([slot], dtype=_I64)
-        self.alloc_rows(one, np.array([self._blocks_for(hit_tokens + n + self.k) - len(hits)]))
-        self.register_rows(one, np.array([min(hit_tokens + n, ntok) // bs]))
-        self.run = np.append(self.run, slot)
+        fresh = self._blocks_for(hit_tokens + n + self.k) - len(hits)
+        self.alloc_rows(one, np.array([fresh], dtype=_I64), fresh)
+        self.register_rows(one, np.array([min(hit_tokens + n, ntok) // bs], dtype=_I64))
+        self.run = np.concatenate((self.run, one))
 
     def _preempt_last(self) -> Request:
         """RUNNING -> PREEMPTED: the most recently admitted running request, blocks freed

@@ -68,13 +68,20 @@ class BlockPool:
 
     def lookup(self, hashes: np.ndarray) -> np.ndarray:
         """Block ids of the longest run of leading `hashes` that are cached (stops at a miss)."""
+        return self.lookup_free(hashes)[0]
+
+    def lookup_free(self, hashes: np.ndarray) -> tuple[np.ndarray, int]:
+        """`lookup`, and how many of the hit blocks sit in the free queue (they count as free
+        space for an admission: vLLM's rule), read in the same pass over the blocks."""
         n = len(hashes)
         if n == 0:
-            return np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=np.int64), 0
         keys = np.ascontiguousarray(hashes, dtype=np.uint64)
         out = np.empty(n, dtype=np.int64)
-        hit = loops_numba.lookup_into(keys, out, self._tkey, self._tblk, self.hash, self._mask)
-        return out[:hit]
+        hit, free = loops_numba.lookup_into(
+            keys, out, self._tkey, self._tblk, self.hash, self._mask, self.ref
+        )
+        return out[:hit], int(free)
 
     def register(self, ids: np.ndarray, hashes: np.ndarray) -> None:
         """Mark full, computed blocks as holding these prefix hashes (cacheable from now on)."""
@@ -127,12 +134,6 @@ class BlockPool:
         self._used += loops_numba.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
 
     # -- reference counts -----------------------------------------------------------------
-    def num_free_among(self, ids: np.ndarray) -> int:
-        """How many of these (cached) blocks sit in the free queue (they count as free space)."""
-        if len(ids) == 0:
-            return 0
-        return int(loops_numba.count_free(ids, self.ref))
-
     def touch(self, ids: np.ndarray) -> None:
         """Take a reference on hit blocks, which are distinct (those that were free leave the
         free queue)."""

@@ -32,11 +32,15 @@ def lookup_into(
     tblk: np.ndarray,
     held: np.ndarray,
     mask: np.uint64,
-) -> int:
+    ref: np.ndarray,
+) -> tuple[int, int]:
     """Block ids of the longest run of leading `keys` that are cached, written to `out`;
-    returns its length. A key is found at the first slot of its probe chain that holds it
-    while its block still does; an empty slot ends the chain (a miss)."""
+    returns (its length, how many of those blocks have no reference: they sit in the free
+    queue). A key is found at the first slot of its probe chain that holds it while its block
+    still does; an empty slot ends the chain (a miss). The free count is read in the same pass
+    (an admission needs both), while each block's line is being fetched anyway."""
     m = np.int64(mask)
+    free = 0
     for i in range(len(keys)):
         q = keys[i]
         pos = np.int64(q & mask)
@@ -51,9 +55,11 @@ def lookup_into(
                 break
             pos = (pos + 1) & m
         if found < 0:
-            return i
+            return i, free
         out[i] = found
-    return len(keys)
+        if ref[found] == 0:
+            free += 1
+    return len(keys), free
 
 
 @jit
@@ -643,16 +649,6 @@ def step_rows(
         total += x
         all_decode = all_decode and d
     return total, all_decode
-
-
-@jit
-def count_free(ids: np.ndarray, ref: np.ndarray) -> int:
-    """How many of these blocks have no reference (BlockPool.num_free_among)."""
-    n = 0
-    for i in range(len(ids)):
-        if ref[ids[i]] == 0:
-            n += 1
-    return n
 
 
 @jit

@@ -440,10 +440,10 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.run) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             ntok = req.prompt_len + req.num_output
-            hits = pool.lookup(req.hashes[: (ntok - 1) // bs])
+            hits, hits_free = pool.lookup_free(req.hashes[: (ntok - 1) // bs])
             n = min(ntok - len(hits) * bs, budget)
             whole = self._blocks_for(ntok + self.k) - len(hits)
-            if whole + pool.num_free_among(hits) > pool.num_free:
+            if whole + hits_free > pool.num_free:
                 break  # head-of-line: nothing behind it is admitted this step
             self._admit_one(req, hits, n)
             new_rows.append(req.slot)
@@ -462,8 +462,8 @@ class Scheduler:
         whole = self._blocks_for(ntok + self.k)
         if whole <= self.pool.num_free:
             return True  # fits even without a prefix hit (a hit only lowers the need)
-        hits = self.pool.lookup(req.hashes[: (ntok - 1) // self.bs])
-        return whole - len(hits) + self.pool.num_free_among(hits) <= self.pool.num_free
+        hits, hits_free = self.pool.lookup_free(req.hashes[: (ntok - 1) // self.bs])
+        return whole - len(hits) + hits_free <= self.pool.num_free
 
     def update(
         self, plan: StepPlan, output: StepOutput | None = None

@@ -57,7 +57,7 @@ def lookup_into(
         if found < 0:
             return i, free
         out[i] = found
-        free += np.int64(ref[found] == 0)  # (no branch: a mispredicted one stalls the probes)
+        free += int(ref[found] == 0)  # (no branch: a mispredicted one stalls the probes)
     return len(keys), free
 
 

@@ -5,6 +5,7 @@ Figures (400 generated AgentX-style sessions, seed 42, profile gb300-tp16-kimi-k
   64 with decode_backend auto, latency_specialized, and auto with 7 draft tokens (the README
   example's acceptance rates). Goals: <= 5 s, 6 s, 12 s.
 - `100k`: `--duration 0 --max-requests 100000` at concurrency 64. Goal: <= 30 s.
+- `20k`: the same with 20,000 requests. Goal: <= 6 s of CPU time.
 
 Each figure is the wall time of `agentab.replay.simulate_to_dir` (what `agentab simulate` runs
 after loading the workload), in a fresh process pinned to one core (`taskset -c CPU`), for this
@@ -45,6 +46,7 @@ CASES: dict[str, tuple[dict, dict, float]] = {
         12.0,
     ),
     "100k": ({"decode_backend": "auto"}, {"duration_s": None, "max_requests": 100_000}, 30.0),
+    "20k": ({"decode_backend": "auto"}, {"duration_s": None, "max_requests": 20_000}, 6.0),
 }
 # untimed, once per tree before the cases: fills numba's on-disk cache of every compiled kernel
 WARM = ({"decode_backend": "auto", "num_draft_tokens": 2, "acceptance_probs": PROBS[:2]},

@@ -523,7 +523,8 @@ class Engine:
         sched = self.scheduler
         rows = self._window_rows(w) if self.step_observer is not None else []
         sched.log_times(ends[:m])
-        reqs, finished = sched.commit_window(w, m)
+        reqs = sched.requests_of(w.slots) if self._streams else []
+        finished = sched.commit_window(w, m)
         times = ends[:m].tolist()
         starts = [ahead.end, *times[:-1]]
         if self.step_observer is not None:
@@ -562,7 +563,8 @@ class Engine:
             self._observe_window(w, self._window_rows(w), [t0, *times[:-1]], times)
         sched = self.scheduler
         sched.log_times(step_ends)
-        reqs, finished = sched.commit_window(w, m)
+        reqs = sched.requests_of(w.slots) if self._streams else []
+        finished = sched.commit_window(w, m)
         assert sched.log is not None
         sched.log.until = float(step_ends[-1])
         if self._streams:

@@ -6,11 +6,23 @@ each step's emitted counts as one row over its slots (a window as one block of r
 request's chunks are read off its slot's column when it leaves the slot (finish, preemption,
 abort), as arrays. Rows no running request can still read are dropped when the buffer fills,
 so memory follows the longest-running request (docs/engine.md, "Speed on the virtual clock").
+
+The functions below are the scheduler's side of the log (`Scheduler.log_times`, `span`, ...):
+they read which requests hold which slots, which only the scheduler knows, and are kept here
+so the scheduler's module holds the scheduling rules and their transitions alone.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from agentab.engine import loops_numba
+
+if TYPE_CHECKING:
+    from agentab.engine.request import Request
+    from agentab.engine.scheduler import Scheduler
 
 
 class EmissionLog:
@@ -46,7 +58,45 @@ class EmissionLog:
 
     def span(self, since: int, slot: int) -> tuple[np.ndarray, np.ndarray]:
         """(end times, tokens) of the steps from step `since` in which `slot` emitted."""
-        lo = since - self.base
-        seg = self.counts[lo : self.n - self.base, slot]
-        nz = np.flatnonzero(seg)
-        return self.times[lo + nz], seg[nz]
+        result: tuple[np.ndarray, np.ndarray] = loops_numba.log_span(
+            self.times, self.counts, since - self.base, self.n - self.base, slot
+        )
+        return result
+
+
+def collect_timelines(s: Scheduler) -> None:
+    """Log every step's emissions from now on (see EmissionLog); the engine then passes each
+    step's end time to `log_times` before applying the step."""
+    if s.log is None:
+        s.log = EmissionLog(s.state.capacity)
+        for req in s.requests.values():
+            req.since = 0
+
+
+def log_times(s: Scheduler, times: np.ndarray) -> None:
+    """The end times of the next steps to be applied (one for a step, m for a window)."""
+    log = s.log
+    assert log is not None
+    m = len(times)
+    cap = len(s.state.computed)
+    if log.n - log.base + m > len(log.times) or cap > log.counts.shape[1]:
+        keep = min((r.since for r in s.requests_of(s.run)), default=log.n)
+        log.make_room(m, keep, cap)
+    row = log.n - log.base
+    log.times[row : row + m] = times
+    log.n += m
+
+
+def span(s: Scheduler, req: Request) -> tuple[np.ndarray, np.ndarray]:
+    """(end times, tokens) of the steps in which `req` emitted since it took its slot."""
+    assert s.log is not None and req.is_running
+    return s.log.span(req.since, req.slot)
+
+
+def emitted_parts(s: Scheduler, req: Request) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(end times, tokens) pieces of everything `req` emitted: its earlier slots' chunks, then
+    what its current slot logged so far (empty without a log)."""
+    parts = list(req.chunk_parts)
+    if req.is_running and s.log is not None:
+        parts.append(span(s, req))
+    return parts

@@ -68,22 +68,53 @@ class BlockPool:
 
     def lookup(self, hashes: np.ndarray) -> np.ndarray:
         """Block ids of the longest run of leading `hashes` that are cached (stops at a miss)."""
+        return self.lookup_free(hashes)[0]
+
+    def lookup_free(self, hashes: np.ndarray) -> tuple[np.ndarray, int]:
+        """`lookup`, and how many of the hit blocks sit in the free queue (they count as free
+        space for an admission: vLLM's rule), read in the same pass over the blocks."""
         n = len(hashes)
         if n == 0:
-            return np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=np.int64), 0
         keys = np.ascontiguousarray(hashes, dtype=np.uint64)
         out = np.empty(n, dtype=np.int64)
-        hit = loops_numba.lookup_into(keys, out, self._tkey, self._tblk, self.hash, self._mask)
-        return out[:hit]
+        hit, free = loops_numba.lookup_into(
+            keys, out, self._tkey, self._tblk, self.hash, self._mask, self.ref
+        )
+        return out[:hit], int(free)
 
     def register(self, ids: np.ndarray, hashes: np.ndarray) -> None:
         """Mark full, computed blocks as holding these prefix hashes (cacheable from now on)."""
         if len(ids) == 0:
             return
-        self.hash[ids] = hashes
+        ids = np.asarray(ids, dtype=np.int64)
+        hashes = np.asarray(hashes, dtype=np.uint64)
         if self._used + len(ids) > self._table_size // 4:
+            self.hash[ids] = hashes  # (the rebuild re-inserts every live block, these too)
             self._rebuild(len(ids))
-        self._insert(np.asarray(ids, dtype=np.int64), np.asarray(hashes, dtype=np.uint64))
+        self._insert(ids, hashes)
+
+    def register_rows(
+        self,
+        block_table: np.ndarray,
+        hash_table: np.ndarray,
+        ncached: np.ndarray,
+        slots: np.ndarray,
+        full: np.ndarray,
+    ) -> None:
+        """`register` each row's blocks from ncached[s] up to full[i] (ids from `block_table`,
+        keys from `hash_table`, rows `slots`), ncached raised to match: one kernel call for a
+        step's rows unless the table must be rebuilt first."""
+        room = self._table_size // 4 - self._used
+        used = loops_numba.register_full(
+            block_table, hash_table, ncached, slots, full,
+            self._tkey, self._tblk, self.hash, self._mask, room,
+        )  # fmt: skip
+        if used >= 0:
+            self._used += used
+            return
+        ids, keys = loops_numba.newly_full(block_table, hash_table, ncached, slots, full)
+        self.register(ids, keys)
 
     def _rebuild(self, incoming: int) -> None:
         """Drop dead entries (and grow if live ones alone would fill an eighth of the table)."""
@@ -96,18 +127,13 @@ class BlockPool:
             self._insert(live.astype(np.int64), self.hash[live])
 
     def _insert(self, ids: np.ndarray, keys: np.ndarray) -> None:
-        """Linear-probing insert in rounds (loops_numba.insert): a slot is free if never used,
-        dead (its block no longer holds its key) or holding the same key; of the keys that
-        contest one slot in a round the last write stays, the others probe on."""
+        """The blocks' keys held (`hash`), then a linear-probing insert in rounds
+        (loops_numba.insert): a slot is free if never used, dead (its block no longer holds its
+        key) or holding the same key; of the keys that contest one slot in a round the last
+        write stays, the others probe on."""
         self._used += loops_numba.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
 
     # -- reference counts -----------------------------------------------------------------
-    def num_free_among(self, ids: np.ndarray) -> int:
-        """How many of these (cached) blocks sit in the free queue (they count as free space)."""
-        if len(ids) == 0:
-            return 0
-        return int(loops_numba.count_free(ids, self.ref))
-
     def touch(self, ids: np.ndarray) -> None:
         """Take a reference on hit blocks, which are distinct (those that were free leave the
         free queue)."""
@@ -123,24 +149,37 @@ class BlockPool:
             return np.zeros(0, dtype=np.int64)
         tail = self._head + self._entries
         out = np.empty(n, dtype=np.int64)
-        got, head = loops_numba.take_live(
-            self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, n, out, 0
+        head, evicted = loops_numba.take_blocks(
+            self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, self.hash, out
         )
-        assert got == n
+        self._took(head, evicted, n)
+        return out
+
+    def allocate_rows(
+        self,
+        total: int,
+        block_table: np.ndarray,
+        nblocks: np.ndarray,
+        slots: np.ndarray,
+        need: np.ndarray,
+    ) -> None:
+        """`allocate(total)` appended to the rows' block tables: need[i] blocks to row
+        slots[i], in order, nblocks raised to match."""
+        if total > self.num_free:
+            raise RuntimeError(f"allocate({total}) with only {self.num_free} free blocks")
+        tail = self._head + self._entries
+        head, evicted = loops_numba.take_into_rows(
+            self._qids[:tail], self._qgens[:tail], self._head, self.ref, self.gen, self.hash,
+            total, block_table, nblocks, slots, need,
+        )  # fmt: skip
+        self._took(head, evicted, total)
+
+    def _took(self, head: int, evicted: int, n: int) -> None:
+        """The queue's head after taking `n` blocks, `evicted` of which held a cached key."""
         self._entries -= head - self._head
         self._head = head
-        return self._hand_out(out)
-
-    def _hand_out(self, out: np.ndarray) -> np.ndarray:
-        """Allocated blocks: their cached hashes evicted, one reference each."""
-        n = len(out)
-        held = self.hash[out] != 0
-        if held.any():
-            self.evictions += int(np.count_nonzero(held))
-            self.hash[out] = 0
-        self.ref[out] = 1
+        self.evictions += evicted
         self.num_free -= n
-        return out
 
     def free(self, ids: np.ndarray) -> None:
         """Drop one reference on each of these distinct blocks, in the given order (callers pass

@@ -32,11 +32,15 @@ def lookup_into(
     tblk: np.ndarray,
     held: np.ndarray,
     mask: np.uint64,
-) -> int:
+    ref: np.ndarray,
+) -> tuple[int, int]:
     """Block ids of the longest run of leading `keys` that are cached, written to `out`;
-    returns its length. A key is found at the first slot of its probe chain that holds it
-    while its block still does; an empty slot ends the chain (a miss)."""
+    returns (its length, how many of those blocks have no reference: they sit in the free
+    queue). A key is found at the first slot of its probe chain that holds it while its block
+    still does; an empty slot ends the chain (a miss). The free count is read in the same pass
+    (an admission needs both), while each block's line is being fetched anyway."""
     m = np.int64(mask)
+    free = 0
     for i in range(len(keys)):
         q = keys[i]
         pos = np.int64(q & mask)
@@ -51,9 +55,10 @@ def lookup_into(
                 break
             pos = (pos + 1) & m
         if found < 0:
-            return i
+            return i, free
         out[i] = found
-    return len(keys)
+        free += int(ref[found] == 0)  # (no branch: a mispredicted one stalls the probes)
+    return len(keys), free
 
 
 @jit
@@ -65,10 +70,13 @@ def insert(
     held: np.ndarray,
     mask: np.uint64,
 ) -> int:
-    """BlockPool._insert's rounds, element by element in the same order (so the table ends
-    up the same); returns how many never-used slots were taken."""
+    """Mark blocks `ids` as holding `keys` (`held`), then BlockPool._insert's rounds, element by
+    element in the same order (so the table ends up the same); returns how many never-used
+    slots were taken."""
     m = np.int64(mask)
     n = len(keys)
+    for i in range(n):
+        held[ids[i]] = keys[i]
     pos = np.empty(n, dtype=np.int64)
     for i in range(n):
         pos[i] = np.int64(keys[i] & mask)
@@ -151,28 +159,86 @@ def newly_full(
 
 
 @jit
-def take_live(
+def take_blocks(
     ids: np.ndarray,
     gens: np.ndarray,
     head: int,
     ref: np.ndarray,
     gen: np.ndarray,
-    need: int,
+    held: np.ndarray,
     out: np.ndarray,
-    at: int,
 ) -> tuple[int, int]:
-    """Take up to `need` live entries of one free-queue chunk from `head` into out[at:], in
-    order; returns (how many, the new head: just past the last one taken, or the chunk's end)."""
+    """Take len(out) live entries of the free queue `ids[head:]`, in order, into `out`, each
+    with one reference and its cached key evicted (BlockPool.allocate); returns (the new head:
+    just past the last one taken, how many held a key). A block has one live entry at most
+    (its latest), so taking it during the scan cannot make a later entry of it live."""
     n = len(ids)
+    need = len(out)
     got = 0
+    evicted = 0
     i = head
     while i < n and got < need:
         b = ids[i]
         if ref[b] == 0 and gen[b] == gens[i]:
-            out[at + got] = b
+            out[got] = b
             got += 1
+            ref[b] = 1
+            if held[b] != 0:
+                evicted += 1
+                held[b] = 0
         i += 1
-    return got, i
+    return i, evicted
+
+
+@jit
+def take_into_rows(
+    ids: np.ndarray,
+    gens: np.ndarray,
+    head: int,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    held: np.ndarray,
+    total: int,
+    block_table: np.ndarray,
+    nblocks: np.ndarray,
+    slots: np.ndarray,
+    need: np.ndarray,
+) -> tuple[int, int]:
+    """`take_blocks` of `total` blocks appended to the rows' block tables, need[i] to row
+    slots[i] in order (BlockPool.allocate_rows): one call for a step's or a window's rows."""
+    out = np.empty(total, dtype=np.int64)
+    head, evicted = take_blocks(ids, gens, head, ref, gen, held, out)
+    fill_rows(block_table, nblocks, slots, need, out)
+    return head, evicted
+
+
+@jit
+def register_full(
+    block_table: np.ndarray,
+    hash_table: np.ndarray,
+    ncached: np.ndarray,
+    slots: np.ndarray,
+    full: np.ndarray,
+    tkey: np.ndarray,
+    tblk: np.ndarray,
+    held: np.ndarray,
+    mask: np.uint64,
+    room: int,
+) -> int:
+    """`newly_full` then `insert` (BlockPool.register_rows): the rows' blocks from ncached up
+    to `full` registered; returns the never-used table slots taken, or -1, changing nothing,
+    if more than `room` blocks are newly full (the table is rebuilt first then)."""
+    total = 0
+    for i in range(len(slots)):
+        c = full[i] - ncached[slots[i]]
+        if c > 0:
+            total += c
+    if total > room:
+        return -1
+    if total == 0:
+        return 0
+    ids, keys = newly_full(block_table, hash_table, ncached, slots, full)
+    return insert(ids, keys, tkey, tblk, held, mask)
 
 
 # -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------
@@ -585,16 +651,6 @@ def step_rows(
 
 
 @jit
-def count_free(ids: np.ndarray, ref: np.ndarray) -> int:
-    """How many of these blocks have no reference (BlockPool.num_free_among)."""
-    n = 0
-    for i in range(len(ids)):
-        if ref[ids[i]] == 0:
-            n += 1
-    return n
-
-
-@jit
 def touch(ids: np.ndarray, ref: np.ndarray) -> int:
     """One reference more on each of these distinct blocks; returns how many had none."""
     n = 0
@@ -604,3 +660,24 @@ def touch(ids: np.ndarray, ref: np.ndarray) -> int:
             n += 1
         ref[b] += 1
     return n
+
+
+@jit
+def log_span(
+    times: np.ndarray, counts: np.ndarray, lo: int, hi: int, slot: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(times[r], counts[r, slot]) of the rows lo <= r < hi where `slot` emitted
+    (EmissionLog.span): one pass down the column instead of a strided copy and two gathers."""
+    n = 0
+    for r in range(lo, hi):
+        if counts[r, slot] != 0:
+            n += 1
+    t = np.empty(n, dtype=times.dtype)
+    c = np.empty(n, dtype=counts.dtype)
+    at = 0
+    for r in range(lo, hi):
+        if counts[r, slot] != 0:
+            t[at] = times[r]
+            c[at] = counts[r, slot]
+            at += 1
+    return t, c

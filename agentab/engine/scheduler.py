@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine import loops_numba, model_io, window
+from agentab.engine import emissions, loops_numba, model_io, window
 from agentab.engine.emissions import EmissionLog
 from agentab.engine.hashing import PrefixHashes, synthetic_output_keys
 from agentab.engine.kv_cache import BlockPool
@@ -164,39 +164,10 @@ class Scheduler:
         return [slot_req[x] for x in slots.tolist()]  # type: ignore[misc]
 
     # -- collected timelines (agentab.engine.emissions) ----------------------------------------
-    def collect_timelines(self) -> None:
-        """Log every step's emissions from now on (see EmissionLog); the engine then passes each
-        step's end time to `log_times` before applying the step."""
-        if self.log is None:
-            self.log = EmissionLog(self.state.capacity)
-            for req in self.requests.values():
-                req.since = 0
-
-    def log_times(self, times: np.ndarray) -> None:
-        """The end times of the next steps to be applied (one for a step, m for a window)."""
-        log = self.log
-        assert log is not None
-        m = len(times)
-        cap = len(self.state.computed)
-        if log.n - log.base + m > len(log.times) or cap > log.counts.shape[1]:
-            keep = min((r.since for r in self.requests_of(self.run)), default=log.n)
-            log.make_room(m, keep, cap)
-        row = log.n - log.base
-        log.times[row : row + m] = times
-        log.n += m
-
-    def span(self, req: Request) -> tuple[np.ndarray, np.ndarray]:
-        """(end times, tokens) of the steps in which `req` emitted since it took its slot."""
-        assert self.log is not None and req.is_running
-        return self.log.span(req.since, req.slot)
-
-    def emitted_parts(self, req: Request) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(end times, tokens) pieces of everything `req` emitted: its earlier slots' chunks,
-        then what its current slot logged so far (empty without a log)."""
-        parts = list(req.chunk_parts)
-        if req.is_running and self.log is not None:
-            parts.append(self.span(req))
-        return parts
+    collect_timelines = emissions.collect_timelines
+    log_times = emissions.log_times
+    span = emissions.span
+    emitted_parts = emissions.emitted_parts
 
     # -- transitions ---------------------------------------------------------------------------
     def add(
@@ -272,9 +243,10 @@ class Scheduler:
         st.keys[slot] = np.uint64(req.key)
         st.in_decode[slot] = False
         one = np.array([slot], dtype=_I64)
-        self.alloc_rows(one, np.array([self._blocks_for(hit_tokens + n + self.k) - len(hits)]))
-        self.register_rows(one, np.array([min(hit_tokens + n, ntok) // bs]))
-        self.run = np.append(self.run, slot)
+        fresh = self._blocks_for(hit_tokens + n + self.k) - len(hits)
+        self.alloc_rows(one, np.array([fresh], dtype=_I64), fresh)
+        self.register_rows(one, np.array([min(hit_tokens + n, ntok) // bs], dtype=_I64))
+        self.run = np.concatenate((self.run, one))
 
     def _preempt_last(self) -> Request:
         """RUNNING -> PREEMPTED: the most recently admitted running request, blocks freed
@@ -330,8 +302,8 @@ class Scheduler:
         if total is None:
             total = int(need.sum())
         if total:
-            ids = self.pool.allocate(total)
-            loops_numba.fill_rows(self.state.block_table, self.state.nblocks, slots, need, ids)
+            st = self.state
+            self.pool.allocate_rows(total, st.block_table, st.nblocks, slots, need)
 
     def register_rows(self, slots: np.ndarray, full: np.ndarray) -> None:
         """Cache the blocks of rows that are now full of computed (or scheduled) tokens.
@@ -341,11 +313,8 @@ class Scheduler:
         st = self.state
         if not self.cfg.synthetic_output:
             full = np.minimum(full, st.nhashed[slots])
-        ids, keys = loops_numba.newly_full(
-            st.block_table, st.hash_table, st.ncached, slots, full.astype(_I64)
-        )
-        if len(ids):
-            self.pool.register(ids, keys)
+        full = full.astype(_I64, copy=False)
+        self.pool.register_rows(st.block_table, st.hash_table, st.ncached, slots, full)
 
     # -- one step ------------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -471,10 +440,10 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.run) < self.cfg.max_num_seqs:
             req = self.waiting[0]
             ntok = req.prompt_len + req.num_output
-            hits = pool.lookup(req.hashes[: (ntok - 1) // bs])
+            hits, hits_free = pool.lookup_free(req.hashes[: (ntok - 1) // bs])
             n = min(ntok - len(hits) * bs, budget)
             whole = self._blocks_for(ntok + self.k) - len(hits)
-            if whole + pool.num_free_among(hits) > pool.num_free:
+            if whole + hits_free > pool.num_free:
                 break  # head-of-line: nothing behind it is admitted this step
             self._admit_one(req, hits, n)
             new_rows.append(req.slot)
@@ -493,8 +462,8 @@ class Scheduler:
         whole = self._blocks_for(ntok + self.k)
         if whole <= self.pool.num_free:
             return True  # fits even without a prefix hit (a hit only lowers the need)
-        hits = self.pool.lookup(req.hashes[: (ntok - 1) // self.bs])
-        return whole - len(hits) + self.pool.num_free_among(hits) <= self.pool.num_free
+        hits, hits_free = self.pool.lookup_free(req.hashes[: (ntok - 1) // self.bs])
+        return whole - len(hits) + hits_free <= self.pool.num_free
 
     def update(
         self, plan: StepPlan, output: StepOutput | None = None

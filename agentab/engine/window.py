@@ -81,10 +81,10 @@ def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
     )
 
 
-def commit_window(s: Scheduler, w: WindowPlan, m: int) -> tuple[list[Request], list[Request]]:
-    """Apply the first `m` steps of a window exactly as m single steps would have.
-
-    Returns (the window's rows as requests, in row order; the requests that finished)."""
+def commit_window(s: Scheduler, w: WindowPlan, m: int) -> list[Request]:
+    """Apply the first `m` steps of a window exactly as m single steps would have; returns the
+    requests that finished. (The rows' requests, which only a streamed client needs, are
+    `s.requests_of(w.slots)` read before this.)"""
     rows = w.slots
     B = len(rows)
     st = s.state
@@ -108,9 +108,7 @@ def commit_window(s: Scheduler, w: WindowPlan, m: int) -> tuple[list[Request], l
         st.maxtok, counts, row, done,
     )  # fmt: skip
     _count(s, w, m, emitted)
-    reqs = s.requests_of(rows)
-    finished = s.finish(done[:nfin]) if nfin else []
-    return reqs, finished
+    return s.finish(done[:nfin]) if nfin else []
 
 
 def _acceptance(s: Scheduler, run: np.ndarray, horizon: int) -> np.ndarray:

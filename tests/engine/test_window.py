@@ -109,7 +109,8 @@ def test_a_window_equals_its_steps_one_at_a_time(case: str, specialized: bool) -
         seconds = executor.window_seconds(w)
         times = 1000.0 + np.cumsum(seconds)[:m]
         windowed.log_times(times)
-        win_reqs, win_finished = windowed.commit_window(w, m)
+        win_reqs = windowed.requests_of(w.slots)
+        win_finished = windowed.commit_window(w, m)
         finished = []
         for j in range(m):
             plan = stepped.schedule()

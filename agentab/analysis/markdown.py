@@ -381,13 +381,15 @@ def server_rows(comparison: Comparison) -> list[list[str]]:
         ("server_cache_hit_ratio", "prefix-cache hit ratio (server)"),
         ("specialized_decode_share", "decode steps on the specialized path (server)"),
         ("decode_step_device_s", "pure-decode step, device time (server)"),
+        ("draft_step_device_s", "drafter, device time per step that drafted (server)"),
         ("prefill_device_share", "device time in prefill and mixed steps (server)"),
         ("decode_idle_share", "device idle before decode steps, per decode busy time (server)"),
     ):
         a = [s.values.get(key) for s in comparison.runs_a]
         b = [s.values.get(key) for s in comparison.runs_b]
         if any(v is not None for v in a + b):
-            unit = {"spec_acceptance_length": "x", "decode_step_device_s": "s"}.get(key, "")
+            unit = {"spec_acceptance_length": "x", "decode_step_device_s": "s",
+                    "draft_step_device_s": "s"}.get(key, "")  # fmt: skip
             rows.append([label, _spread(a, unit), _spread(b, unit)])
     rates = [[s.values.get("spec_acceptance_rates") for s in side]
              for side in (comparison.runs_a, comparison.runs_b)]  # fmt: skip

@@ -300,6 +300,7 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
             "specialized_decode_share": None,
             "prefill_device_share": None,
             "decode_step_device_s": None,
+            "draft_step_device_s": None,
             "decode_idle_share": None,
         }
     special = counter_delta(metrics, "agentab:decode_steps_specialized_total", since_s)
@@ -326,6 +327,12 @@ def _server_side(metrics: pl.DataFrame | None, since_s: float | None) -> dict[st
             None if busy is None or decode_busy is None else _ratio(busy - decode_busy, busy)
         ),
         "decode_step_device_s": _ratio(decode_busy, decode_steps),
+        # the local engine's drafter per step that drafted: the same drafter runs in both arms,
+        # so this should match across them (the rest of a verify step is the decode path's)
+        "draft_step_device_s": _ratio(
+            counter_delta(metrics, "agentab:draft_device_seconds_total", since_s),
+            counter_delta(metrics, "agentab:draft_steps_total", since_s),
+        ),
         # the device's idle gap before each pure-decode step, per second of decode work: the
         # host overhead (scheduling, input copies, a late launch) the engine did not hide
         "decode_idle_share": _ratio(decode_idle, decode_busy),

@@ -103,6 +103,10 @@ HAND_METRICS = [
     _sample(15.0, "agentab:decode_device_busy_seconds_total", 7.0),
     _sample(-1.0, "agentab:decode_device_idle_seconds_total", 0.5),
     _sample(15.0, "agentab:decode_device_idle_seconds_total", 0.8),
+    _sample(-1.0, "agentab:draft_device_seconds_total", 0.2),
+    _sample(15.0, "agentab:draft_device_seconds_total", 1.4),
+    _sample(-1.0, "agentab:draft_steps_total", 10.0),
+    _sample(15.0, "agentab:draft_steps_total", 40.0),
 ]
 
 H11 = 83711 / 27720  # 1 + 1/2 + ... + 1/11
@@ -151,6 +155,8 @@ EXPECTED = {
     "decode_step_device_s": 6 / 150,
     # 0.3 s idle before those decode steps against their 6 s of device time
     "decode_idle_share": 0.3 / 6,
+    # 1.2 s of drafts over 30 drafting steps
+    "draft_step_device_s": 1.2 / 30,
     "gpu_count": 16,
 }  # fmt: skip
 

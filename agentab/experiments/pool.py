@@ -20,12 +20,12 @@ from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
+from agentab.errors import error_line
 from agentab.experiments.experiment import Experiment
 from agentab.experiments.tasks import (
     RunDone,
     RunFailed,
     RunTask,
-    error_line,
     execute,
     placement,
 )

@@ -25,13 +25,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agentab.errors import AgentabError
+from agentab.errors import AgentabError, error_line
 from agentab.experiments.experiment import Experiment
 from agentab.experiments.tasks import (
     RunDone,
     RunFailed,
     RunTask,
-    error_line,
     execute,
     placement,
     summarize_received,

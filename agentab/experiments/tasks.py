@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import socket
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,14 +51,6 @@ def placement(runner: str, node: str | None = None) -> dict[str, Any]:
     own; `pool`: a local worker process; `ray`: a Ray worker), on which host, on which Ray node
     (None off Ray). Every run of `agentab ab` records the same three keys."""
     return {"runner": runner, "host": socket.gethostname(), "node": node}
-
-
-def error_line(exc: BaseException) -> str:
-    """An exception as one line: its type, message and the innermost frame of agentab code."""
-    message = " ".join(str(exc).split()) or "(no message)"
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "agentab" in f.filename]
-    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-    return f"{type(exc).__name__}: {message}{where}"
 
 
 def execute(

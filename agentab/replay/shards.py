@@ -41,15 +41,16 @@ import polars as pl
 
 from agentab.clock import run_real
 from agentab.dir_lock import lock_dir, release_dir
-from agentab.errors import AgentabError
+from agentab.errors import AgentabError, error_line
 from agentab.replay.api import _backend_label, _gc_frozen, _raise_if_failed, _status, runner_load
 from agentab.replay.client_load import LoopLag
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
 from agentab.replay.options import ReplayOptions, new_prompt_salt
-from agentab.replay.plan import build_plan
+from agentab.replay.plan import Plan, build_plan
 from agentab.replay.runner import Runner, RunStats
+from agentab.replay.targets.base import RequestSpec
 from agentab.rundir import (
     METRICS_DIR,
     METRICS_SCHEMA,
@@ -136,6 +137,9 @@ async def _client(job: ClientJob, conn: Connection) -> None:
         await target.start()
         records = PartWriter(job.folder / RECORDS_DIR, RECORD_SCHEMA)
         runner = Runner(plan, target, records, shard=(job.client, job.clients), window=parent)
+        spec = _first_request(plan, job.client, job.clients)
+        if spec is not None:
+            target.warm(spec)  # the prompt builder's first-use compile, before the common start
         conn.send(("ready", target.describe()))
         kind, start_at = await parent.inbox.get()
         assert kind == "start"
@@ -169,10 +173,23 @@ async def _client(job: ClientJob, conn: Connection) -> None:
         await target.close()
 
 
+def _first_request(plan: Plan, client: int, clients: int) -> RequestSpec | None:
+    """The first request this client will send (any request of the plan would do)."""
+    if plan.options.open_loop:
+        play = next((p for _, p in plan.arrivals() if p.lane % clients == client), None)
+    else:
+        play = plan.closed_play(client, 0)
+    if play is None:
+        return None
+    node = next((n for n in play.schedule.nodes if n.request is not None), None)
+    if node is None or node.request is None:
+        return None
+    request = node.request
+    return RequestSpec(play.request_id(node), play.session, request, play.salt, node.max_tokens)
+
+
 def _client_main(job: ClientJob, conn: Connection) -> None:
     """A client process: run its share, report; an error goes back as one line."""
-    from agentab.experiments.tasks import error_line
-
     try:
         run_real(_client(job, conn))
     except BaseException as exc:  # the coordinator reports it and stops the other clients
@@ -323,7 +340,7 @@ def _coordinate(
                 k = link[conn]
                 try:
                     message = conn.recv()
-                except EOFError:
+                except (EOFError, OSError):  # the client ended (or was ended) without a word
                     open_conns.remove(conn)
                     if k not in results and k not in errors:
                         errors[k] = f"client process {k} ended without a result"
@@ -358,13 +375,19 @@ def _coordinate(
                     if start_at is None:  # the others wait for a start that will not come
                         for other in procs:
                             other.terminate()
+    except BaseException:  # e.g. the server contradicts the declared decode backend
+        for proc in procs:
+            proc.terminate()  # clients waiting for a start that will not come
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         for proc in procs:
             proc.join()
     if manifest is None or len(results) < clients:
-        first = min(errors) if errors else 0
+        # the first client that said what went wrong (the others may only have been ended)
+        said = [k for k, e in errors.items() if not e.startswith("client process ")]
+        first = said[0] if said else min(errors, default=0)
         raise AgentabError(
             f"--clients {clients}: client {first} failed before the run completed: "
             f"{errors.get(first, 'no result')}"

@@ -5,6 +5,7 @@ window, into one run dir whose manifest records each client's load; refusals are
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,17 @@ def test_a_split_that_cannot_keep_the_plan_is_refused(
     assert result.returncode == 2
     assert result.stderr == message
     assert not (tmp_path / "out").exists()
+
+
+def test_a_client_that_cannot_start_ends_the_run_in_one_line(
+    workload_file: Path, tmp_path: Path
+) -> None:
+    result = replay(workload_file, "http://127.0.0.1:9", tmp_path / "out", "--clients", "2")
+    assert result.returncode == 2
+    assert re.match(
+        r"agentab: error: --clients 2: client [01] failed before the run completed: "
+        r"AgentabError: http://127\.0\.0\.1:9: cannot reach the server: ",
+        result.stderr,
+    )
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".agentab.lock"]

@@ -7,6 +7,9 @@ that names the file, line or field; `agentab.cli.main` prints it and exits.
 
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
+
 
 class AgentabError(Exception):
     """A user-facing error: the message is one line and says what is wrong and where."""
@@ -20,3 +23,11 @@ class AgentabError(Exception):
 
 class AgentabWarning(UserWarning):
     """A user-facing warning (an ignored unknown field, a lossy export): one stderr line each."""
+
+
+def error_line(exc: BaseException) -> str:
+    """An exception as one line: its type, message and the innermost frame of agentab code."""
+    message = " ".join(str(exc).split()) or "(no message)"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "agentab" in f.filename]
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {message}{where}"

@@ -26,6 +26,7 @@ EXTRA_OF: dict[str, str] = {
     "plotly": "report",
     "triton": "gpu",
     "cutlass": "gpu",
+    "ray": "ray",
 }
 """The extra of pyproject.toml that installs each optional module."""
 

@@ -1,9 +1,9 @@
 """Shared test setup.
 
 Tests that need an outside component (the vLLM CPU venv, the AIPerf venv, headless chromium,
-the gpu extra: the CuTe DSL compiler and Triton) are marked. Locally they are skipped when the
-component is absent; in CI `.ci/run` sets AGENTAB_REQUIRE_<MARK>=1, and then a missing
-component fails the test instead, so CI can never pass by skipping them.
+the gpu extra: the CuTe DSL compiler and Triton; the ray extra) are marked. Locally they are
+skipped when the component is absent; in CI `.ci/run` sets AGENTAB_REQUIRE_<MARK>=1, and then a
+missing component fails the test instead, so CI can never pass by skipping them.
 """
 
 from __future__ import annotations
@@ -48,11 +48,17 @@ def _gpu_extra() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("cutlass", "triton"))
 
 
+def _ray_extra() -> bool:
+    """The ray extra (`agentab ab --ray`)."""
+    return importlib.util.find_spec("ray") is not None
+
+
 AVAILABLE = {
     "vllm": _vllm_python,
     "aiperf": _aiperf_python,
     "chromium": _chromium,
     "gpu": _gpu_extra,
+    "ray": _ray_extra,
 }
 
 

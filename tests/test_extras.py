@@ -92,6 +92,18 @@ def test_ab_of_a_local_engine_without_torch_refuses_before_the_first_run(tmp_pat
     assert not out.exists()
 
 
+def test_ab_on_ray_without_ray_refuses_before_the_first_run(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ("ab", "examples/sweep-gb300-tp16.toml", "-o", out, "--ray", "local")
+    result = without("ray", tmp_path, *args)
+    assert result.returncode == 2
+    assert result.stderr == (
+        "agentab: error: --ray needs ray, which is not installed here; install it with: "
+        "pip install -e '.[ray]'\n"
+    )
+    assert not out.exists()
+
+
 def test_calibrate_of_a_local_engine_without_torch(tmp_path: Path) -> None:
     args = ("calibrate", "--engine", "local", "--preset", "tiny", "-o", tmp_path / "p.toml")
     result = without("torch", tmp_path, *args)

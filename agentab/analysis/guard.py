@@ -51,6 +51,8 @@ EXCLUDED_FIELDS: frozenset[str] = frozenset(
         "status",  # outcome of the run, not its configuration
         "stats",  # the run's counters (requests finished, errors, ...)
         "writer",  # the process that wrote the run dir (pid, host)
+        "placement",  # where an experiment's run executed (pool worker, Ray node)
+        "clients",  # the replay client processes' load and lag (checked on their own)
         "clock_t0",  # the loop time at which the run started
         "workload.source",  # where the workload was read from; its content hash is compared
     }

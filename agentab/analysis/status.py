@@ -55,6 +55,37 @@ def describe_status(manifest: dict[str, Any]) -> str | None:
     return f"{status}: {_WHY.get(str(status), 'not completed')}"
 
 
+BEHIND_PLAN_BOUND_MS = 10.0
+"""A run whose replay client sent its requests more than this late at P90 (the manifest's
+`clients[].behind_plan_ms`, `agentab.replay.client_load`) measured a saturated client, not the
+server: analysis refuses it. A client that keeps up sends within about a millisecond of plan;
+P90, not the maximum, so that one pause (a page fault, a neighbour's burst) does not refuse a
+run, while a loop that is late for a tenth of its dispatches does."""
+
+
+def behind_plan(manifest: dict[str, Any]) -> str | None:
+    """None when every client of the run kept to its plan, else which one did not, by how much."""
+    clients = manifest.get("clients")
+    if not isinstance(clients, list) or not clients:
+        return None
+    worst: tuple[float, dict[str, Any]] | None = None
+    for client in clients:
+        late = (client.get("behind_plan_ms") or {}).get("p90") if isinstance(client, dict) else None
+        if isinstance(late, int | float) and (worst is None or late > worst[0]):
+            worst = (float(late), client)
+    if worst is None or worst[0] <= BEHIND_PLAN_BOUND_MS:
+        return None
+    late, client = worst
+    lag = (client.get("loop_lag_ms") or {}).get("p90")
+    lag_text = f", its event loop {lag:.1f} ms late at P90" if isinstance(lag, int | float) else ""
+    return (
+        f"its replay client {client.get('client', 0) + 1} of {len(clients)} fell behind its plan: "
+        f"requests sent {late:.1f} ms late at P90 (bound {BEHIND_PLAN_BOUND_MS:g} ms){lag_text}; "
+        "the timings measure the client, not the server: replay with more client processes "
+        "(--clients N)"
+    )
+
+
 def incomplete_runs(runs: Sequence[tuple[Path, dict[str, Any]]]) -> list[str]:
     """`PATH (status: why)` for every run of `runs` that did not complete."""
     out = []
@@ -78,6 +109,16 @@ def require_completed(runs: Sequence[tuple[Path, dict[str, Any]]], allow: bool) 
             f"{bad[0]}{more}: refusing to report on an unfinished run "
             "(pass --allow-incomplete to use it anyway)"
         )
+    for path, manifest in runs:
+        why = behind_plan(manifest)
+        if why is None:
+            continue
+        if not allow:
+            raise AgentabError(
+                f"{path}: refusing to report on this run: {why} (pass --allow-incomplete to use "
+                "it anyway)"
+            )
+        bad.append(f"{path} ({why})")
     return bad
 
 

@@ -156,14 +156,21 @@ def run_arm(
     point: int | float | None = None,
     prompt_salt: str | None = None,
     window_s: float | None = None,
+    placement: dict[str, Any] | None = None,
 ) -> Path:
     """One run of one arm into `run_dir`, on the experiment's engine kind (at a sweep point,
-    with the swept replay option set to it; with `window_s`, that profiling window)."""
+    with the swept replay option set to it; with `window_s`, that profiling window).
+
+    `placement`: where the run executes (`agentab.experiments.tasks.placement`), recorded in
+    the manifest; by default this process."""
+    from agentab.experiments.tasks import placement as this_process
+
     replay = replay_options(experiment, repeat, point, prompt_salt, window_s)
     extra: dict[str, Any] = {
         "arm": arm.name,
         "repeat": repeat,
         "experiment": experiment.name,
+        "placement": placement if placement is not None else this_process("process"),
     }
     if experiment.sweep is not None and point is not None:
         extra["sweep_point"] = {experiment.sweep.variable: point}

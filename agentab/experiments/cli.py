@@ -79,6 +79,17 @@ from agentab.outputs import OutputPath, output_help
     "always run one run at a time (their arms share the GPUs).",
 )
 @click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="A [sweep] on the simulator: run its runs as tasks on a Ray cluster (the ray extra): "
+    "`local` starts one in this process with --workers CPUs, `auto` joins the cluster of this "
+    "host, HOST:PORT a head node, ray://HOST:10001 a cluster through Ray Client. Each run's "
+    "files come back to the experiment dir, which holds what a local run writes plus the node "
+    "each run executed on (manifest `placement`).",
+)
+@click.option(
     "--dry-run",
     is_flag=True,
     help="Check the file and print the runs it calls for, without running them; with -o naming "
@@ -102,6 +113,7 @@ def ab(
     max_repeats: int | None,
     block_seconds: float | None,
     workers: int | None,
+    ray_address: str | None,
     dry_run: bool,
     effect: float,
 ) -> None:
@@ -127,10 +139,12 @@ def ab(
             raise click.UsageError("--max-runs applies to an A/B without a [sweep] table")
         if until_decided:
             raise click.UsageError("--until-decided applies to an A/B without a [sweep] table")
-        _ab_sweep(experiment, out, progress, fail_if_worse, workers)
+        _ab_sweep(experiment, out, progress, fail_if_worse, workers, ray_address)
         return
     if workers is not None:
         raise click.UsageError("--workers applies to a [sweep] on the simulator")
+    if ray_address is not None:
+        raise click.UsageError("--ray applies to a [sweep] on the simulator")
     from agentab.analysis.compare import WORSE
     from agentab.experiments.ab import run_experiment
 
@@ -159,13 +173,20 @@ def ab(
 
 
 def _ab_sweep(
-    experiment, out: Path | None, progress: bool, fail_if_worse: bool, workers: int | None
+    experiment,
+    out: Path | None,
+    progress: bool,
+    fail_if_worse: bool,
+    workers: int | None,
+    ray_address: str | None,
 ) -> None:
     from agentab.experiments.pool import default_workers
     from agentab.experiments.sweep import run_sweep
     from agentab.experiments.sweep_report import write_sweep_reports
 
     out = out if out is not None else Path("runs") / experiment.name
+    if ray_address is not None:
+        _check_ray(experiment, workers, ray_address)
     if workers is None:
         workers = default_workers(experiment)
     elif workers > 1 and experiment.engine_kind != "simulator":
@@ -173,7 +194,13 @@ def _ab_sweep(
             f"--workers {workers}: only simulated runs are spread over processes (the arms of "
             f"a {experiment.engine_kind} engine share its GPUs and run one at a time)"
         )
-    points = run_sweep(experiment, out, progress=progress and workers == 1, workers=workers)
+    points = run_sweep(
+        experiment,
+        out,
+        progress=progress and workers == 1 and ray_address is None,
+        workers=workers,
+        ray_address=ray_address,
+    )
     data, markdown = write_sweep_reports(experiment, points, out)
     click.echo(markdown, nl=False)
     worse = data["recommendation"]["worse_points"]
@@ -184,6 +211,25 @@ def _ab_sweep(
             err=True,
         )
         raise SystemExit(1)
+
+
+def _check_ray(experiment, workers: int | None, ray_address: str) -> None:
+    """Refuse --ray before the experiment dir is touched: ray missing, the wrong engine, or
+    --workers for a cluster that decides its own size."""
+    from agentab.experiments.ray_cluster import LOCAL
+    from agentab.extras import require
+
+    if experiment.engine_kind != "simulator":
+        raise click.UsageError(
+            f"--ray: only simulated runs are spread over a cluster (the arms of a "
+            f"{experiment.engine_kind} engine share its GPUs and run one at a time)"
+        )
+    if workers is not None and ray_address != LOCAL:
+        raise click.UsageError(
+            f"--workers applies with --ray local (the CPUs of the cluster it starts); the "
+            f"cluster at {ray_address} runs as many runs at a time as it has CPUs"
+        )
+    require("ray", "--ray", extra="ray")
 
 
 def _dry_run(experiment, out: Path | None, effect: float) -> None:

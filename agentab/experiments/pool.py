@@ -1,47 +1,34 @@
 """Independent simulated runs spread over local processes.
 
-A sweep on the simulator is dozens of runs that share nothing but the workload: each is a
-deterministic function of the experiment, its point, arm and repeat, and writes its own run dir.
-Running them in a pool of processes (one simulation per core; the simulator is single-threaded
-Python) gives the same run dirs, only sooner. Real engines are not spread: their arms share the
-GPUs and must run one at a time, interleaved.
+Running a sweep's runs in a pool of processes (one simulation per core; the simulator is
+single-threaded Python) gives the same run dirs, only sooner. Real engines are not spread:
+their arms share the GPUs and must run one at a time, interleaved.
 
 Each worker loads the experiment and its workload once (`_init`), then runs the tasks it is
-given; the parent logs each run as it ends. A worker that raises (a run that failed) is
-reported, and the runs already done stay done: the same command resumes the rest.
+given. A run that raises comes back as a `RunFailed` (the worker lives on); a worker that dies
+(killed, out of memory) breaks the pool, and every run it held comes back failed and the next
+submission starts a fresh pool, so `agentab.experiments.fanout` can retry them.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
+from agentab.errors import error_line
 from agentab.experiments.experiment import Experiment
-
-
-@dataclass(frozen=True)
-class RunTask:
-    """One run to do: where it goes and which (point, repeat, arm) it is."""
-
-    path: Path
-    arm: str
-    repeat: int
-    point: int | float | None
-    prompt_salt: str
-
-
-@dataclass(frozen=True)
-class RunDone:
-    """What the parent logs when a run ends."""
-
-    task: RunTask
-    p90_interactivity: float | None
-    seconds: float
+from agentab.experiments.tasks import (
+    RunDone,
+    RunFailed,
+    RunTask,
+    execute,
+    placement,
+)
 
 
 def default_workers(experiment: Experiment) -> int:
@@ -68,57 +55,62 @@ def _init(experiment_path: Path) -> None:
     _WORKLOAD = load_workload(_EXPERIMENT)
 
 
-def execute(
-    experiment: Experiment, workload: Any, task: RunTask, *, progress: bool = False
-) -> RunDone:
-    """Run one task, write its summary; the same in a worker and in the parent."""
-    from agentab.analysis.load import load_run
-    from agentab.analysis.summary import summarize_run, write_summary
-    from agentab.experiments.ab import run_arm
-    from agentab.experiments.experiment_dir import clear_unfinished
-
-    arm = next(a for a in experiment.arms if a.name == task.arm)
-    clear_unfinished(task.path)
-    t0 = time.monotonic()
-    run_arm(
-        experiment,
-        arm,
-        task.repeat,
-        workload,
-        task.path,
-        progress=progress,
-        point=task.point,
-        prompt_salt=task.prompt_salt,
-    )
-    summary = summarize_run(load_run(task.path))
-    write_summary(summary)
-    return RunDone(task, summary.values["p90_interactivity_tok_s"], time.monotonic() - t0)
-
-
-def _execute_in_worker(task: RunTask) -> RunDone:
+def _execute_in_worker(task: RunTask) -> RunDone | RunFailed:
     assert _EXPERIMENT is not None
-    return execute(_EXPERIMENT, _WORKLOAD, task)
-
-
-def run_in_pool(
-    experiment: Experiment,
-    tasks: Sequence[RunTask],
-    workers: int,
-    on_done: Callable[[RunDone], None],
-) -> None:
-    """Run `tasks` on `workers` processes, calling `on_done` in this process as each ends.
-
-    The first failure, or Ctrl-C, stops the pool at once (its workers are terminated, their
-    runs left unfinished for a resume to redo) and is raised here; completed runs are kept.
-    """
-    context = multiprocessing.get_context("spawn")  # no fork of a process holding threads
-    pool = context.Pool(min(workers, len(tasks)), initializer=_init, initargs=(experiment.path,))
     try:
-        for done in pool.imap_unordered(_execute_in_worker, tasks):
-            on_done(done)
-        pool.close()
-    except BaseException:
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
+        return execute(_EXPERIMENT, _WORKLOAD, task, where=placement("pool"))
+    except Exception as exc:  # reported to the parent, which retries it once
+        return RunFailed(task, error_line(exc))
+
+
+class ProcessBackend:
+    """A pool of `workers` spawned processes (`agentab.experiments.fanout.Backend`)."""
+
+    def __init__(self, experiment: Experiment, workers: int) -> None:
+        self.experiment = experiment
+        self.slots = workers
+        self._executor: ProcessPoolExecutor | None = None
+        self._tasks: dict[Future[RunDone | RunFailed], RunTask] = {}
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None or getattr(self._executor, "_broken", False):
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = ProcessPoolExecutor(
+                self.slots,
+                mp_context=multiprocessing.get_context("spawn"),  # no fork of a threaded process
+                initializer=_init,
+                initargs=(self.experiment.path,),
+            )
+        return self._executor
+
+    def submit(self, task: RunTask) -> Hashable:
+        future = self._pool().submit(_execute_in_worker, task)
+        self._tasks[future] = task
+        return future
+
+    def wait(
+        self, handles: Sequence[Hashable], timeout_s: float
+    ) -> list[tuple[Hashable, RunDone | RunFailed]]:
+        futures = [h for h in handles if isinstance(h, Future)]
+        done, _ = wait_futures(futures, timeout=timeout_s, return_when=FIRST_COMPLETED)
+        out: list[tuple[Hashable, RunDone | RunFailed]] = []
+        for future in done:
+            task = self._tasks.pop(future)
+            exc = future.exception()
+            if exc is not None:  # the worker died (BrokenProcessPool) or could not start
+                out.append((future, RunFailed(task, f"worker process lost: {error_line(exc)}")))
+            else:
+                out.append((future, future.result()))
+        return out
+
+    def close(self, *, abort: bool) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        if abort:
+            # ProcessPoolExecutor has no terminate (before Python 3.14): stop the workers'
+            # runs here, so a Ctrl-C does not wait for every simulation in flight to finish.
+            for process in list(getattr(executor, "_processes", {}).values()):
+                process.terminate()
+        executor.shutdown(wait=True, cancel_futures=True)

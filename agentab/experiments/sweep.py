@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from agentab.experiments.experiment_dir import (
     is_fresh,
     prepare_dir,
 )
-from agentab.experiments.pool import RunDone, RunTask, execute, run_in_pool
+from agentab.experiments.tasks import RunDone, RunTask, execute
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,15 @@ def run_sweep(
     progress: bool = False,
     log: Log = stderr_line,
     workers: int = 1,
+    ray_address: str | None = None,
 ) -> list[SweepPoint]:
     """Run every missing (point, repeat, arm), then guard and compare every point.
 
     `workers` > 1 (the simulator only): the runs go to that many processes
-    (agentab.experiments.pool); the run dirs are the same as one process writes."""
+    (agentab.experiments.pool); `ray_address`: to a Ray cluster as tasks
+    (agentab.experiments.ray_cluster; `local` starts one of `workers` CPUs here). Either way
+    the run dirs are the ones one process writes, progress is logged, and a failed run is
+    retried once (agentab.experiments.fanout)."""
     sweep = experiment.sweep
     if sweep is None:
         raise AgentabError(f"{experiment.path}: no [sweep] table")
@@ -112,29 +117,60 @@ def run_sweep(
     ]
     count = iter(range(1, len(tasks) + 1))
 
-    def logged(done: RunDone) -> None:
+    def logged(done: RunDone, status: str = "") -> None:
         t = done.task
         p90 = done.p90_interactivity
         log(
             f"  [{next(count)}/{len(tasks)}] {sweep.variable} {t.point:g} {t.arm} repeat "
             f"{t.repeat + 1}: P90 interactivity {'–' if p90 is None else f'{p90:.1f}'} "
-            f"tok/s/user ({done.seconds:.1f} s)"
+            f"tok/s/user ({done.seconds:.1f} s){'; ' + status if status else ''}"
         )
 
-    if workers > 1 and len(tasks) > 1:
-        if experiment.engine_kind != "simulator":
-            raise AgentabError(
-                f"--workers {workers}: only simulated runs are spread over processes (the arms "
-                f"of a {experiment.engine_kind} engine share its GPUs and run one at a time)"
-            )
-        log(f"agentab ab: {len(tasks)} runs on {min(workers, len(tasks))} processes")
-        run_in_pool(experiment, tasks, workers, logged)
+    spread = ray_address is not None or (workers > 1 and len(tasks) > 1)
+    if spread and experiment.engine_kind != "simulator":
+        flag = "--ray" if ray_address is not None else f"--workers {workers}"
+        raise AgentabError(
+            f"{flag}: only simulated runs are spread over processes (the arms of a "
+            f"{experiment.engine_kind} engine share its GPUs and run one at a time)"
+        )
+    if spread and tasks:
+        _fan_out(experiment, workload, tasks, workers, ray_address, logged, log)
     else:
         for task in tasks:
             logged(execute(experiment, workload, task, progress=progress))
     points = analyse_sweep(experiment, out_dir)
     log(f"agentab ab: sweep done in {time.monotonic() - started:.1f} s; reports in {out_dir}")
     return points
+
+
+def _fan_out(
+    experiment: Experiment,
+    workload: Any,
+    tasks: list[RunTask],
+    workers: int,
+    ray_address: str | None,
+    logged: Callable[[RunDone, str], None],
+    log: Log,
+) -> None:
+    """The runs on a local pool of `workers` processes, or as tasks on a Ray cluster."""
+    from agentab.experiments.fanout import Backend, fan_out
+    from agentab.replay.progress import line_interval_s
+
+    interval = line_interval_s()
+    backend: Backend
+    if ray_address is not None:
+        from agentab.experiments.ray_cluster import RayBackend, connect
+
+        cpus = connect(ray_address, workers)
+        backend = RayBackend(experiment, workload, cpus)
+        log(f"agentab ab: {len(tasks)} runs as Ray tasks on {ray_address} ({cpus} CPUs)")
+    else:
+        from agentab.experiments.pool import ProcessBackend
+
+        backend = ProcessBackend(experiment, min(workers, len(tasks)))
+        log(f"agentab ab: {len(tasks)} runs on {backend.slots} processes")
+    variable = experiment.sweep.variable if experiment.sweep is not None else None
+    fan_out(backend, tasks, logged, log=log, variable=variable, interval_s=interval)
 
 
 def _runs(experiment: Experiment, out_dir: Path) -> dict[int | float, tuple[list[Run], list[Run]]]:

@@ -22,6 +22,7 @@ from agentab.clock import is_virtual, run_real, run_virtual
 from agentab.dir_lock import lock_dir, release_dir
 from agentab.errors import AgentabError, AgentabWarning
 from agentab.redact import has_credentials, redact_url
+from agentab.replay.client_load import LoopLag, client_load
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
@@ -128,8 +129,12 @@ async def _run(
             _gc_frozen(loop),
             eager_tasks(loop) if not is_virtual(loop) else contextlib.nullcontext(),
         ):
+            lag = None if is_virtual(loop) else LoopLag(loop)  # after the freeze's collection
             stats = await runner.run()
         manifest["clock_t0"] = runner.t0
+        if lag is not None:
+            lag.stop()
+            manifest["clients"] = [runner_load(runner, 0, lag)]
         _warn_if_replayed_often(runner.plays, len(workload), replay)
     finally:
         stop_scrape.set()
@@ -149,6 +154,22 @@ async def _run(
     )
     write_manifest(run_dir, manifest)
     return stats, manifest
+
+
+def runner_load(runner: Runner, client: int, lag: LoopLag) -> dict[str, Any]:
+    """The manifest's `clients` entry of one runner (`agentab.replay.client_load`)."""
+    plan = runner.plan
+    lanes = None if plan.options.open_loop else len(range(runner.shard, plan.lanes, runner.shards))
+    return client_load(
+        client,
+        lanes,
+        dispatched=runner.stats.dispatched,
+        chunks=runner.chunks,
+        t0=runner.t0,
+        wall_s=runner.loop.time() - runner.t0,
+        lags=lag.lags,
+        behind=runner.behind,
+    )
 
 
 def _backend_label(facts: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:

@@ -192,10 +192,37 @@ def _summary(run_dir: Path) -> None:
 @click.option("--url", required=True, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")
 @click.option("--model", default=None, help="Model name (default: the first of /v1/models).")
 @click.option("--api-key-env", default=None, help="Environment variable holding the API key.")
+@click.option(
+    "--clients",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Send the plan from N client processes on this host, lanes split among them, started "
+    "together on one clock, records merged into one run dir. For loads one process cannot "
+    "time: the manifest's `clients` records each one's chunk rate and event-loop lag, and "
+    "the report refuses a run whose client fell behind its plan.",
+)
 def replay(**kw: Any) -> None:
     """Replay WORKLOAD against an OpenAI-compatible server (real clock)."""
     from agentab.replay.api import replay_to_dir
 
+    if kw["clients"] > 1:
+        from agentab.replay.shards import sharded_replay_to_dir
+
+        run_dir = sharded_replay_to_dir(
+            _load(kw),
+            url=kw["url"],
+            replay=_options(kw),
+            out_dir=kw["out_dir"],
+            clients=kw["clients"],
+            model=kw["model"],
+            api_key_env=kw["api_key_env"],
+            manifest_extra=_extra(kw),
+            log=None if kw["quiet"] else lambda line: click.echo(line, err=True),
+        )
+        _summary(run_dir)
+        return
     run_dir = replay_to_dir(
         _load(kw),
         url=kw["url"],

@@ -26,7 +26,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from agentab.clock import is_virtual
 from agentab.errors import AgentabError
@@ -119,7 +119,14 @@ class Runner:
         writer: PartWriter,
         *,
         handle_signals: bool = True,
+        shard: tuple[int, int] = (0, 1),
+        start_at: float | None = None,
+        window: WindowSync | None = None,
     ) -> None:
+        """`shard` = (k, n): play only the plays whose lane is k modulo n (one of n client
+        processes sharing one plan; `agentab.replay.shards`). `start_at`: the loop time the run
+        starts at (the clients' common start; default: now). `window`: the clients' shared
+        profiling window (each reports when its warmup is over; all open it at once)."""
         self.plan = plan
         self.opts = plan.options
         self.target = target
@@ -144,6 +151,11 @@ class Runner:
         self.end_t = math.inf  # no dispatch due after this (the window's end, once it opened)
         self._drain_handle: asyncio.TimerHandle | None = None  # the drain cap, once set
         self.plays = 0  # session plays started (a short trace is played again and again)
+        self.shard, self.shards = shard
+        self.start_at = start_at
+        self.window = window
+        self.chunks = 0  # chunks received (the client's load)
+        self.behind: list[float] = []  # real clock: how late each profiling request was sent
 
     # -- public -----------------------------------------------------------------------------
 
@@ -162,7 +174,9 @@ class Runner:
     async def run(self) -> RunStats:
         loop = asyncio.get_running_loop()
         self.loop = loop
-        self.t0 = loop.time()
+        if self.start_at is not None:
+            await asyncio.sleep(max(0.0, self.start_at - loop.time()))
+        self.t0 = loop.time() if self.start_at is None else self.start_at
         self._early = 0.0 if is_virtual(loop) else EARLY_WAKEUP_S
         self._idle_since = self.t0
         self.end_t = math.inf
@@ -173,10 +187,10 @@ class Runner:
                 self._arrivals = self.plan.arrivals()
                 self._push_next_arrival()
             else:
-                for lane in range(self.plan.lanes):
+                for lane in range(self.shard, self.plan.lanes, self.shards):
                     self._start_lane(lane, 0, self.t0)
             if self._warmup_open == 0:
-                self._open_window(self.t0)
+                self._warmup_over(self.t0)
             self._after_change(None)
             await self._done
         finally:
@@ -206,6 +220,20 @@ class Runner:
         for task in list(self._tasks):
             task.cancel()
         self._after_change(None)
+
+    def _warmup_over(self, t: float) -> None:
+        """This runner's last warmup request ended: open the window, or (one client of several)
+        say so and open it when the last client's warmup is over (`open_window`)."""
+        if self.window is None:
+            self._open_window(t)
+        else:
+            self.window.warmup_over(t)
+
+    def open_window(self, t: float) -> None:
+        """Open the profiling window at loop time `t` (the clients' common one)."""
+        if self.stats.profiling_start_s is None and not self._done.done():
+            self._open_window(t)
+            self._after_change(None)
 
     def _open_window(self, t: float) -> None:
         """The profiling phase begins: `duration_s` counts from here, as AgentX's window does.
@@ -337,6 +365,8 @@ class Runner:
                 return  # the lane is done: its later requests are not sent, its tree never ends
             self._lane_sent[lane] = self._lane_sent.get(lane, 0) + 1
         self.stats.dispatched += 1
+        if self._early and node.phase == "profiling":  # real clock: how late this timer fired
+            self.behind.append(self.loop.time() - due)
         max_req = self.opts.max_requests
         if max_req is not None and self.stats.dispatched >= max_req:
             self._stopping = True  # this one is the last; the run ends when it is done
@@ -389,6 +419,8 @@ class Runner:
 
     def _push_next_arrival(self) -> None:
         nxt = next(self._arrivals, None)
+        while nxt is not None and nxt[1].lane % self.shards != self.shard:
+            nxt = next(self._arrivals, None)  # another client's arrival
         if nxt is not None:
             offset, play = nxt
             self._push(None, play, self.t0 + offset)
@@ -483,7 +515,7 @@ class Runner:
         if node.phase == "warmup":
             self._warmup_open -= 1
             if self._warmup_open == 0 and stats.profiling_start_s is None:
-                self._open_window(now)
+                self._warmup_over(now)
         if cancelled:
             stats.cancelled += 1
         else:
@@ -514,6 +546,7 @@ class Runner:
         play = tree.play
         t0 = self.t0
         sent = out.sent
+        self.chunks += len(out.chunk_times)
         self.writer.add(
             {
                 "request_id": play.request_id(node),
@@ -538,6 +571,14 @@ class Runner:
                 "warning_message": out.warning_message,
             }
         )
+
+
+class WindowSync(Protocol):
+    """The clients of one sharded run share one profiling window (`agentab.replay.shards`)."""
+
+    def warmup_over(self, t: float) -> None:
+        """This client's warmup requests have all ended, at loop time `t`."""
+        ...
 
 
 class _RunSignals:

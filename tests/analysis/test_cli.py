@@ -125,6 +125,48 @@ def test_unfinished_runs_are_refused_by_report_and_compare(
     assert (compare.returncode, compare.stdout, compare.stderr) == (2, "", line)
 
 
+def client(k: int, behind_p90: float) -> dict:
+    """A `clients` entry of the manifest (agentab.replay.client_load)."""
+    return {
+        "client": k,
+        "host": "h",
+        "pid": 1,
+        "lanes": 8,
+        "clock_t0": 5.0,
+        "requests": 100,
+        "chunks": 9000,
+        "wall_s": 10.0,
+        "chunks_per_s": 900.0,
+        "loop_lag_ms": {"p50": 1.0, "p90": 6.5, "p99": 12.5, "max": 40.0},
+        "behind_plan_ms": {"p50": 2.0, "p90": behind_p90, "p99": 45.0, "max": 50.0},
+    }
+
+
+def test_a_run_whose_client_fell_behind_its_plan_is_refused(
+    tmp_path: Path, runs: dict[str, Path]
+) -> None:
+    late = write_run(
+        tmp_path / "late",
+        synthetic_records(1),
+        manifest(clients=[client(0, 3.0), client(1, 10.5), client(2, 1.0)]),
+    )
+    line = (
+        f"agentab: error: {late}: refusing to report on this run: its replay client 2 of 3 fell "
+        "behind its plan: requests sent 10.5 ms late at P90 (bound 10 ms), its event loop 6.5 "
+        "ms late at P90; the timings measure the client, not the server: replay with more "
+        "client processes (--clients N) (pass --allow-incomplete to use it anyway)\n"
+    )
+    report = agentab("report", late)
+    assert (report.returncode, report.stdout, report.stderr) == (2, "", line)
+    compare = agentab("compare", runs["a"], late)
+    assert (compare.returncode, compare.stdout, compare.stderr) == (2, "", line)
+    allowed = agentab("report", late, "--allow-incomplete")
+    assert allowed.returncode == 0, allowed.stderr
+    # at the bound it is kept
+    kept = write_run(tmp_path / "kept", synthetic_records(1), manifest(clients=[client(0, 10.0)]))
+    assert agentab("report", kept).returncode == 0
+
+
 def test_a_run_still_in_progress_is_named_as_such(tmp_path: Path) -> None:
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

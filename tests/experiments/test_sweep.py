@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from agentab.errors import AgentabError
 from agentab.experiments.experiment import load_experiment
 from agentab.experiments.experiment_dir import is_complete
-from agentab.rundir import scan_records
+from agentab.rundir import scan_metrics, scan_records
 
 SWEEP = """\
 name = "tiny-sweep"
@@ -303,3 +305,83 @@ def test_workers_apply_to_a_simulated_sweep_only(tmp_path: Path) -> None:
     result = agentab("ab", path, "-o", tmp_path / "out", "--workers", "2")
     assert result.returncode == 2
     assert "--workers applies to a [sweep] on the simulator" in result.stderr
+
+
+# What differs between two executions of one run by nature: the wall clock and the process.
+PROCESS_FIELDS = ("started_at", "finished_at", "writer", "placement")
+
+
+def assert_same_experiment_dir(one: Path, other: Path) -> None:
+    """`other` holds what `one` holds: every file byte for byte (paths into the dir written as
+    `one`'s), the manifests field for field but for the wall clock and the process that ran
+    them, the records and metrics as the same Arrow rows. Left out: each dir's lock file (the
+    pid that held it) and report.html (plotly draws a random element id per plot)."""
+
+    def files(root: Path) -> set[str]:
+        found = set()
+        for p in root.rglob("*"):
+            if p.is_file() and p.name not in (".agentab.lock", "report.html"):
+                rel = p.relative_to(root)
+                table = rel.parent.name in ("records", "metrics")
+                found.add(str(rel.parent / "*") if table else str(rel))
+        return found
+
+    assert files(one) == files(other)
+    for rel in sorted(files(one)):
+        if rel.endswith("/*"):  # a table's part files: split where the wall-clock flushes fell
+            run, table = Path(rel).parent.parent, Path(rel).parent.name
+            scan = scan_records if table == "records" else scan_metrics
+            assert scan(one / run).collect().equals(scan(other / run).collect()), rel
+            continue
+        a = (one / rel).read_bytes()
+        b = (other / rel).read_bytes().replace(str(other).encode(), str(one).encode())
+        if rel.endswith("manifest.json"):
+            ma, mb = json.loads(a), json.loads(b)
+            for key in PROCESS_FIELDS:
+                ma.pop(key, None)
+                mb.pop(key, None)
+            assert ma == mb, rel
+        else:
+            assert a == b, rel
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_ray_sweep_writes_the_runs_one_process_writes(sweep, tmp_path: Path) -> None:
+    path, out, first = sweep
+    assert first.returncode == 0, first.stderr
+    ray_out = tmp_path / "ray"
+    ray_out.mkdir()
+    # the one-process sweep's salt, so both send the same prompts
+    (ray_out / "prompt_salt").write_text((out / "prompt_salt").read_text())
+    (ray_out / "experiment.toml").write_text((out / "experiment.toml").read_text())
+    result = agentab("ab", path, "-o", ray_out, "--ray", "local", "--workers", "2", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    assert "agentab ab: 8 runs as Ray tasks on local (2 CPUs)" in result.stderr
+    assert "[8/8]" in result.stderr and "8/8 done, 0 running, 0 failed" in result.stderr
+    assert_same_experiment_dir(out, ray_out)
+    for c, arm, k in RUNS:
+        where = json.loads((ray_out / f"concurrency-{c}/{arm}/run-{k}/manifest.json").read_text())
+        assert where["placement"]["runner"] == "ray"
+        assert where["placement"]["host"] == socket.gethostname()
+        assert re.fullmatch(r"[0-9a-f]{56}", where["placement"]["node"])
+        local = json.loads((out / f"concurrency-{c}/{arm}/run-{k}/manifest.json").read_text())
+        here = {"runner": "process", "host": socket.gethostname(), "node": None}
+        assert local["placement"] == here
+
+
+def test_ray_applies_to_a_simulated_sweep_only(tmp_path: Path) -> None:
+    path = tmp_path / "ab.toml"
+    path.write_text(SWEEP.replace("[sweep]\nconcurrency = [8, 2]\n", ""))
+    result = agentab("ab", path, "-o", tmp_path / "out", "--ray", "local")
+    assert result.returncode == 2
+    assert "--ray applies to a [sweep] on the simulator" in result.stderr
+
+
+def test_workers_with_a_ray_cluster_address_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.toml"
+    path.write_text(SWEEP)
+    result = agentab("ab", path, "-o", tmp_path / "out", "--ray", "auto", "--workers", "2")
+    assert result.returncode == 2
+    assert "--workers applies with --ray local" in result.stderr
+    assert not (tmp_path / "out").exists()

@@ -58,7 +58,7 @@ def test_no_first_party_import_is_skipped() -> None:
 
 
 # The extras the README's test command does not install (`pip install -e '.[dev]'`).
-_EXTRAS = ("torch", "triton", "cutlass", "numba", "safetensors")
+_EXTRAS = ("torch", "triton", "cutlass", "numba", "safetensors", "ray")
 _WITHOUT_EXTRAS = (
     "import sys\n"
     f"for name in {_EXTRAS!r}:\n"

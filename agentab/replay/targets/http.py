@@ -166,6 +166,11 @@ class HttpTarget:
         data = await self._get_json("/agentab/describe")
         return data if isinstance(data, dict) else {}
 
+    def warm(self, spec: RequestSpec) -> None:
+        """Build one request's body and drop it: the prompt builder compiles on first use (about
+        a second), which a caller starting several clients on one clock pays before the start."""
+        self._body(spec)
+
     def _body(self, spec: RequestSpec) -> bytes:
         req: dict[str, Any] = {
             "model": self.model,

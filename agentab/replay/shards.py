@@ -1,0 +1,410 @@
+"""One replay plan sent by several client processes (`agentab replay --clients N`).
+
+Why: one Python process spends microseconds of CPU per streamed chunk, so a large deployment's
+load (thousands of concurrent sessions) saturates its event loop, and a saturated client times
+its own lateness, not the server's (`agentab.replay.client_load`). Split by lane over N
+processes, the same plan has N loops to carry it.
+
+How the clients stay one run:
+- one plan: every client builds the same plan from the same workload and options (one prompt
+  salt, drawn here), and plays the plays whose lane is its index modulo N (open loop: the
+  arrivals whose play index is); request ids and salts are the plan's, as in one process;
+- one clock: the clients start when all are connected, at one `loop.time()` (the monotonic
+  clock, shared by the processes of one host), so every record's times count from one t0;
+- one profiling window: each client reports when its warmup requests are over; the window
+  opens for all when the last one is (as one process opens it after its last warmup);
+- one run dir: each client writes its records under `clients/<k>/` as it goes; at the end they
+  are merged into `records/` (and client 0's metric scrapes into `metrics/`), the manifest's
+  counters are summed, and `clients` lists each process's load and lag.
+What stays per client: idle compression (each compresses on its own in-flight state; under a
+load that needs several clients the run is never idle) and the error-rate guard (a client that
+stops the run stops the others).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import multiprocessing
+import shutil
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from agentab.clock import run_real
+from agentab.dir_lock import lock_dir, release_dir
+from agentab.errors import AgentabError, error_line
+from agentab.replay.api import _backend_label, _gc_frozen, _raise_if_failed, _status, runner_load
+from agentab.replay.client_load import LoopLag
+from agentab.replay.eager import eager_tasks
+from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
+from agentab.replay.metrics import scrape_loop
+from agentab.replay.options import ReplayOptions, new_prompt_salt
+from agentab.replay.plan import Plan, build_plan
+from agentab.replay.runner import Runner, RunStats
+from agentab.replay.targets.base import RequestSpec
+from agentab.rundir import (
+    METRICS_DIR,
+    METRICS_SCHEMA,
+    RECORD_SCHEMA,
+    RECORDS_DIR,
+    PartWriter,
+    part_files,
+    write_manifest,
+)
+from agentab.rundir.parts import atomic_write_ipc, part_path
+from agentab.workloads.model import Workload
+
+CLIENTS_DIR = "clients"
+START_DELAY_S = 0.5
+"""The common start is this far after the last client is ready: time for the start message
+to reach every client before it is due."""
+_STOP_ORDER = ("interrupted", "write_error", "error_rate", "max_requests", "duration", "completed")
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """What one client process needs: the whole plan's inputs, and which share is its own."""
+
+    client: int
+    clients: int
+    workload: Workload
+    replay: ReplayOptions
+    url: str
+    model: str | None
+    api_key_env: str | None
+    folder: Path
+    scrape: bool
+
+
+class _Parent:
+    """A client's line to the coordinating process, read on the client's loop."""
+
+    def __init__(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        self.conn = conn
+        self.loop = loop
+        self.inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+        self.runner: Runner | None = None
+        loop.add_reader(conn.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        try:
+            message = self.conn.recv()
+        except EOFError:  # the coordinator is gone: stop sending load nobody will record
+            self.loop.remove_reader(self.conn.fileno())
+            message = ("abort", "interrupted", "the coordinating process ended")
+        if message[0] == "open" and self.runner is not None:
+            self.runner.open_window(message[1])
+        elif message[0] == "abort" and self.runner is not None:
+            self.runner.abort(message[1], message[2])
+        else:
+            self.inbox.put_nowait(message)
+
+    def warmup_over(self, t: float) -> None:
+        self.conn.send(("warmup", t))
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_reader(self.conn.fileno())
+
+
+async def _client(job: ClientJob, conn: Connection) -> None:
+    from agentab.replay.targets.http import HttpTarget, api_key_from_env
+
+    loop = asyncio.get_running_loop()
+    parent = _Parent(conn, loop)
+    plan = build_plan(job.workload, job.replay)
+    target = HttpTarget(
+        job.url,
+        model=job.model,
+        endpoint=job.replay.endpoint,
+        api_key=api_key_from_env(job.api_key_env),
+        timeout_s=job.replay.request_timeout_s,
+    )
+    records: PartWriter | None = None
+    metrics: PartWriter | None = None
+    scraper: asyncio.Task[None] | None = None
+    stop_scrape = asyncio.Event()
+    try:
+        await target.start()
+        records = PartWriter(job.folder / RECORDS_DIR, RECORD_SCHEMA)
+        runner = Runner(plan, target, records, shard=(job.client, job.clients), window=parent)
+        spec = _first_request(plan, job.client, job.clients)
+        if spec is not None:
+            target.warm(spec)  # the prompt builder's first-use compile, before the common start
+        conn.send(("ready", target.describe()))
+        kind, start_at = await parent.inbox.get()
+        assert kind == "start"
+        runner.start_at = start_at
+        parent.runner = runner
+        if job.scrape:
+            metrics = PartWriter(job.folder / METRICS_DIR, METRICS_SCHEMA)
+            scraper = loop.create_task(
+                scrape_loop(
+                    target.scrape,
+                    metrics,
+                    t0=start_at,
+                    interval_s=job.replay.scrape_interval_s,
+                    stop=stop_scrape,
+                )
+            )
+        with _gc_frozen(loop), eager_tasks(loop):
+            lag = LoopLag(loop)  # after the freeze's collection
+            stats = await runner.run()
+        lag.stop()
+        conn.send(("done", stats, runner_load(runner, job.client, lag), runner.t0))
+    finally:
+        parent.close()
+        stop_scrape.set()
+        if scraper is not None:
+            await scraper
+        if records is not None:
+            records.close()
+        if metrics is not None:
+            metrics.close()
+        await target.close()
+
+
+def _first_request(plan: Plan, client: int, clients: int) -> RequestSpec | None:
+    """The first request this client will send (any request of the plan would do)."""
+    if plan.options.open_loop:
+        play = next((p for _, p in plan.arrivals() if p.lane % clients == client), None)
+    else:
+        play = plan.closed_play(client, 0)
+    if play is None:
+        return None
+    node = next((n for n in play.schedule.nodes if n.request is not None), None)
+    if node is None or node.request is None:
+        return None
+    request = node.request
+    return RequestSpec(play.request_id(node), play.session, request, play.salt, node.max_tokens)
+
+
+def _client_main(job: ClientJob, conn: Connection) -> None:
+    """A client process: run its share, report; an error goes back as one line."""
+    try:
+        run_real(_client(job, conn))
+    except BaseException as exc:  # the coordinator reports it and stops the other clients
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(("error", error_line(exc)))
+        raise SystemExit(1) from None
+
+
+def check_clients(clients: int, replay: ReplayOptions) -> None:
+    """Refuse, before any process starts, a split that cannot keep one plan's rules."""
+    if clients < 2:
+        return
+    if replay.max_requests is not None:
+        raise AgentabError(
+            f"--clients {clients}: --max-requests counts over all lanes at once, which separate "
+            "client processes cannot share; stop the run with --duration, --lane-requests or "
+            "--passes"
+        )
+    if not replay.open_loop and replay.concurrency < clients:
+        raise AgentabError(
+            f"--clients {clients}: more client processes than lanes (--concurrency "
+            f"{replay.concurrency}); each client plays whole lanes"
+        )
+
+
+def merged_stats(parts: list[RunStats]) -> RunStats:
+    """The run's account from its clients': counters summed, the most serious stop kept."""
+    out = RunStats()
+    for s in parts:
+        out.dispatched += s.dispatched
+        out.finished += s.finished
+        out.errors += s.errors
+        out.cancelled += s.cancelled
+        out.completion_tokens += s.completion_tokens
+        out.warmup += s.warmup
+        out.error_classes += s.error_classes
+        out.warning_classes += s.warning_classes
+        for cls, message in s.first_errors.items():
+            out.first_errors.setdefault(cls, message)
+        out.elapsed_s = max(out.elapsed_s, s.elapsed_s)
+        if s.profiling_start_s is not None:
+            out.profiling_start_s = max(out.profiling_start_s or 0.0, s.profiling_start_s)
+    worst = min(parts, key=lambda s: _rank(s.stop_reason))
+    out.stop_reason, out.message, out.signal = worst.stop_reason, worst.message, worst.signal
+    out.error_classes = Counter(dict(sorted(out.error_classes.items())))
+    return out
+
+
+def _rank(reason: str) -> int:
+    return _STOP_ORDER.index(reason) if reason in _STOP_ORDER else len(_STOP_ORDER)
+
+
+def merge_tables(run_dir: Path, folders: list[Path]) -> None:
+    """Every client's records into `records/` (in plan order), client 0's scrapes into
+    `metrics/`: the tables a one-process run leaves."""
+    frames = [pl.read_ipc(p) for f in folders for p in part_files(f / RECORDS_DIR)]
+    records = run_dir / RECORDS_DIR
+    records.mkdir(exist_ok=True)
+    if frames:
+        merged = pl.concat(frames).sort("planned_s", "request_id")
+        atomic_write_ipc(merged, part_path(records, 0, 0))
+    scrapes = part_files(folders[0] / METRICS_DIR)
+    if scrapes:
+        metrics = run_dir / METRICS_DIR
+        metrics.mkdir(exist_ok=True)
+        merged = pl.concat([pl.read_ipc(p) for p in scrapes])
+        atomic_write_ipc(merged, part_path(metrics, 0, 0))
+
+
+def sharded_replay_to_dir(
+    workload: Workload,
+    *,
+    url: str,
+    replay: ReplayOptions,
+    out_dir: str | Path,
+    clients: int,
+    model: str | None = None,
+    api_key_env: str | None = None,
+    manifest_extra: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """`replay_to_dir` with the plan's lanes spread over `clients` processes; one run dir."""
+    check_clients(clients, replay)
+    if replay.prompt_salt is None:  # one salt for all: the clients send one plan's prompts
+        replay = dataclasses.replace(replay, prompt_salt=new_prompt_salt())
+    build_plan(workload, replay)  # a plan that cannot be built fails here, not in N processes
+    if workload.num_requests() == 0:
+        raise AgentabError(f"{workload.source or 'workload'}: no requests to replay")
+    lock_dir(Path(out_dir), "agentab replay", "--out")
+    try:
+        run_dir = prepare_run_dir(out_dir)
+        stats = _coordinate(workload, replay, run_dir, clients, url, model, api_key_env,
+                            manifest_extra, log)  # fmt: skip
+    finally:
+        release_dir(Path(out_dir))
+    _raise_if_failed(stats, replay, run_dir)
+    return run_dir
+
+
+def _coordinate(
+    workload: Workload,
+    replay: ReplayOptions,
+    run_dir: Path,
+    clients: int,
+    url: str,
+    model: str | None,
+    api_key_env: str | None,
+    manifest_extra: dict[str, Any] | None,
+    log: Callable[[str], None] | None,
+) -> RunStats:
+    context = multiprocessing.get_context("spawn")  # a clean interpreter per client
+    folders = [run_dir / CLIENTS_DIR / str(k) for k in range(clients)]
+    conns: list[Connection] = []
+    procs = []
+    for k in range(clients):
+        mine, theirs = context.Pipe()
+        job = ClientJob(k, clients, workload, replay, url, model, api_key_env, folders[k],
+                        scrape=k == 0 and replay.scrape_metrics)  # fmt: skip
+        proc = context.Process(target=_client_main, args=(job, theirs), name=f"agentab-client-{k}")
+        proc.start()
+        theirs.close()
+        conns.append(mine)
+        procs.append(proc)
+    link = dict(zip(conns, range(clients), strict=True))
+    results: dict[int, tuple[RunStats, dict[str, Any], float]] = {}
+    errors: dict[int, str] = {}
+    warmups: dict[int, float] = {}
+    facts: dict[str, Any] | None = None
+    manifest: dict[str, Any] | None = None
+
+    def broadcast(message: tuple[Any, ...]) -> None:
+        for k, conn in enumerate(conns):
+            if k not in results and k not in errors:
+                with contextlib.suppress(OSError):
+                    conn.send(message)
+
+    def on_signal(signum: int, frame: object) -> None:
+        broadcast(("abort", "interrupted", f"interrupted by {signal.Signals(signum).name}"))
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    ready = 0
+    start_at = None
+    try:
+        open_conns = list(conns)
+        while open_conns:
+            for conn in wait(open_conns):
+                assert isinstance(conn, Connection)
+                k = link[conn]
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):  # the client ended (or was ended) without a word
+                    open_conns.remove(conn)
+                    if k not in results and k not in errors:
+                        errors[k] = f"client process {k} ended without a result"
+                        broadcast(("abort", "interrupted", f"client {k} failed: {errors[k]}"))
+                    continue
+                kind = message[0]
+                if kind == "ready":
+                    ready += 1
+                    if k == 0:
+                        facts = message[1]
+                    if ready == clients and not errors:
+                        assert facts is not None
+                        extra = {**(manifest_extra or {}), **_backend_label(facts, manifest_extra)}
+                        manifest = build_manifest(
+                            workload, replay, run_dir, target_facts=facts, manifest_extra=extra
+                        )
+                        write_manifest(run_dir, manifest)
+                        start_at = time.monotonic() + START_DELAY_S
+                        if log is not None:
+                            log(f"replay: {clients} client processes, lanes split by client "
+                                f"index modulo {clients}, starting together")  # fmt: skip
+                        broadcast(("start", start_at))
+                elif kind == "warmup":
+                    warmups[k] = message[1]
+                    if len(warmups) == clients:
+                        broadcast(("open", max(warmups.values())))
+                elif kind == "done":
+                    results[k] = (message[1], message[2], message[3])
+                elif kind == "error":
+                    errors[k] = message[1]
+                    broadcast(("abort", "interrupted", f"client {k} failed: {message[1]}"))
+                    if start_at is None:  # the others wait for a start that will not come
+                        for other in procs:
+                            other.terminate()
+    except BaseException:  # e.g. the server contradicts the declared decode backend
+        for proc in procs:
+            proc.terminate()  # clients waiting for a start that will not come
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for proc in procs:
+            proc.join()
+    if manifest is None or len(results) < clients:
+        # the first client that said what went wrong (the others may only have been ended)
+        said = [k for k, e in errors.items() if not e.startswith("client process ")]
+        first = said[0] if said else min(errors, default=0)
+        raise AgentabError(
+            f"--clients {clients}: client {first} failed before the run completed: "
+            f"{errors.get(first, 'no result')}"
+            + (f"; the clients' records are under {run_dir / CLIENTS_DIR}" if manifest else "")
+        )
+    ordered = [results[k] for k in range(clients)]
+    stats = merged_stats([r[0] for r in ordered])
+    merge_tables(run_dir, folders)
+    manifest.update(
+        {
+            "clock_t0": ordered[0][2],
+            "clients": [r[1] for r in ordered],
+            "status": _status(stats, replay),
+            "finished_at": now_iso(),
+            "stats": stats.to_dict(),
+        }
+    )
+    write_manifest(run_dir, manifest)
+    shutil.rmtree(run_dir / CLIENTS_DIR)
+    return stats

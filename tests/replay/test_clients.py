@@ -1,0 +1,132 @@
+"""`agentab replay --clients N` against a real `agentab serve` process: one plan split by lane
+over N client processes sends the requests one process sends, from one t0, with one profiling
+window, into one run dir whose manifest records each client's load; refusals are one line."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from agentab.rundir import scan_records
+from agentab.workloads.io import save
+from agentab.workloads.model import Request, Session, Workload
+from tests.serving import served
+
+SERVE = ("--profile", "gb300-tp16-kimi-k3")
+
+
+def session(i: int) -> Session:
+    """Six short turns with chained hash ids: quick to serve on the real clock."""
+    items = []
+    ids: tuple[int, ...] = ()
+    for k in range(6):
+        ids = (*ids, *range(1000 * i + 10 * k, 1000 * i + 10 * k + 4))
+        items.append(
+            Request(t=0.2 * k, in_tokens=len(ids) * 64, out_tokens=8 + 4 * k, hash_ids=ids)
+        )
+    return Session(f"s{i}", 64, tuple(items))
+
+
+@pytest.fixture(scope="module")
+def workload_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("clients") / "w.jsonl"
+    save(Workload(tuple(session(i) for i in range(8))), path)
+    return path
+
+
+def replay(workload: Path, url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    args = ("--concurrency", "4", "--lane-requests", "3", "--warmup-requests", "1",
+            "--duration", "0", "--prompt-salt", "same", "--quiet")  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "agentab", "replay", str(workload), "--url", url, "--out",
+         str(out), *args, *extra],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_two_clients_send_the_requests_one_process_sends(workload_file: Path, tmp_path: Path):
+    with served(*SERVE) as url:
+        one = replay(workload_file, url, tmp_path / "one")
+        two = replay(workload_file, url, tmp_path / "two", "--clients", "2")
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr
+    names = [sorted(p.name for p in (tmp_path / d).iterdir()) for d in ("one", "two")]
+    assert names[0] == names[1] == [".agentab.lock", "manifest.json", "records"]
+    columns = ["request_id", "session_id", "lane", "phase", "prompt_tokens", "osl"]
+    a, b = (scan_records(tmp_path / d).collect().sort("request_id") for d in ("one", "two"))
+    assert a.select(columns).equals(b.select(columns))
+    per_lane = b.filter(pl.col("phase") == "profiling").group_by("lane").len()
+    assert per_lane["len"].to_list() == [3] * 4
+    ma, mb = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("one", "two"))
+    assert sorted(ma) == sorted(mb)
+    assert mb["status"] == "completed"
+    # per lane: the turn before the start with its output, the start turn with 1 token (the
+    # warmup), then 3 profiling requests
+    assert mb["stats"]["dispatched"] == ma["stats"]["dispatched"] == 20
+    assert mb["stats"]["finished"] == 20 and mb["stats"]["warmup_requests"] == 8
+    # one clock: every client started its run at the same loop time (the monotonic clock the
+    # processes of one host share), and every lane's first request was due at it
+    assert [c["clock_t0"] for c in mb["clients"]] == [mb["clock_t0"]] * 2
+    first = b.sort("planned_s").group_by("lane", maintain_order=True).first()
+    assert first["planned_s"].to_list() == [0.0] * 4
+    # one window: it opened after the last warmup request, in both clients
+    warm_end = b.filter(pl.col("phase") == "warmup").select(
+        pl.col("sent_s") + pl.col("chunk_times_s").list.last()
+    )
+    assert mb["stats"]["profiling_start_s"] >= warm_end.max().item() - 1e-6
+    assert b.filter(pl.col("phase") == "profiling")["planned_s"].min() >= 0
+    clients = mb["clients"]
+    assert [c["client"] for c in clients] == [0, 1]
+    assert [c["lanes"] for c in clients] == [2, 2]
+    assert sum(c["requests"] for c in clients) == 20
+    assert sum(c["chunks"] for c in clients) == b["chunk_times_s"].list.len().sum()
+    for c in clients:
+        assert set(c["loop_lag_ms"]) == set(c["behind_plan_ms"]) == {"p50", "p90", "p99", "max"}
+        assert c["chunks_per_s"] > 0
+    assert len(ma["clients"]) == 1 and ma["clients"][0]["lanes"] == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            ("--clients", "5"),
+            "agentab: error: --clients 5: more client processes than lanes (--concurrency 4); "
+            "each client plays whole lanes\n",
+        ),
+        (
+            ("--clients", "2", "--max-requests", "10"),
+            "agentab: error: --clients 2: --max-requests counts over all lanes at once, which "
+            "separate client processes cannot share; stop the run with --duration, "
+            "--lane-requests or --passes\n",
+        ),
+    ],
+)
+def test_a_split_that_cannot_keep_the_plan_is_refused(
+    workload_file: Path, tmp_path: Path, extra: tuple[str, ...], message: str
+) -> None:
+    result = replay(workload_file, "http://127.0.0.1:9", tmp_path / "out", *extra)
+    assert result.returncode == 2
+    assert result.stderr == message
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_client_that_cannot_start_ends_the_run_in_one_line(
+    workload_file: Path, tmp_path: Path
+) -> None:
+    result = replay(workload_file, "http://127.0.0.1:9", tmp_path / "out", "--clients", "2")
+    assert result.returncode == 2
+    assert re.match(
+        r"agentab: error: --clients 2: client [01] failed before the run completed: "
+        r"AgentabError: http://127\.0\.0\.1:9: cannot reach the server: ",
+        result.stderr,
+    )
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".agentab.lock"]

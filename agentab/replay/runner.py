@@ -141,7 +141,9 @@ class Runner:
         self._handle: asyncio.Handle | None = None  # a timer, or a call_soon while early
         self._handle_when = math.nan
         self._early = 0.0  # real clock: wake this early, then yield until due (see _on_timer)
-        self._tasks: set[asyncio.Task[None]] = set()
+        # in dispatch order (a dict, not a set): a stop cancels the requests in flight in the
+        # order they were sent, so their records come out in the same order in every process
+        self._tasks: dict[asyncio.Task[None], None] = {}
         self._stopping = False  # no more dispatches
         self._cancel_reason = ""
         self._idle_since = 0.0
@@ -374,8 +376,11 @@ class Runner:
         self.stats.inflight += 1
         tree.inflight += 1
         task = self.loop.create_task(self._execute(tree, node_idx, due))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
 
     # -- compression ------------------------------------------------------------------------
 

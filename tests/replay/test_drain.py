@@ -18,11 +18,11 @@ from agentab.workloads.generator import generate, load_config
 ENGINE = {"profile": "gb300-tp16-kimi-k3", "decode_backend": "auto"}
 
 
-def _run(path: Path, workload, **replay) -> tuple[dict, pl.DataFrame]:
+def _run(path: Path, workload, concurrency: int = 4, **replay) -> tuple[dict, pl.DataFrame]:
     simulate_to_dir(
         workload,
         engine_options=ENGINE,
-        replay=ReplayOptions(concurrency=4, warmup_requests=1, **replay),
+        replay=ReplayOptions(concurrency=concurrency, warmup_requests=1, **replay),
         out_dir=path,
         progress=False,
     )
@@ -49,6 +49,16 @@ def test_requests_still_running_at_the_cap_are_cut_and_counted(tmp_path: Path) -
     manifest, records = _run(tmp_path / "full", workload, duration_s=60.0, drain_s=3600.0)
     assert manifest["stats"]["cancelled"] == 0 and manifest["stats"]["message"] == ""
     assert records.filter(pl.col("error_class") == "cancelled").height == 0
+
+
+def test_requests_cut_at_the_cap_are_recorded_in_the_order_they_were_sent(tmp_path: Path) -> None:
+    """A stop cancels the requests in flight in dispatch order, so their records come out in
+    the same order in every process (not in the order of the tasks' memory addresses)."""
+    workload = generate(load_config("agentx-coding"), 24, 5)
+    _, records = _run(tmp_path / "cut", workload, concurrency=24, duration_s=30.0, drain_s=0.1)
+    cut = records.filter(pl.col("error_class") == "cancelled")
+    assert cut.height >= 10
+    assert cut["sent_s"].is_sorted()
 
 
 def test_the_drain_cap_must_be_positive() -> None:

@@ -137,14 +137,7 @@ async def _run(
             manifest["clients"] = [runner_load(runner, 0, lag)]
         _warn_if_replayed_often(runner.plays, len(workload), replay)
     finally:
-        stop_scrape.set()
-        if scraper is not None:
-            await scraper
-        if records is not None:
-            records.close()
-        if metrics is not None:
-            metrics.close()
-        await target.close()
+        await close_run_io(stop_scrape, scraper, records, metrics, target)
     manifest.update(
         {
             "status": _status(stats, replay),
@@ -252,6 +245,21 @@ def _frozen(*, young_only: bool) -> Iterator[None]:
     finally:
         if not frozen_before:
             gc.unfreeze()
+
+
+async def close_run_io(
+    stop_scrape: asyncio.Event, scraper: Any, records: Any, metrics: Any, target: Any
+) -> None:
+    """End a run's I/O in order: stop the scraper and wait for its last sample, close the
+    record and metric writers (flushing their parts), close the target's connections."""
+    stop_scrape.set()
+    if scraper is not None:
+        await scraper
+    if records is not None:
+        records.close()
+    if metrics is not None:
+        metrics.close()
+    await target.close()
 
 
 @contextlib.contextmanager

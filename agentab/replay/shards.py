@@ -42,7 +42,14 @@ import polars as pl
 from agentab.clock import run_real
 from agentab.dir_lock import lock_dir, release_dir
 from agentab.errors import AgentabError, error_line
-from agentab.replay.api import _backend_label, _gc_frozen, _raise_if_failed, _status, runner_load
+from agentab.replay.api import (
+    _backend_label,
+    _gc_frozen,
+    _raise_if_failed,
+    _status,
+    close_run_io,
+    runner_load,
+)
 from agentab.replay.client_load import LoopLag
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
@@ -163,14 +170,7 @@ async def _client(job: ClientJob, conn: Connection) -> None:
         conn.send(("done", stats, runner_load(runner, job.client, lag), runner.t0))
     finally:
         parent.close()
-        stop_scrape.set()
-        if scraper is not None:
-            await scraper
-        if records is not None:
-            records.close()
-        if metrics is not None:
-            metrics.close()
-        await target.close()
+        await close_run_io(stop_scrape, scraper, records, metrics, target)
 
 
 def _first_request(plan: Plan, client: int, clients: int) -> RequestSpec | None:

@@ -140,3 +140,20 @@ def test_the_cache_can_be_turned_off(tmp_path: Path) -> None:
     assert (off["compiled"], off["from_cache"]) == (1, 0)
     assert "cache off" in off["line"]
     assert entries(tmp_path) == []
+
+
+def test_the_startup_line_counts_compiles_and_loads(tmp_path: Path, monkeypatch) -> None:
+    """What the local engine prints when its specialized graphs are captured."""
+    from agentab.kernels.cute.cache import CompileStats
+
+    monkeypatch.setenv("AGENTAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("AGENTAB_CUTE_CACHE", "1")
+    before = CompileStats(compiled=3, from_cache=1, seconds=2.0)
+    after = CompileStats(compiled=4, from_cache=22, seconds=2.5, rejected=1)
+    line = after.since(before).describe()
+    assert line == (f"compiled 22 CuTe DSL kernels in 0.5 s (21 from cache {tmp_path / 'cute'}, "
+                    "1 unusable entries recompiled)")  # fmt: skip
+    monkeypatch.setenv("AGENTAB_CUTE_CACHE", "0")
+    assert CompileStats(compiled=2, seconds=1.0).describe() == (
+        "compiled 2 CuTe DSL kernels in 1.0 s (cache off)"
+    )

@@ -292,7 +292,8 @@ def _graph_executor(
             graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
                                         scratch_block, compiled, pool,
                                         capture=on_gpu)  # fmt: skip
-            done = f"{path} decode graphs captured in {time.perf_counter() - start:.1f} s"
+            built = "captured" if on_gpu else "built"
+            done = f"{path} decode graphs {built} in {time.perf_counter() - start:.1f} s"
             if kernels is not None:  # what of it was the CuTe DSL kernels' compiles
                 done += f"; {_cute_stats(path).since(kernels).describe()}"
             _say(done)

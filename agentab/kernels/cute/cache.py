@@ -44,8 +44,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-FUNCTION = "agentab_kernel"  # the exported symbol's name in every entry
-FORMAT = 1  # the entry layout; part of the key
+FORMAT = 2  # the entry layout (2: one exported name per key); part of the key
+
+
+def function_name(key: str) -> str:
+    """The exported function's name in an entry: unique per key, so no two loaded kernels
+    share a symbol (or anything the runtime names after it)."""
+    return f"agentab_cute_{key[:32]}"
 
 
 @dataclass
@@ -198,7 +203,7 @@ def _load(obj: Path, meta: Path) -> Any:
         raise ValueError("the object does not match its recorded sha256")
     from cutlass.cute.runtime import load_module
 
-    return getattr(load_module(str(obj), enable_tvm_ffi=True), FUNCTION)
+    return getattr(load_module(str(obj), enable_tvm_ffi=True), function_name(obj.stem))
 
 
 def _store(fn: Any, obj: Path, meta: Path, parts: dict) -> None:
@@ -206,7 +211,7 @@ def _store(fn: Any, obj: Path, meta: Path, parts: dict) -> None:
     fd, tmp = tempfile.mkstemp(dir=obj.parent, prefix=f".{obj.stem}.", suffix=".o")
     os.close(fd)
     try:
-        fn.export_to_c(tmp, function_name=FUNCTION)
+        fn.export_to_c(tmp, function_name=function_name(obj.stem))
         data = Path(tmp).read_bytes()
         os.replace(tmp, obj)
     finally:

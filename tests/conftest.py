@@ -21,6 +21,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Triton kernels run in Triton's interpreter on CPU tensors, which has to be switched on before
 # triton is imported (it decides at each kernel's definition); no test runs on a GPU.
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# CuTe DSL kernels compile afresh in tests (an API break of the DSL shows), without the disk
+# cache a server uses; tests/kernels/test_cute_compile_cache.py turns it on in its processes.
+os.environ.setdefault("AGENTAB_CUTE_CACHE", "0")
 
 
 def _vllm_python() -> str | None:

@@ -25,6 +25,9 @@ fi
 [ -d /tmp/pysite/polars ] || { echo "run 'bash scripts/gpu/local_ab.sh install' (carry .pyk) first" >&2; exit 2; }
 export PYTHONPATH=/tmp/pysite${PYTHONPATH:+:$PYTHONPATH}
 source .gpu/setup.sh
+# the compiled CuTe DSL kernels, kept beside the experiment dir: a warm machine's later servers
+# load them instead of compiling (~25 s a start)
+export AGENTAB_CACHE_DIR=${AGENTAB_CACHE_DIR:-$PWD/out/cache}
 if [ "${1:-}" = calibrate ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env-calibrate.log"
   # ENGINE_CONFIG with a speculative_config also times its drafter (no drafter assumption

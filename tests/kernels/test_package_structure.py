@@ -1,8 +1,8 @@
 """`agentab.kernels` is one production kernel set: what `kernels bench`, `kernels check` and the
 local engine run, configured by arguments. Parsed with `ast`, so no kernel toolchain is needed:
 no module takes another module's private (underscore) names, the modules import each other
-without cycles, none reads the environment (except the one documented compile-target
-default), and none imports the research code under benchmarks/."""
+without cycles, none reads the environment (except the documented compile-target
+default and the compile cache's place), and none imports the research code under benchmarks/."""
 
 from __future__ import annotations
 
@@ -11,8 +11,13 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "agentab" / "kernels"
 ROOT = "agentab.kernels"
-# CuTe DSL needs the target named to compile without a GPU (cute/common.py says why).
-ENV_ALLOWED = {("cute/common.py", "setdefault", "CUTE_DSL_ARCH")}
+# CuTe DSL needs the target named to compile without a GPU (cute/common.py says why); where the
+# compiled kernels' disk cache lives and whether it is used (cute/cache.py) select no kernel.
+ENV_ALLOWED = {
+    ("cute/common.py", "setdefault", "CUTE_DSL_ARCH"),
+    ("cute/cache.py", "get", "AGENTAB_CUTE_CACHE"),
+    ("cute/cache.py", "get", "AGENTAB_CACHE_DIR"),
+}
 
 
 def modules() -> dict[str, ast.Module]:

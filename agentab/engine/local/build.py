@@ -8,6 +8,7 @@ so the scheduler's admission and preemption act on real memory.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from agentab.engine.core import Engine
@@ -227,6 +228,15 @@ def _say(line: str) -> None:
     print(f"agentab local engine: {line}", file=sys.stderr, flush=True)
 
 
+def _cute_stats(path: str) -> Any:
+    """The CuTe DSL compile counters before a specialized path's graphs (None otherwise)."""
+    if path != "specialized":
+        return None
+    from agentab.kernels.cute.cache import stats
+
+    return stats()
+
+
 def _graph_executor(
     cfg: ModelConfig,
     weights: Any,
@@ -278,9 +288,15 @@ def _graph_executor(
     for path, path_sizes in by_path.items():
         if path_sizes:
             _say(f"capturing {path} decode graphs for token rows {path_sizes}")
+            start, kernels = time.perf_counter(), _cute_stats(path)
             graphs[path] = DecodeGraphs(cfg, weights, cache, path, path_sizes, max_model_len,
                                         scratch_block, compiled, pool,
                                         capture=on_gpu)  # fmt: skip
+            built = "captured" if on_gpu else "built"
+            done = f"{path} decode graphs {built} in {time.perf_counter() - start:.1f} s"
+            if kernels is not None:  # what of it was the CuTe DSL kernels' compiles
+                done += f"; {_cute_stats(path).since(kernels).describe()}"
+            _say(done)
     draft_graphs = None
     if drafter is not None:
         draft_sizes = graph_sizes(rows, sched_cfg.cuda_graph_max_tokens)

@@ -12,6 +12,8 @@ from typing import Any
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 
+OPTIONS = "--enable-tvm-ffi"
+
 # Hopper's shared-memory capacities per SM (KB); the rest of the 256 KB is L1.
 SMEM_CONFIGS_KB = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
 
@@ -34,10 +36,19 @@ def fake(dtype: Any, shape: tuple[int, ...]) -> Any:
     return make_fake_compact_tensor(dtype, shape, stride_order=order, assumed_align=16)
 
 
-def compile_tvm_ffi(host: Callable[..., Any], *args: Any) -> Any:
-    """Compile `host` for the given fake tensors with TVM-FFI and the caller's (torch) stream."""
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream
+def compile_tvm_ffi(host: Callable[..., Any], *args: Any, key: Any = None) -> Any:
+    """Compile `host` for the given fake tensors with TVM-FFI and the caller's (torch) stream.
 
-    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(host, *args, stream, options="--enable-tvm-ffi")
+    `key`: what `host` was built from (its spec dataclasses), beyond the arguments' shapes and
+    this package's source; given, the compiled kernel is kept in the disk cache (`cute.cache`)
+    and later processes load it instead of compiling. Without it every call compiles."""
+    from agentab.kernels.cute.cache import compile_cached
+
+    def compile_now() -> Any:
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_stream
+
+        stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+        return cute.compile(host, *args, stream, options=OPTIONS)
+
+    return compile_cached(compile_now, host, args, key, OPTIONS)

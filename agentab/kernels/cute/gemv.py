@@ -311,7 +311,7 @@ def compile_gemv(spec: GemvSpec, prep: PrepSpec | None = None) -> Any:
     ]
     if prep is not None:
         args += prep_fakes(prep)
-    return compile_tvm_ffi(build_gemv(spec, prep), *args)
+    return compile_tvm_ffi(build_gemv(spec, prep), *args, key=(spec, prep))
 
 
 def dummy_shapes(spec: GemvSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -353,6 +353,7 @@ def compile_moe(spec: MoeSpec, tensor_cores: bool, rows_per_cta: int = 16) -> tu
         fake(Int32, (spec.max_segments + 1, 3)),
         fake(Float32, (spec.n_assign,)),
         fake(Float32, (spec.m_max,)),
+        key=(spec, "mma" if tensor_cores else f"simt grid {2 * N_SMS}"),
     )
     down = compile_tvm_ffi(
         build_moe_down(spec, rows_per_cta),
@@ -364,5 +365,6 @@ def compile_moe(spec: MoeSpec, tensor_cores: bool, rows_per_cta: int = 16) -> tu
         fake(Float32, (spec.n_assign,)),
         fake(BFloat16, (spec.m_max, spec.hidden)),
         fake(BFloat16, (spec.m_max, spec.hidden)),
+        key=(spec, rows_per_cta),
     )
     return up, down

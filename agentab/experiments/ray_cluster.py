@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import socket
 import tempfile
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
@@ -77,6 +78,22 @@ def write_files(run_dir: Path, files: dict[str, bytes]) -> None:
         path.write_bytes(data)
 
 
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse, in one line and within `timeout_s`, a `HOST:PORT` (or `ray://HOST:PORT`) that
+    accepts no connection: Ray itself retries such an address for minutes, logging as it goes.
+    `local`, `auto` and addresses of other forms are left to Ray."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise AgentabError(
+            f"--ray {address}: cannot join the cluster: {host}:{port}: {reason}"
+        ) from None
+
+
 def connect(address: str, num_cpus: int | None) -> int:
     """Join (or, for `local`, start) the cluster; return its CPU count.
 
@@ -94,6 +111,7 @@ def connect(address: str, num_cpus: int | None) -> int:
     if address == LOCAL:
         kwargs["num_cpus"] = num_cpus
     else:
+        check_reachable(address)
         kwargs["address"] = address
     try:
         ray.init(**kwargs)

@@ -130,3 +130,83 @@ def test_a_client_that_cannot_start_ends_the_run_in_one_line(
     )
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".agentab.lock"]
+
+
+def lane_ids(run_dir: Path) -> dict[int, list[str]]:
+    """Each lane's request ids in the order the run dir holds them (a lane's requests are
+    sequential: the same order in every run of the plan, whatever its timings)."""
+    frame = scan_records(run_dir).collect()
+    lanes = frame.group_by("lane", maintain_order=True).agg("request_id").sort("lane")
+    return dict(lanes.iter_rows())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_clients_as_ray_actors_send_what_local_clients_send(
+    workload_file: Path, tmp_path: Path
+) -> None:
+    with served(*SERVE) as url:
+        here = replay(workload_file, url, tmp_path / "here", "--clients", "2")
+        ray = replay(workload_file, url, tmp_path / "ray", "--clients", "2", "--ray", "local")
+    assert here.returncode == 0, here.stderr
+    assert ray.returncode == 0, ray.stderr
+    names = [sorted(p.name for p in (tmp_path / d).iterdir()) for d in ("here", "ray")]
+    assert names[0] == names[1] == [".agentab.lock", "manifest.json", "records"]
+    a, b = (scan_records(tmp_path / d).collect() for d in ("here", "ray"))
+    assert a.height == b.height == 20
+    columns = ["request_id", "session_id", "lane", "phase", "prompt_tokens", "osl", "error_class"]
+    assert a.sort("request_id").select(columns).equals(b.sort("request_id").select(columns))
+    assert lane_ids(tmp_path / "here") == lane_ids(tmp_path / "ray")
+    # both merged in plan order: by planned time
+    assert b["planned_s"].is_sorted() and a["planned_s"].is_sorted()
+    ma, mb = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("here", "ray"))
+    assert sorted(ma) == sorted(mb)
+    assert mb["status"] == "completed" and mb["stats"] == {**mb["stats"], "finished": 20}
+    here_clients, ray_clients = ma["clients"], mb["clients"]
+    assert [sorted(c) for c in here_clients] == [sorted(c) for c in ray_clients]
+    assert [c["clock"] for c in here_clients] == [{"sync": "monotonic"}] * 2
+    assert [c["node"] for c in here_clients] == [None, None]
+    assert [c["lanes"] for c in ray_clients] == [2, 2]
+    nodes = {c["node"] for c in ray_clients}
+    assert len(nodes) == 1 and isinstance(nodes.pop(), str)  # one node: the local cluster
+    # one wall-clock start, turned by each actor into its host's monotonic time
+    starts = {c["clock"]["start_wall_s"] for c in ray_clients}
+    assert len(starts) == 1
+    for c in ray_clients:
+        assert c["clock"]["sync"] == "wall"
+        assert c["clock_t0"] + c["clock"]["wall_minus_monotonic_s"] == pytest.approx(
+            c["clock"]["start_wall_s"], abs=1e-6
+        )
+    assert sum(c["requests"] for c in ray_clients) == 20
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    ("extra", "message", "left"),
+    [
+        (
+            ("--ray", "local"),
+            "agentab: error: --ray local: places the client processes of --clients N (N > 1) "
+            "on a Ray cluster; add --clients\n",
+            None,
+        ),
+        (  # refused within seconds: Ray itself would retry the address for minutes
+            ("--clients", "2", "--ray", "127.0.0.1:9"),
+            "agentab: error: --ray 127.0.0.1:9: cannot join the cluster: 127.0.0.1:9: "
+            "Connection refused\n",
+            [".agentab.lock"],
+        ),
+    ],
+)
+def test_ray_clients_refusals_are_one_line(
+    workload_file: Path,
+    tmp_path: Path,
+    extra: tuple[str, ...],
+    message: str,
+    left: list[str] | None,
+) -> None:
+    out = tmp_path / "out"
+    result = replay(workload_file, "http://127.0.0.1:9", out, *extra)
+    assert result.returncode == 2
+    assert result.stderr == message
+    assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == left

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from agentab.errors import AgentabError, error_line
-from agentab.experiments.ray_cluster import LOCAL, connect, write_files
-from agentab.replay.shards import CLIENTS_DIR, ClientJob, _client_main
+from agentab.ray_connect import LOCAL, connect, write_files
+from agentab.replay.shards import ClientJob, _client_main
 from agentab.rundir import METRICS_DIR, RECORDS_DIR
+from agentab.rundir.clients import CLIENTS_DIR
 from agentab.workloads.model import Workload
 
 RAY_START_DELAY_S = 1.0

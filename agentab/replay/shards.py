@@ -27,8 +27,6 @@ import asyncio
 import contextlib
 import dataclasses
 import multiprocessing
-import os
-import shutil
 import signal
 import time
 from collections import Counter
@@ -37,8 +35,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Protocol
-
-import polars as pl
 
 from agentab.clock import run_real
 from agentab.dir_lock import lock_dir, release_dir
@@ -65,13 +61,11 @@ from agentab.rundir import (
     RECORD_SCHEMA,
     RECORDS_DIR,
     PartWriter,
-    part_files,
     write_manifest,
 )
-from agentab.rundir.parts import atomic_write_ipc, part_path
+from agentab.rundir.clients import CLIENTS_DIR, merge_clients
 from agentab.workloads.model import Workload
 
-CLIENTS_DIR = "clients"
 START_DELAY_S = 0.5
 """The common start is this far after the last client is ready: time for the start message
 to reach every client before it is due."""
@@ -246,78 +240,6 @@ def _rank(reason: str) -> int:
     return _STOP_ORDER.index(reason) if reason in _STOP_ORDER else len(_STOP_ORDER)
 
 
-def merge_tables(run_dir: Path, folders: list[Path]) -> int:
-    """Every client's records into `records/` (in plan order), client 0's scrapes into
-    `metrics/`: the tables a one-process run leaves. Returns the number of records.
-
-    Idempotent: `records/` of a sharded run holds only the merged file, which is rewritten
-    whole, so merging again after a crash between the merge and the removal of `clients/`
-    writes the same rows once."""
-    frames = [pl.read_ipc(p) for f in folders for p in part_files(f / RECORDS_DIR)]
-    records = run_dir / RECORDS_DIR
-    records.mkdir(exist_ok=True)
-    rows = 0
-    if frames:
-        merged = pl.concat(frames).sort("planned_s", "request_id")
-        rows = merged.height
-        atomic_write_ipc(merged, part_path(records, 0, 0))
-    scrapes = part_files(folders[0] / METRICS_DIR) if folders else []
-    if scrapes:
-        metrics = run_dir / METRICS_DIR
-        metrics.mkdir(exist_ok=True)
-        merged = pl.concat([pl.read_ipc(p) for p in scrapes])
-        atomic_write_ipc(merged, part_path(metrics, 0, 0))
-    return rows
-
-
-def client_folders(run_dir: Path) -> list[Path]:
-    """`clients/0`, `clients/1`, ... as they are on disk, in client order."""
-    base = run_dir / CLIENTS_DIR
-    if not base.is_dir():
-        return []
-    found = [p for p in base.iterdir() if p.is_dir() and p.name.isdigit()]
-    return sorted(found, key=lambda p: int(p.name))
-
-
-def merge_clients(run_dir: Path, manifest: dict[str, Any] | None = None) -> int:
-    """Merge `clients/` into the run dir's tables, write `manifest` (when given), remove
-    `clients/`. The removal is a rename first, so a crash part-way leaves either every
-    client's parts under `clients/` (merged again on the next open) or none."""
-    rows = merge_tables(run_dir, client_folders(run_dir))
-    if manifest is not None:
-        write_manifest(run_dir, manifest)
-    gone = run_dir / f".{CLIENTS_DIR}-merged"
-    if gone.exists():
-        shutil.rmtree(gone)
-    os.replace(run_dir / CLIENTS_DIR, gone)
-    shutil.rmtree(gone)
-    return rows
-
-
-def recover_clients(run_dir: str | Path) -> int | None:
-    """A sharded run dir whose coordinator ended before merging (killed, lost host): merge the
-    records its clients wrote under `clients/` into `records/`, as the coordinator would have.
-    None when there is nothing to merge; else the number of records now in `records/`.
-
-    Refused, in one line, while the replay (or one of its clients) still writes the dir. The
-    manifest is left as the coordinator wrote it: `running`, never finalised, like a killed
-    one-process run's."""
-    run_dir = Path(run_dir)
-    if not (run_dir / CLIENTS_DIR).is_dir():
-        return None
-    held: list[Path] = []
-    try:
-        for d in (run_dir, *client_folders(run_dir)):
-            lock_dir(d, "agentab replay", "--out")
-            held.append(d)
-        if not (run_dir / CLIENTS_DIR).is_dir():  # merged meanwhile by another reader
-            return None
-        return merge_clients(run_dir)
-    finally:
-        for d in held:
-            release_dir(d)
-
-
 def sharded_replay_to_dir(
     workload: Workload,
     *,
@@ -472,7 +394,10 @@ def _coordinate(
                 with contextlib.suppress(OSError):
                     link.send(message)
 
+    caught: list[int] = []
+
     def on_signal(signum: int, frame: object) -> None:
+        caught.append(signum)
         broadcast(("abort", "interrupted", f"interrupted by {signal.Signals(signum).name}"))
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -539,6 +464,8 @@ def _coordinate(
         )
     ordered = [results[k] for k in range(clients)]
     stats = merged_stats([r[0] for r in ordered])
+    if caught and stats.stop_reason == "interrupted" and stats.signal is None:
+        stats.signal = caught[0]  # the exit status says which signal, as a one-process run's
     manifest.update(
         {
             "clock_t0": ordered[0][2],

@@ -99,7 +99,8 @@ def test_the_pool_retries_a_failed_run_once_and_reports_one_that_fails_again(
 def test_ray_retries_a_failed_run_once_and_reports_one_that_fails_again(
     experiment: Experiment, tmp_path: Path
 ) -> None:
-    from agentab.experiments.ray_cluster import RayBackend, connect
+    from agentab.experiments.ray_cluster import RayBackend
+    from agentab.ray_connect import connect
 
     cpus = connect("local", 2)  # a cluster inside this process
     assert cpus == 2

@@ -4,16 +4,20 @@ window, into one run dir whose manifest records each client's load; refusals are
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from agentab.rundir import scan_records
+from agentab.rundir import part_files, scan_records
 from agentab.workloads.io import save
 from agentab.workloads.model import Request, Session, Workload
 from tests.serving import served
@@ -210,3 +214,60 @@ def test_ray_clients_refusals_are_one_line(
     assert result.returncode == 2
     assert result.stderr == message
     assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == left
+
+
+def records_of(folder: Path) -> pl.DataFrame:
+    files = part_files(folder / "records")
+    return pl.concat([pl.read_ipc(p) for p in files]) if files else pl.DataFrame()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_sharded_run_whose_coordinator_is_stopped_keeps_every_record(
+    workload_file: Path, tmp_path: Path, sig: signal.Signals
+) -> None:
+    out = tmp_path / "out"
+    with served(*SERVE, "--record-emissions") as url:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentab", "replay", str(workload_file), "--url", url,
+             "--out", str(out), "--concurrency", "4", "--lane-requests", "10000",
+             "--duration", "0", "--clients", "2", "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        folders = [out / "clients" / str(k) for k in range(2)]
+        while not all(part_files(f / "records") for f in folders):  # both have written records
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=120)
+        if sig == signal.SIGKILL:  # the clients see their coordinator gone and stop
+            for folder in folders:  # each holds its folder's lock until its process ends
+                with (folder / ".agentab.lock").open() as held:
+                    fcntl.flock(held, fcntl.LOCK_EX)
+        with urllib.request.urlopen(url + "/agentab/emissions") as response:
+            streamed = set(json.loads(response.read()))
+    if sig == signal.SIGTERM:  # the coordinator stopped the clients and merged their records
+        assert proc.returncode == 128 + sig
+        assert stderr.startswith("agentab: error: interrupted by SIGTERM; ")
+        assert not (out / "clients").exists()
+        assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
+    else:  # killed: the records are where the clients wrote them, merged when the dir is opened
+        assert proc.returncode == -sig
+        written = pl.concat([records_of(f) for f in folders])
+        assert written.height > 0
+        report = subprocess.run(
+            [sys.executable, "-m", "agentab", "report", str(out), "--allow-incomplete"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert report.stderr.startswith(
+            f"agentab: {out}: merged {written.height} records its clients left under clients/ "
+            "into records/ (the replay ended before merging them)\n"
+        )
+        assert not (out / "clients").exists()
+        merged = scan_records(out).collect()
+        assert merged.sort("request_id").equals(written.sort("request_id"))
+        assert merged["planned_s"].is_sorted()
+    records = scan_records(out).collect()
+    assert records["request_id"].n_unique() == records.height
+    # every request the server streamed to is in the run dir's records: none was lost
+    assert streamed and streamed <= set(records["request_id"])

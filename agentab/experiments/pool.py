@@ -71,19 +71,28 @@ def _execute_in_worker(task: RunTask) -> RunDone | RunFailed:
         return RunFailed(task, error_line(exc))
 
 
-Run = Callable[[RunTask], RunDone | RunFailed]
+Run = Callable[[Any], Any]
 
 
-def _worker_main(experiment_path: Path, conn: Connection, run: Run) -> None:
-    """A worker: load the experiment once, then run each task the parent sends, until None."""
-    try:
-        _init(experiment_path)
-        broken = None
-    except Exception as exc:  # every run it is given fails with this, named by the parent
-        broken = error_line(exc)
+def _worker_main(experiment_path: Path | None, conn: Connection, run: Run) -> None:
+    """A worker: load the experiment once (if any), then run each task the parent sends, until
+    None. A task that raises comes back as a `RunFailed`."""
+    broken = None
+    if experiment_path is not None:
+        try:
+            _init(experiment_path)
+        except Exception as exc:  # every run it is given fails with this, named by the parent
+            broken = error_line(exc)
     with contextlib.suppress(EOFError, KeyboardInterrupt):
         while (task := conn.recv()) is not None:
-            conn.send(run(task) if broken is None else RunFailed(task, broken))
+            if broken is not None:
+                conn.send(RunFailed(task, broken))
+                continue
+            try:
+                result = run(task)
+            except Exception as exc:
+                result = RunFailed(task, error_line(exc))
+            conn.send(result)
 
 
 @dataclass
@@ -91,29 +100,40 @@ class _Worker:
     process: Any
     conn: Connection
     handle: int | None = None  # the run it executes, if any
+    done: int = 0  # tasks it has answered
 
 
 class ProcessBackend:
     """`workers` spawned processes, a run at a time each (`agentab.experiments.fanout.Backend`).
 
-    `run` is what a worker does with a task (by default: execute it); it must be importable by
-    the spawned workers."""
+    `run` is what a worker does with a task (by default: execute a sweep's run, once the worker
+    has loaded `experiment`); any function a spawned process can import will do, with
+    `experiment` None for tasks that need none. `max_tasks`: a worker that has answered so
+    many is replaced by a fresh one (what its runs leave behind in memory goes with it)."""
 
-    def __init__(self, experiment: Experiment, workers: int, run: Run = _execute_in_worker):
+    def __init__(
+        self,
+        experiment: Experiment | None,
+        workers: int,
+        run: Run = _execute_in_worker,
+        *,
+        max_tasks: int | None = None,
+    ) -> None:
         self.experiment = experiment
+        self.max_tasks = max_tasks
         self.slots = workers
         self._run = run
         self._context = multiprocessing.get_context("spawn")  # no fork of a threaded process
         self._workers: list[_Worker] = []
         self._queue: deque[int] = deque()  # handles submitted, not yet given to a worker
-        self._tasks: dict[int, RunTask] = {}
+        self._tasks: dict[int, Any] = {}
         self._ids = itertools.count()
 
     def _spawn(self) -> _Worker:
         mine, theirs = self._context.Pipe()
         process = self._context.Process(
             target=_worker_main,
-            args=(self.experiment.path, theirs, self._run),
+            args=(None if self.experiment is None else self.experiment.path, theirs, self._run),
             name="agentab-pool-worker",
         )
         process.start()
@@ -134,20 +154,18 @@ class ProcessBackend:
             idle.handle = handle
             idle.conn.send(self._tasks[handle])
 
-    def submit(self, task: RunTask) -> Hashable:
+    def submit(self, task: Any) -> Hashable:
         handle = next(self._ids)
         self._tasks[handle] = task
         self._queue.append(handle)
         self._dispatch()
         return handle
 
-    def wait(
-        self, handles: Sequence[Hashable], timeout_s: float
-    ) -> list[tuple[Hashable, RunDone | RunFailed]]:
+    def wait(self, handles: Sequence[Hashable], timeout_s: float) -> list[tuple[Hashable, Any]]:
         busy = [w for w in self._workers if w.handle is not None]
         ready = set(wait_ready([w.conn for w in busy] + [w.process.sentinel for w in busy],
                                timeout_s))  # fmt: skip
-        out: list[tuple[Hashable, RunDone | RunFailed]] = []
+        out: list[tuple[Hashable, Any]] = []
         for worker in busy:
             if worker.conn not in ready and worker.process.sentinel not in ready:
                 continue
@@ -161,10 +179,21 @@ class ProcessBackend:
                 worker.process.join()
                 code = worker.process.exitcode
                 out.append((handle, RunFailed(task, f"worker process lost ({_exit(code)})")))
-                worker.conn.close()
-                self._workers.remove(worker)
+                self._retire(worker, ended=True)
+                continue
+            worker.done += 1
+            if self.max_tasks is not None and worker.done >= self.max_tasks:
+                self._retire(worker, ended=False)
         self._dispatch()
         return out
+
+    def _retire(self, worker: _Worker, *, ended: bool) -> None:
+        if not ended:
+            with contextlib.suppress(OSError):
+                worker.conn.send(None)
+            worker.process.join()
+        worker.conn.close()
+        self._workers.remove(worker)
 
     def close(self, *, abort: bool) -> None:
         workers, self._workers = self._workers, []

@@ -112,3 +112,44 @@ class RayBackend:
                 ray.cancel(ref, force=True)
         self._tasks.clear()
         ray.shutdown()
+
+
+class RayCalls:
+    """Any task as a Ray task of one CPU, `run(task)` on some node of the cluster, its result
+    returned as `run` returned it (`agentab.experiments.fanout.Backend`). `run` and the tasks
+    travel by pickle (cloudpickle: a script's own functions too); a task that raises, or whose
+    worker or node dies, comes back as a `RunFailed`."""
+
+    def __init__(self, run: Any, slots: int) -> None:
+        import ray
+
+        self.slots = slots
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(run)
+        self._tasks: dict[Hashable, Any] = {}
+
+    def submit(self, task: Any) -> Hashable:
+        ref = self._remote.remote(task)
+        self._tasks[ref] = task
+        return ref
+
+    def wait(self, handles: Sequence[Hashable], timeout_s: float) -> list[tuple[Hashable, Any]]:
+        import ray
+
+        ready, _ = ray.wait(list(handles), num_returns=1, timeout=timeout_s)
+        out: list[tuple[Hashable, Any]] = []
+        for ref in ready:
+            task = self._tasks.pop(ref)
+            try:
+                out.append((ref, ray.get(ref)))
+            except Exception as exc:  # raised in the task (RayTaskError), or its worker died
+                out.append((ref, RunFailed(task, f"Ray task failed: {error_line(exc)}")))
+        return out
+
+    def close(self, *, abort: bool) -> None:
+        import ray
+
+        if abort:
+            for ref in list(self._tasks):
+                ray.cancel(ref, force=True)
+        self._tasks.clear()
+        ray.shutdown()

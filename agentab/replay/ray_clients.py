@@ -15,8 +15,9 @@ What changes between hosts:
   network); each client's entry of the manifest records its node, its host and that offset
   (`clock`);
 - the disk: the nodes share none with the coordinator, so each client writes its records into
-  a temporary dir on its node, and at the end its actor sends the part files back; they land
-  under `clients/<k>/` of the run dir and are merged exactly as a local run's.
+  a temporary dir on its node, and its actor sends the new part files back about every second;
+  they land under `clients/<k>/` of the run dir as on one host, and are merged exactly as a
+  local run's (at the end, or, if the coordinator is killed, when the run dir is next opened).
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ from agentab.ray_connect import LOCAL, connect, write_files
 from agentab.replay.shards import ClientJob, _client_main
 from agentab.rundir import METRICS_DIR, RECORDS_DIR
 from agentab.rundir.clients import CLIENTS_DIR
+from agentab.rundir.parts import atomic_write_bytes
 from agentab.workloads.model import Workload
+
+COLLECT_INTERVAL_S = 1.0
+"""How often the coordinator asks each actor for the parts its client wrote since."""
 
 RAY_START_DELAY_S = 1.0
 """The common start is this far after the last client is ready: time for the start message
@@ -66,6 +71,7 @@ class ClientActor:
         self._lock = threading.Lock()
         self._next = 0
         self._held: dict[int, tuple[Any, ...]] = {}
+        self._sent: set[str] = set()
 
     def launch(self, job: ClientJob, workload: Workload) -> dict[str, Any]:
         """Start the client process (the same one `--clients` starts on one host)."""
@@ -120,15 +126,31 @@ class ClientActor:
         if self.proc is not None:
             self.proc.terminate()
 
-    def files(self) -> dict[str, bytes]:
-        """The client's part files (relative path -> bytes), once its process has ended."""
-        if self.proc is not None:
-            self.proc.join()
+    def new_parts(self) -> dict[str, bytes]:
+        """The part files the client wrote since the last call (relative path -> bytes).
+
+        A part is written once, under its final name, and never changed: a file compaction
+        removed since it was listed is covered by the wider part that replaced it, sent on a
+        later call (`agentab.rundir.parts.part_files` reads the wider one alone)."""
         out: dict[str, bytes] = {}
         for sub in (RECORDS_DIR, METRICS_DIR):
             for path in sorted((self.folder / sub).glob("part-*.arrow")):
-                out[str(path.relative_to(self.folder))] = path.read_bytes()
+                rel = str(path.relative_to(self.folder))
+                if rel in self._sent:
+                    continue
+                try:
+                    out[rel] = path.read_bytes()
+                except FileNotFoundError:  # merged into a wider part meanwhile
+                    continue
+                self._sent.add(rel)
         return out
+
+    def files(self) -> dict[str, bytes]:
+        """Every part file of the client (relative path -> bytes), once its process has ended."""
+        if self.proc is not None:
+            self.proc.join()
+        self._sent.clear()
+        return self.new_parts()
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -171,6 +193,8 @@ class RayFleet:
         import ray
 
         self.run_dir = run_dir
+        self._fetching: dict[int, Any] = {}  # client -> its new_parts call in flight
+        self._collected = time.monotonic()
         actor_class: Any = ray.remote(ClientActor).options(
             num_cpus=1, max_concurrency=4, max_restarts=0, scheduling_strategy="SPREAD"
         )
@@ -205,7 +229,34 @@ class RayFleet:
 
         by_ref = {link.ref: link for link in links}
         ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout_s)
+        self._collect()
         return [by_ref[ref] for ref in ready]
+
+    def _collect(self) -> None:
+        """Bring the parts the clients wrote since the last time here, under `clients/<k>/`,
+        about every `COLLECT_INTERVAL_S`: a coordinator killed outright loses only the last
+        moments (`agentab.rundir.clients.recover_clients` merges what arrived)."""
+        import ray
+
+        for k, ref in list(self._fetching.items()):
+            ready, _ = ray.wait([ref], timeout=0)
+            if not ready:
+                continue
+            del self._fetching[k]
+            try:
+                files = ray.get(ref)
+            except ray.exceptions.RayError:  # the actor is gone; `finish` says what is left
+                continue
+            for rel, data in files.items():
+                path = self.run_dir / CLIENTS_DIR / str(k) / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(path, data)
+        now = time.monotonic()
+        if now - self._collected >= COLLECT_INTERVAL_S:
+            self._collected = now
+            for k, actor in enumerate(self.actors):
+                if k not in self._fetching:
+                    self._fetching[k] = actor.new_parts.remote()
 
     def finish(self) -> None:
         """Bring every client's part files here, under `clients/<k>/`; end the actors."""

@@ -271,3 +271,39 @@ def test_a_sharded_run_whose_coordinator_is_stopped_keeps_every_record(
     assert records["request_id"].n_unique() == records.height
     # every request the server streamed to is in the run dir's records: none was lost
     assert streamed and streamed <= set(records["request_id"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_clients_send_their_records_back_as_the_run_goes(
+    workload_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    with served(*SERVE) as url:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentab", "replay", str(workload_file), "--url", url,
+             "--out", str(out), "--concurrency", "4", "--lane-requests", "10000",
+             "--duration", "0", "--clients", "2", "--ray", "local", "--quiet"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        folders = [out / "clients" / str(k) for k in range(2)]
+        # the actors' clients write on their node; their parts arrive here while the run goes
+        while not all(part_files(f / "records") for f in folders):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        proc.kill()  # the coordinator, and with it the local cluster and its actors
+        proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    arrived = pl.concat([records_of(f) for f in folders])
+    assert arrived.height > 0
+    report = subprocess.run(
+        [sys.executable, "-m", "agentab", "report", str(out), "--allow-incomplete"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.stderr.startswith(
+        f"agentab: {out}: merged {arrived.height} records its clients left under clients/ "
+        "into records/ (the replay ended before merging them)\n"
+    )
+    merged = scan_records(out).collect()
+    assert merged.sort("request_id").equals(arrived.sort("request_id"))
+    assert merged["request_id"].n_unique() == merged.height

@@ -16,7 +16,8 @@ from typing import Any
 
 import polars as pl
 
-from agentab.dir_lock import lock_dir, release_dir
+from agentab.dir_lock import LOCK_NAME, lock_dir, release_dir
+from agentab.errors import AgentabError
 from agentab.rundir.manifest import write_manifest
 from agentab.rundir.parts import atomic_write_ipc, part_files, part_path
 from agentab.rundir.schema import METRICS_DIR, RECORDS_DIR
@@ -86,7 +87,14 @@ def recover_clients(run_dir: str | Path) -> int | None:
     held: list[Path] = []
     try:
         for d in (run_dir, *client_folders(run_dir)):
-            lock_dir(d, "agentab replay", "--out")
+            try:
+                lock_dir(d, "agentab replay", "--out")
+            except AgentabError:
+                holder = (d / LOCK_NAME).read_text().strip() or "unknown"
+                raise AgentabError(
+                    f"{run_dir}: its replay is still running (pid {holder}); its clients' "
+                    f"records are merged into {RECORDS_DIR}/ when it ends"
+                ) from None
             held.append(d)
         if not (run_dir / CLIENTS_DIR).is_dir():  # merged meanwhile by another reader
             return None

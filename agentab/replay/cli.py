@@ -198,10 +198,10 @@ def _summary(run_dir: Path) -> None:
     default=1,
     show_default=True,
     metavar="N",
-    help="Send the plan from N client processes on this host, lanes split among them, started "
-    "together on one clock, records merged into one run dir. For loads one process cannot "
-    "time: the manifest's `clients` records each one's chunk rate and event-loop lag, and "
-    "the report refuses a run whose client fell behind its plan.",
+    help="Send the plan from N client processes (on this host; with --ray, on a Ray cluster's "
+    "hosts), lanes split among them, started together, records merged into one run dir. For "
+    "loads one process cannot time: the manifest's `clients` records each one's chunk rate "
+    "and event-loop lag, and the report refuses a run whose client fell behind its plan.",
 )
 @click.option(
     "--ray",

@@ -15,7 +15,10 @@ How the clients stay one run:
   opens for all when the last one is (as one process opens it after its last warmup);
 - one run dir: each client writes its records under `clients/<k>/` as it goes; at the end they
   are merged into `records/` (and client 0's metric scrapes into `metrics/`), the manifest's
-  counters are summed, and `clients` lists each process's load and lag.
+  counters are summed, and `clients` lists each process's load and lag
+  (`agentab.rundir.clients`; a run dir whose coordinator was killed is merged when next opened).
+Where the clients run is a `Fleet`: processes of this host (`LocalFleet`), or Ray actors on a
+cluster's hosts (`agentab.replay.ray_clients.RayFleet`), with the same messages.
 What stays per client: idle compression (each compresses on its own in-flight state; under a
 load that needs several clients the run is never idle) and the error-rate guard (a client that
 stops the run stops the others).

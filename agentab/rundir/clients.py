@@ -68,8 +68,9 @@ def merge_clients(run_dir: Path, manifest: dict[str, Any] | None = None) -> int:
     gone = run_dir / f".{CLIENTS_DIR}-merged"
     if gone.exists():
         shutil.rmtree(gone)
-    os.replace(run_dir / CLIENTS_DIR, gone)
-    shutil.rmtree(gone)
+    if (run_dir / CLIENTS_DIR).exists():  # absent when no client wrote a record
+        os.replace(run_dir / CLIENTS_DIR, gone)
+        shutil.rmtree(gone)
     return rows
 
 

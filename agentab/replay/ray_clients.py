@@ -219,7 +219,9 @@ class RayFleet:
             placed = ", ".join(
                 f"{host} (clients {', '.join(map(str, ks))})" for host, ks in hosts.items()
             )
-            log(f"replay: {len(jobs)} clients as Ray actors on {len(hosts)} host(s): {placed}")
+            nodes = len({w["node"] for w in where})
+            log(f"replay: {len(jobs)} clients as Ray actors on {nodes} node(s) of {len(hosts)} "
+                f"host(s): {placed}")  # fmt: skip
 
     def clock(self) -> float:
         return time.time()

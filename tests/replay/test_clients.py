@@ -307,3 +307,33 @@ def test_ray_clients_send_their_records_back_as_the_run_goes(
     merged = scan_records(out).collect()
     assert merged.sort("request_id").equals(arrived.sort("request_id"))
     assert merged["request_id"].n_unique() == merged.height
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_clients_spread_over_the_nodes_of_a_cluster(
+    workload_file: Path, tmp_path: Path
+) -> None:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        cluster.add_node(num_cpus=1)  # a second node (its own raylet), one CPU each
+        cluster.wait_for_nodes()
+        with served(*SERVE) as url:
+            result = subprocess.run(
+                [sys.executable, "-m", "agentab", "replay", str(workload_file), "--url", url,
+                 "--out", str(tmp_path / "out"), "--concurrency", "4", "--lane-requests", "3",
+                 "--warmup-requests", "1", "--duration", "0", "--prompt-salt", "same",
+                 "--clients", "2", "--ray", cluster.address],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+    finally:
+        cluster.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("replay: 2 clients as Ray actors on 2 node(s) of 1 host(s): ")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    nodes = [c["node"] for c in manifest["clients"]]
+    assert len(set(nodes)) == 2  # SPREAD: one client per node
+    assert manifest["status"] == "completed" and manifest["stats"]["finished"] == 20
+    assert scan_records(tmp_path / "out").collect().height == 20

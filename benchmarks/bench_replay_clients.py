@@ -11,7 +11,8 @@ it, and the script prints per run:
   of those chunks (`/agentab/emissions`, the server's monotonic clock, which the processes of
   one host share), as |client - server| / server, at P50 and P90 over requests;
 - the chunk throughput: chunks received in the profiling window per second, and its ratio to
-  the one-client run at the same load.
+  the run with the first `--clients` value (one client by default) at the same load
+  (`vs_first`).
 
 - the CPU each side used in the profiling window, in cores (sampled from /proc every 0.25 s):
   the server (one process, one event loop: it cannot use more than one core) and the clients
@@ -325,7 +326,7 @@ def bench() -> int:
                 server_cores, client_cores = (None, None) if used is None else used
                 errs = itl_errors(out, emissions)
                 rate = chunk_rate(out)
-                base = rate if base is None else base
+                base = (rate, clients) if base is None else base
                 lag = max(c["loop_lag_ms"]["p99"] for c in manifest["clients"])
                 lag_max = max(c["loop_lag_ms"]["max"] for c in manifest["clients"])
                 behind = max(c["behind_plan_ms"]["p90"] or 0 for c in manifest["clients"])
@@ -340,7 +341,7 @@ def bench() -> int:
                     "itl_error_p90_pct": None if np.isnan(p90) else round(float(p90), 3),
                     "itl_requests": int(errs.size),
                     "chunks_per_s": round(rate, 1),
-                    "vs_one_client": round(rate / base, 3) if base else None,
+                    "vs_first": round(rate / base[0], 3) if base[0] else None,
                     "server_cores": None if server_cores is None else round(server_cores, 3),
                     "client_cores": None if client_cores is None else round(client_cores, 3),
                     "bound": bound(server_cores, client_cores, behind, cores),
@@ -352,8 +353,8 @@ def bench() -> int:
                     f"lanes {lanes:4d} clients {clients}: worst client loop lag P99 {lag:7.2f} ms "
                     f"(max {lag_max:7.1f}), behind plan P90 {behind:6.2f} ms; ITL error vs "
                     f"server P50 {p50:5.2f}% P90 {p90:5.2f}% over {errs.size} requests; "
-                    f"{rate:8.0f} chunks/s ({row['vs_one_client']:.2f}x one client); CPU server "
-                    f"{server} cores, clients {mine}; bound: {row['bound']}",
+                    f"{rate:8.0f} chunks/s ({row['vs_first']:.2f}x {base[1]} client(s)); CPU "
+                    f"server {server} cores, clients {mine}; bound: {row['bound']}",
                     flush=True,
                 )
             saturated = [r for r in rows if r["lanes"] == lanes and r["bound"] == "server"]

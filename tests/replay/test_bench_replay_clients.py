@@ -38,7 +38,7 @@ def test_the_rows_are_written_as_json(tmp_path: Path) -> None:
     assert report["cores"] == os.cpu_count()
     rows = report["rows"]
     assert [(r["lanes"], r["clients"]) for r in rows] == [(4, 1), (4, 2)]
-    assert rows[0]["vs_one_client"] == 1.0
+    assert rows[0]["vs_first"] == 1.0
     for row in rows:
         assert row["bound"] in {"server", "client", "host", "-"}
         assert row["chunks_per_s"] > 0 and row["itl_requests"] > 0

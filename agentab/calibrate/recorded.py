@@ -85,11 +85,13 @@ def predict_recorded(
                 manifest.get("replay") or {}, where=f"{run}/manifest.json: replay"
             )
             target = out_dir / "simulated" / arm / run.name
-            echo(f"  simulating {arm} {run.name} ({backend})")
+            spec = simulator_spec(run, manifest)
+            echo(f"  simulating {arm} {run.name} ({backend}{describe_spec(spec)})")
             simulate_to_dir(
                 workload,
                 engine_options={
                     **engine_options,
+                    **spec,
                     "decode_backend": backend,
                     "seed": int(manifest.get("engine_seed") or 0),
                 },
@@ -104,6 +106,7 @@ def predict_recorded(
         result["arms"][label] = {
             "arm": arm,
             "decode_backend": backend,
+            "spec": simulator_spec(*arm_runs[-1]) or None,
             "runs": [str(run) for run, _ in arm_runs],
             "requests": {"measured": m_values["requests_ok"], "simulated": s_values["requests_ok"]},
             "metrics": compare(m_values, s_values),
@@ -120,6 +123,61 @@ def predict_recorded(
     )
     result["ab"] = ab_ratio(result["arms"])
     return result
+
+
+def simulator_spec(run: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The simulator's speculative-decoding options for a recorded run: what the run's engine
+    drafted, with the acceptance it ran at.
+
+    Why the acceptance comes from where it does: a synthetic method's rates are the engine's
+    own setting, so the simulator gets the same (the same length, or the same per-position
+    rates, drawn by the same rule: agentab.engine.spec_decode); greedy verification's acceptance
+    is whatever the drafter achieved on these prompts, so it is read off the run's own
+    per-position counters (agentab.calibrate.acceptance), as `agentab acceptance` does. A run
+    without speculative decoding gives no options."""
+    spec = manifest.get("spec")
+    if not spec:
+        return {}
+    if "num_draft_tokens" in spec:  # a simulated run: its own options, as recorded
+        out: dict[str, Any] = {"num_draft_tokens": int(spec["num_draft_tokens"])}
+        if spec.get("acceptance_length") is not None:
+            out["acceptance_length"] = float(spec["acceptance_length"])
+        else:
+            out["acceptance_probs"] = tuple(float(p) for p in spec.get("acceptance_probs") or ())
+        return out
+    if "num_speculative_tokens" not in spec:
+        raise AgentabError(
+            f"{run}/manifest.json: spec {spec!r} names no num_speculative_tokens; "
+            "cannot simulate its speculative decoding"
+        )
+    out = {"num_draft_tokens": int(spec["num_speculative_tokens"])}
+    if spec.get("rejection_sample_method") == "synthetic":
+        if spec.get("synthetic_acceptance_length") is not None:
+            out["acceptance_length"] = float(spec["synthetic_acceptance_length"])
+        else:
+            out["acceptance_probs"] = tuple(float(p) for p in spec["synthetic_acceptance_rates"])
+        return out
+    from agentab.calibrate.acceptance import from_runs
+
+    measured = from_runs(run)
+    if measured.k != out["num_draft_tokens"]:
+        raise AgentabError(
+            f"{run}: {measured.k} draft positions counted, the manifest's spec drafts "
+            f"{out['num_draft_tokens']}"
+        )
+    out["acceptance_probs"] = measured.rates
+    return out
+
+
+def describe_spec(spec: dict[str, Any]) -> str:
+    """`, 7 drafts at acceptance length 6` (progress lines), or nothing without drafts."""
+    if not spec:
+        return ""
+    if "acceptance_length" in spec:
+        at = f"acceptance length {spec['acceptance_length']:g}"
+    else:
+        at = "per-position rates " + ", ".join(f"{p:.3f}" for p in spec["acceptance_probs"])
+    return f", {spec['num_draft_tokens']} drafts at {at}"
 
 
 def pooled_values(summaries: Sequence[RunSummary]) -> dict[str, Any]:

@@ -50,11 +50,6 @@ def simulator_from(opts: SimulatorOptions) -> Engine:
         seed=opts.seed,
     )
     noise = StepNoise(step_sigma=opts.step_noise, run_sigma=opts.run_noise, seed=opts.noise_seed)
-    if prof.async_scheduling and k:
-        raise AgentabError(
-            f"num_draft_tokens: {prof.source} models an engine with async scheduling "
-            "([engine] async_scheduling), which needs num_draft_tokens = 0"
-        )
     if decode_backend.specialized and k > 7:
         raise AgentabError(
             f"num_draft_tokens: latency_specialized supports at most 7 draft tokens, got {k}"

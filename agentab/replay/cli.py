@@ -65,6 +65,17 @@ def _replay_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "still running then are cut (recorded as cancelled, in no metric) and the manifest "
             "says how many (default: the window's length).",
         ),
+        click.option(
+            "--max-behind-plan",
+            "max_behind_plan_ms",
+            type=click.FloatRange(min=0.0, min_open=True),
+            default=10.0,
+            show_default=True,
+            metavar="MS",
+            help="Analysis refuses the run if a client sent its requests more than this late "
+            "against their plan at P90 (a saturated client times itself, not the server); "
+            "raise it only where the server shares the client's cores.",
+        ),
         click.option("--max-requests", type=int, default=None, help="Stop after N requests."),
         click.option(
             "--lane-requests",
@@ -162,6 +173,7 @@ def _options(kw: dict[str, Any]) -> ReplayOptions:
         scrape_interval_s=kw["scrape_interval_s"],
         prompt_salt=kw["prompt_salt"],
         drain_s=kw["drain_s"],
+        max_behind_plan_ms=kw["max_behind_plan_ms"],
     )
 
 

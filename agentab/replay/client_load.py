@@ -12,8 +12,8 @@ real-clock run records, per client process (`clients` in the manifest):
 - `behind_plan_ms`: how late its loop dispatched the profiling window's requests against their
   planned times (P50, P90, P99, max; connection setup and the server's accept are not in it).
 
-Analysis refuses a run whose client fell behind its plan by more than
-`agentab.analysis.status.BEHIND_PLAN_BOUND_MS` at P90, naming the client: run it again with more
+Analysis refuses a run whose client fell behind its plan by more than the replay option
+`max_behind_plan_ms` (default 10 ms) at P90, naming the client: run it again with more
 client processes (`agentab replay --clients N`).
 """
 

@@ -34,6 +34,9 @@ class ReplayOptions:
     flight that long after the window closed are cut (recorded as cancelled, in no metric);
     None caps it at the window's own length, so a run never lasts more than twice its window.
     The manifest records the cut (docs/replay.md).
+    `max_behind_plan_ms`: analysis refuses the run when a replay client sent its requests later
+    than this after their planned times at P90 (agentab.replay.client_load); a host whose server
+    shares the client's cores may need more.
     `prompt_salt` enters every play's salt: None draws a fresh one for each run (so a rerun
     against a warm server does not find its prompts in the prefix cache), and the manifest
     records the one used, so giving it back reproduces that run's exact prompts.
@@ -58,6 +61,7 @@ class ReplayOptions:
     scrape_interval_s: float = 1.0
     prompt_salt: str | None = None
     drain_s: float | None = None
+    max_behind_plan_ms: float = 10.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "start_window", tuple(float(x) for x in self.start_window))
@@ -97,6 +101,7 @@ class ReplayOptions:
         _check(_finite_pos(self.request_timeout_s), "request_timeout_s", "> 0")
         _check(_finite_pos(self.scrape_interval_s), "scrape_interval_s", "> 0")
         _check(self.drain_s is None or _finite_pos(self.drain_s), "drain_s", "> 0")
+        _check(_finite_pos(self.max_behind_plan_ms), "max_behind_plan_ms", "> 0")
         _check(
             self.prompt_salt is None or _salt_text(self.prompt_salt),
             "prompt_salt",

@@ -152,9 +152,10 @@ def test_a_run_whose_client_fell_behind_its_plan_is_refused(
     )
     line = (
         f"agentab: error: {late}: refusing to report on this run: its replay client 2 of 3 fell "
-        "behind its plan: requests sent 10.5 ms late at P90 (bound 10 ms), its event loop 6.5 "
-        "ms late at P90; the timings measure the client, not the server: replay with more "
-        "client processes (--clients N) (pass --allow-incomplete to use it anyway)\n"
+        "behind its plan: requests sent 10.5 ms late at P90 (bound 10 ms, the replay's "
+        "max_behind_plan_ms), its event loop 6.5 ms late at P90; the timings measure the "
+        "client, not the server: replay with more client processes (--clients N) (pass "
+        "--allow-incomplete to use it anyway)\n"
     )
     report = agentab("report", late)
     assert (report.returncode, report.stdout, report.stderr) == (2, "", line)
@@ -165,6 +166,18 @@ def test_a_run_whose_client_fell_behind_its_plan_is_refused(
     # at the bound it is kept
     kept = write_run(tmp_path / "kept", synthetic_records(1), manifest(clients=[client(0, 10.0)]))
     assert agentab("report", kept).returncode == 0
+    # the bound is the one the run was replayed with (a server sharing the client's cores)
+    loose = manifest(clients=[client(0, 10.5)])
+    loose["replay"] = {**loose.get("replay", {}), "max_behind_plan_ms": 12.0}
+    assert (
+        agentab("report", write_run(tmp_path / "loose", synthetic_records(1), loose)).returncode
+        == 0
+    )
+    tight = manifest(clients=[client(0, 3.0)])
+    tight["replay"] = {**tight.get("replay", {}), "max_behind_plan_ms": 2.5}
+    refused = agentab("report", write_run(tmp_path / "tight", synthetic_records(1), tight))
+    assert refused.returncode == 2
+    assert "requests sent 3.0 ms late at P90 (bound 2.5 ms, the replay's" in refused.stderr
 
 
 def test_a_run_still_in_progress_is_named_as_such(tmp_path: Path) -> None:

@@ -155,3 +155,68 @@ def test_recorded_mode_refuses_replay_flags_and_non_ab_dirs(ab_dir: Path, tmp_pa
     assert msg == (
         "agentab: error: give WORKLOAD and --url (replay now), or --ab DIR (a recorded A/B)"
     )
+
+
+def test_a_speculative_ab_is_predicted_with_the_drafts_and_acceptance_it_ran(
+    tmp_path: Path, capsys
+):
+    """The recorded runs drafted (3 drafts at per-position rates): each is simulated with the
+    same drafts and rates, read from its manifest, so the profile that ran it predicts it
+    exactly; simulated without drafts it would be far off."""
+    experiment = tmp_path / "spec.toml"
+    spec = "num_draft_tokens = 3\nacceptance_probs = [0.8, 0.6, 0.4]\n"
+    spec += '[[arms]]\ndecode_backend = "auto"'
+    experiment.write_text(EXPERIMENT.replace('[[arms]]\ndecode_backend = "auto"', spec, 1))
+    main(["ab", str(experiment), "-o", str(tmp_path / "ab")])
+    result = fidelity_of(tmp_path / "ab", TRUTH, tmp_path / "fid", capsys)
+    for arm in result["arms"].values():
+        assert arm["spec"] == {"num_draft_tokens": 3, "acceptance_probs": [0.8, 0.6, 0.4]}
+        assert arm["requests"]["measured"] == arm["requests"]["simulated"] > 0
+        for row in arm["metrics"]:
+            assert row["measured"] == row["simulated"], row
+    assert result["ab"]["error"] == 0.0
+
+
+LOCAL_SPEC = {
+    "method": "early_exit",
+    "num_speculative_tokens": 7,
+    "draft_layers": 1,
+    "rejection_sample_method": "synthetic",
+    "synthetic_acceptance_length": 6.0,
+    "synthetic_acceptance_rates": None,
+}
+
+
+def test_a_local_engine_runs_synthetic_acceptance_is_the_simulators(tmp_path: Path):
+    """vLLM's names on the local engine, the simulator's own on its side: the same length, or
+    the same per-position rates."""
+    from agentab.calibrate.recorded import simulator_spec
+
+    assert simulator_spec(tmp_path, {"spec": None}) == {}
+    assert simulator_spec(tmp_path, {"spec": LOCAL_SPEC}) == {
+        "num_draft_tokens": 7,
+        "acceptance_length": 6.0,
+    }
+    rates = [0.769, 0.5914, 0.4548, 0.3498, 0.269, 0.2069, 0.1591]
+    by_rates = {**LOCAL_SPEC, "synthetic_acceptance_length": None}
+    by_rates["synthetic_acceptance_rates"] = rates
+    assert simulator_spec(tmp_path, {"spec": by_rates}) == {
+        "num_draft_tokens": 7,
+        "acceptance_probs": tuple(rates),
+    }
+
+
+def test_greedy_acceptance_is_read_from_the_runs_counters_or_refused(tmp_path: Path):
+    """Greedy verification accepts what the drafter achieved, which only the run's counters
+    hold: a run without them is refused, naming it."""
+    from agentab.calibrate.recorded import simulator_spec
+    from agentab.errors import AgentabError
+
+    greedy = {**LOCAL_SPEC, "rejection_sample_method": "standard"}
+    greedy["synthetic_acceptance_length"] = None
+    with pytest.raises(AgentabError) as exc:
+        simulator_spec(tmp_path / "run-1", {"spec": greedy})
+    assert str(tmp_path / "run-1") in str(exc.value)
+    with pytest.raises(AgentabError) as exc:
+        simulator_spec(tmp_path, {"spec": {"method": "eagle"}})
+    assert "names no num_speculative_tokens" in str(exc.value)

@@ -36,7 +36,8 @@ async def _drive(engine, n_requests: int, gap_s: float, seed: int = 0):
 
 GB300 = "gb300-tp16-kimi-k3"
 # the fast-forward fixtures: simulator options, and "async_scheduling" for the same profile with
-# [engine] async_scheduling = true (which needs no drafts)
+# [engine] async_scheduling = true (with drafts too: the local engine schedules verify steps
+# ahead, and the simulator calibrated on it must do the same)
 FIXTURES = [
     {},
     {"num_draft_tokens": 7, "acceptance_length": 6, "decode_backend": "latency_specialized"},
@@ -45,6 +46,16 @@ FIXTURES = [
     {"async_scheduling": True},
     {"async_scheduling": True, "decode_backend": "latency_specialized"},
     {"async_scheduling": True, "kv_blocks": 2500, "max_num_seqs": 12},
+    {"async_scheduling": True, "num_draft_tokens": 7, "acceptance_length": 6},
+    {
+        "async_scheduling": True,
+        "num_draft_tokens": 3,
+        "acceptance_probs": [0.8, 0.6, 0.4],
+        "seed": 3,
+        "decode_backend": "latency_specialized",
+        "kv_blocks": 2500,
+        "max_num_seqs": 12,
+    },
 ]
 
 

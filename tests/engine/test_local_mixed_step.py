@@ -96,6 +96,51 @@ def test_batched_decode_rows_equal_each_row_attended_alone(dtype, tol):
         torch.testing.assert_close(got[first:last], want, rtol=tol, atol=tol)
 
 
+# A verify row (a decoding row's token and 3 drafts, 33 cached) beside a prefill chunk and a
+# one-token decode row
+VERIFY_ROWS = [(12, 20), (33, 4), (40, 1)]
+
+
+def verify_step(seed: int) -> StepInputs:
+    inputs = hand_step(VERIFY_ROWS, seed=seed)
+    inputs.is_decode[:] = [False, True, True]
+    return inputs
+
+
+def test_a_verify_rows_tokens_are_batched_decode_queries_at_their_own_positions():
+    b = DeviceBatch.of(verify_step(0), CPU)
+    assert b.prefill_rows == [0]
+    assert b.decode is not None
+    assert b.decode.tokens.tolist() == [20, 21, 22, 23, 24]
+    assert b.decode.positions.tolist() == [33, 34, 35, 36, 40]
+    assert b.decode.block_table[:4].tolist() == [b.block_tables[1].tolist()] * 4
+    assert b.decode.max_len == 41
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_a_verify_row_attends_as_its_causal_chunk_would(dtype, tol):
+    """Each verify token, a query of its own over its row's context up to its position, gets
+    what the row's tokens get as one causal chunk in the expanded form (`prefill_attention`)."""
+    cfg = PRESETS["tiny"]
+    w = init_weights(cfg, 5)
+    w = type(w)(**{k: v.to(dtype) for k, v in w.tensors().items()})
+    inputs = verify_step(seed=1)
+    gen = torch.Generator().manual_seed(2)
+    kv = torch.randn(NUM_BLOCKS * BLOCK, cfg.kv_width, generator=gen, dtype=dtype)
+    t = len(inputs.token_ids)
+    q_nope = torch.randn(t, cfg.n_heads, cfg.qk_nope, generator=gen, dtype=dtype)
+    q_pe = torch.randn(t, cfg.n_heads, cfg.qk_rope, generator=gen, dtype=dtype)
+
+    got = rows_attention(cfg, w, q_nope, q_pe, kv, DeviceBatch.of(inputs, CPU))
+
+    for i, (cached, new) in enumerate(VERIFY_ROWS):
+        first, last = int(inputs.starts[i]), int(inputs.starts[i + 1])
+        table = torch.from_numpy(inputs.block_tables[i])
+        ctx = kv[PagedLatentCache.slots(table, cached + new, BLOCK)]
+        want = prefill_attention(cfg, w, q_nope[first:last], q_pe[first:last], ctx)
+        torch.testing.assert_close(got[first:last], want, rtol=tol, atol=tol)
+
+
 def test_a_mixed_step_gives_each_row_what_it_gets_as_a_step_alone():
     """The whole standard forward (4 layers, fp64 activations over the bf16 cache): the mixed
     step's last hidden state of every row equals that of the row run as a step of its own, to

@@ -98,7 +98,12 @@ def write_experiment(
     tensor_parallel_size: int = 1,
     gpus: int = 1,
 ) -> Path:
-    """An `agentab ab` experiment with two vLLM arms (auto vs latency_specialized)."""
+    """An `agentab ab` experiment with two vLLM arms (auto vs latency_specialized).
+
+    The CPU build computes on the two cores the replay client runs on, so the client's
+    dispatches wait for the server's steps, not for their own work: the refusal bound for a
+    client behind its plan is raised to 100 ms (10 ms by default) unless `replay` sets one."""
+    replay = {"max_behind_plan_ms": 100.0, **replay}
     replay_lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in replay.items())
     path.write_text(
         f"""name = "vllm-aa"

@@ -100,6 +100,7 @@ def test_aa_experiment_with_two_vllm_arms(tmp_path: Path, vllm_python: str) -> N
             scraped = set(scan_metrics(run_dir).select("name").collect()["name"])
             assert {"vllm:prefix_cache_hits_total", "vllm:num_requests_running"} <= scraped
             assert_server_gone(run_dir)
+    assert (out / "comparison.json").is_file(), result.stderr[-3000:]
     comparison = json.loads((out / "comparison.json").read_text())
     assert comparison["guard"] == []
     p90 = comparison["metrics"]["p90_interactivity_tok_s"]
@@ -211,8 +212,9 @@ def test_tp2_on_one_gpu_is_refused_before_anything_starts(tmp_path: Path) -> Non
     out = tmp_path / "out"
     result = run_cli("ab", str(exp), "-o", str(out), timeout=60)
     assert result.returncode == 2
+    engine_table = text.splitlines().index("[engine]") + 1  # the error names the table's line
     assert result.stderr.splitlines()[-1] == (
-        f"agentab: error: {exp}:15: vllm launch: tensor_parallel_size 2 x "
+        f"agentab: error: {exp}:{engine_table}: vllm launch: tensor_parallel_size 2 x "
         "pipeline_parallel_size 1 = 2 "
         "GPUs, but the experiment's gpus give 1 (0); they must be equal"
     )

@@ -57,29 +57,36 @@ def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 @dataclass
 class DecodeRows:
-    """A step's one-token rows as the batched decode attention reads them, built once per step
-    and read by every layer (the per-layer work is then one call, with no host loop)."""
+    """A step's decoding tokens (one-token rows, and every token of a verify row) as the
+    batched decode attention reads them, one query each, built once per step and read by every
+    layer (the per-layer work is then one call, with no host loop)."""
 
-    tokens: torch.Tensor  # (rows,) int64: each row's token in the flat batch
-    positions: torch.Tensor  # (rows,) int32: the token's position (its context is position + 1)
-    block_table: torch.Tensor  # (rows, max blocks) int64
-    new_slots: torch.Tensor  # (rows,) int64: where the token's latent entry was written
-    positions_and_slots: torch.Tensor  # (2, rows) int32: `PagedKV`'s form of the two above
+    tokens: torch.Tensor  # (queries,) int64: each query token's index in the flat batch
+    positions: torch.Tensor  # (queries,) int32: the token's position (its context: position + 1)
+    block_table: torch.Tensor  # (queries, max blocks) int64: its row's
+    new_slots: torch.Tensor  # (queries,) int64: where the token's latent entry was written
+    positions_and_slots: torch.Tensor  # (2, queries) int32: `PagedKV`'s form of the two above
     block_size: int
-    max_len: int  # the longest context among the rows
+    max_len: int  # the longest context among the queries
     split_len: torch.Tensor  # (1,) int64: the Triton decode's tokens per split for this step
 
     @staticmethod
-    def of(inputs: StepInputs, rows: np.ndarray, device: torch.device) -> DecodeRows:
-        """The rows `rows` of the step (each one token) on `device`."""
+    def of(
+        inputs: StepInputs, tokens: np.ndarray, rows: np.ndarray, device: torch.device
+    ) -> DecodeRows:
+        """The step's tokens `tokens` (flat indices) of rows `rows` (the row of each), each
+        attended as a query of its own over its row's context up to its own position, on
+        `device`. A verify row's tokens are such queries: the layer writes all of the step's
+        latent entries before it attends, so each sees the row's earlier tokens and no later
+        one."""
 
         def dev(a: np.ndarray) -> torch.Tensor:
             return to_device(a, device)
 
-        tokens = inputs.starts[rows]
-        max_len = int(inputs.context_lens[rows].max())
+        positions = inputs.positions[tokens]
+        max_len = int(positions.max()) + 1
         new_slots = inputs.slot_mapping[tokens]
-        pos_slots = dev(np.stack([inputs.positions[tokens], new_slots]).astype(np.int32))
+        pos_slots = dev(np.stack([positions, new_slots]).astype(np.int32))
         return DecodeRows(
             tokens=dev(tokens),
             positions=pos_slots[0],
@@ -116,8 +123,8 @@ class DeviceBatch:
     context_lens: list[int]
     last_token: torch.Tensor  # (rows,) index of each row's last token in the flat batch
     block_size: int
-    decode: DecodeRows | None  # the one-token rows, attended in one batched call
-    prefill_rows: list[int]  # the rows of several tokens (prefill chunks), attended one by one
+    decode: DecodeRows | None  # one-token and verify rows' tokens, attended in one batched call
+    prefill_rows: list[int]  # the prefill chunks of several tokens, attended one by one
     # what every layer of the step reads the same (the rotary angles of its positions, a
     # prefill row's context slots), computed once on first use: an eager step is bound by its
     # host launches, and recomputing these in each of 61 layers was a tenth of them
@@ -158,8 +165,18 @@ class DeviceBatch:
             rows = dev(prev)
             taken = last_sampled.index_select(0, rows.clamp(min=0))
             token_ids = torch.where(rows >= 0, taken, token_ids)
-        one_token = np.diff(inputs.starts) == 1
-        decode = np.flatnonzero(one_token)
+        counts = np.diff(inputs.starts)
+        # one-token rows and verify rows (a decoding row's token and its drafts) attend in
+        # the batched absorbed form, one query per token, as the decode graphs run them;
+        # expanding a verify row's whole context into per-head keys, as a prefill chunk's
+        # is, cost more than the rest of a mixed step's work at long contexts
+        batched = (counts == 1) | inputs.is_decode
+        decode = np.flatnonzero(batched)
+        tokens = (
+            np.concatenate([np.arange(inputs.starts[r], inputs.starts[r + 1]) for r in decode])
+            if len(decode)
+            else decode
+        )
         return DeviceBatch(
             token_ids=token_ids,
             positions=dev(inputs.positions),
@@ -169,8 +186,12 @@ class DeviceBatch:
             context_lens=inputs.context_lens.tolist(),
             last_token=dev(inputs.starts[1:] - 1),
             block_size=inputs.block_size,
-            decode=DecodeRows.of(inputs, decode, device) if len(decode) else None,
-            prefill_rows=np.flatnonzero(~one_token).tolist(),
+            decode=(
+                DecodeRows.of(inputs, tokens, np.repeat(decode, counts[decode]), device)
+                if len(decode)
+                else None
+            ),
+            prefill_rows=np.flatnonzero(~batched).tolist(),
         )
 
 
@@ -235,11 +256,13 @@ def rows_attention(
     """Every row's attention over its cached context (which holds this step's entries):
     (tokens, n_heads, v_head).
 
-    As vLLM runs MLA: the decode rows (one token each) attend together in the absorbed form
-    (`decode_rows_attention`), so a mixed step pays one decode call per layer however many rows
-    decode beside its prefill; a prefill chunk expands its cached latents into per-head keys and
-    values and runs fused attention (`prefill_attention`), which is compute-efficient where the
-    absorbed form would multiply every query by the 576-wide latents.
+    As vLLM runs MLA: the decoding tokens (one-token rows, and each token of a verify row at its
+    own position) attend together in the absorbed form (`decode_rows_attention`), so a mixed
+    step pays one decode call per layer however many rows decode or verify beside its prefill;
+    a prefill chunk expands its cached latents into per-head keys and values and runs fused
+    attention (`prefill_attention`), which is compute-efficient where the absorbed form would
+    multiply every query by the 576-wide latents (and wasteful for a verify row's few queries,
+    which would expand its whole context for them).
     """
     dt = q_nope.dtype
     o = torch.empty(*q_nope.shape[:2], cfg.v_head, device=q_nope.device, dtype=dt)

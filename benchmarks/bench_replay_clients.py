@@ -12,15 +12,14 @@ it, and the script prints per run:
   one host share), as |client - server| / server, at P50 and P90 over requests;
 - the chunk throughput: chunks received in the profiling window per second, and its ratio to
   the run with the first `--clients` value (one client by default) at the same load
-  (`vs_first`).
-
+  (`vs_first`);
 - the CPU each side used in the profiling window, in cores (sampled from /proc every 0.25 s):
   the server (one process, one event loop: it cannot use more than one core) and the clients
-  (the replay and its client processes); and which side bounds the run:
-  `server` when the server used over 90% of its one core (more clients cannot add chunks it
-  does not write), `client` when a client fell behind its plan by more than the report's bound
-  (10 ms at P90) while the server had room, `host` when server and clients together used over
-  90% of the host's cores, else `-` (neither saturated).
+  (the replay and its client processes); and which side bounds the run: `server` when the
+  server used over 90% of its one core (more clients cannot add chunks it does not write),
+  `host` when server and clients together used over 90% of the host's cores, `client` when a
+  client fell behind its plan by more than the report's default bound (`max_behind_plan_ms`,
+  10 ms at P90) while neither saturated, else `-`.
 
 The server shares the host's cores with the clients, so on a small machine the server may be
 what saturates first; the per-process figures say which one did. Printed (and with `--json`

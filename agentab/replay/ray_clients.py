@@ -72,6 +72,7 @@ class ClientActor:
         self._next = 0
         self._held: dict[int, tuple[Any, ...]] = {}
         self._sent: set[str] = set()
+        self._sent_lock = threading.Lock()
 
     def launch(self, job: ClientJob, workload: Workload) -> dict[str, Any]:
         """Start the client process (the same one `--clients` starts on one host)."""
@@ -132,25 +133,29 @@ class ClientActor:
         A part is written once, under its final name, and never changed: a file compaction
         removed since it was listed is covered by the wider part that replaced it, sent on a
         later call (`agentab.rundir.parts.part_files` reads the wider one alone)."""
-        out: dict[str, bytes] = {}
-        for sub in (RECORDS_DIR, METRICS_DIR):
-            for path in sorted((self.folder / sub).glob("part-*.arrow")):
-                rel = str(path.relative_to(self.folder))
-                if rel in self._sent:
-                    continue
-                try:
-                    out[rel] = path.read_bytes()
-                except FileNotFoundError:  # merged into a wider part meanwhile
-                    continue
-                self._sent.add(rel)
+        with self._sent_lock:  # not `_lock`: the coordinator's messages do not wait on a read
+            out = self._parts(skip=self._sent)
+            self._sent.update(out)
         return out
 
     def files(self) -> dict[str, bytes]:
         """Every part file of the client (relative path -> bytes), once its process has ended."""
         if self.proc is not None:
             self.proc.join()
-        self._sent.clear()
-        return self.new_parts()
+        return self._parts(skip=set())
+
+    def _parts(self, skip: set[str]) -> dict[str, bytes]:
+        out: dict[str, bytes] = {}
+        for sub in (RECORDS_DIR, METRICS_DIR):
+            for path in sorted((self.folder / sub).glob("part-*.arrow")):
+                rel = str(path.relative_to(self.folder))
+                if rel in skip:
+                    continue
+                try:
+                    out[rel] = path.read_bytes()
+                except FileNotFoundError:  # merged into a wider part meanwhile
+                    continue
+        return out
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -196,7 +201,7 @@ class RayFleet:
         self._fetching: dict[int, Any] = {}  # client -> its new_parts call in flight
         self._collected = time.monotonic()
         actor_class: Any = ray.remote(ClientActor).options(
-            num_cpus=1, max_concurrency=4, max_restarts=0, scheduling_strategy="SPREAD"
+            num_cpus=1, max_concurrency=8, max_restarts=0, scheduling_strategy="SPREAD"
         )
         workload = ray.put(jobs[0].workload)  # once through the object store, not per client
         empty = Workload(())

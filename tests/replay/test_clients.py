@@ -337,3 +337,24 @@ def test_ray_clients_spread_over_the_nodes_of_a_cluster(
     assert len(set(nodes)) == 2  # SPREAD: one client per node
     assert manifest["status"] == "completed" and manifest["stats"]["finished"] == 20
     assert scan_records(tmp_path / "out").collect().height == 20
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_cluster_with_fewer_cpus_than_clients_is_refused(
+    workload_file: Path, tmp_path: Path
+) -> None:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    address = cluster.address
+    try:
+        result = replay(workload_file, "http://127.0.0.1:9", tmp_path / "out", "--clients", "2",
+                        "--ray", address)  # fmt: skip
+    finally:
+        cluster.shutdown()
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"agentab: error: --ray {address}: the cluster has 1 CPU(s), fewer than the 2 "
+        "clients (each client takes one)\n"
+    )

@@ -11,12 +11,25 @@ it, and the script prints per run:
   of those chunks (`/agentab/emissions`, the server's monotonic clock, which the processes of
   one host share), as |client - server| / server, at P50 and P90 over requests;
 - the chunk throughput: chunks received in the profiling window per second, and its ratio to
-  the one-client run at the same load.
+  the run with the first `--clients` value (one client by default) at the same load
+  (`vs_first`);
+- the CPU each side used in the profiling window, in cores (sampled from /proc every 0.25 s):
+  the server (one process, one event loop: it cannot use more than one core) and the clients
+  (the replay and its client processes); and which side bounds the run: `server` when the
+  server used over 90% of its one core (more clients cannot add chunks it does not write),
+  `host` when server and clients together used over 90% of the host's cores, `client` when a
+  client fell behind its plan by more than the report's default bound (`max_behind_plan_ms`,
+  10 ms at P90) while neither saturated, else `-`.
 
 The server shares the host's cores with the clients, so on a small machine the server may be
-what saturates first; the per-process figures say which one did. Printed, never asserted.
+what saturates first; the per-process figures say which one did. Printed (and with `--json`
+written as a table, one row per run), never asserted. A SIGTERM or SIGINT ends the script
+and its `agentab serve` and replay children.
 
     python benchmarks/bench_replay_clients.py [--lanes 64 128] [--clients 1 2 4] [--duration 20]
+        [--json PATH]
+
+On a 16-core host: `--lanes 64 128 256 512 --clients 1 2 4 8`.
 """
 
 from __future__ import annotations
@@ -25,11 +38,16 @@ import argparse
 import json
 import os
 import re
+import resource
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -52,6 +70,11 @@ def session(i: int, out_tokens: int) -> Session:
     return Session(f"s{i}", 64, tuple(items))
 
 
+STARTED: list[subprocess.Popen[str]] = []
+"""Every child started (servers and replays): `main` stops those still running on its way out,
+however it leaves (a signal may come between a start and the `try` that would stop it)."""
+
+
 def serve(profile: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentab", "serve", "--profile", profile, "--record-emissions",
@@ -59,22 +82,134 @@ def serve(profile: str) -> tuple[subprocess.Popen[str], str]:
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
+    STARTED.append(proc)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if "listening on http://127.0.0.1:" not in line:
+        stop(proc)
         raise SystemExit(f"agentab serve did not start: {line}")
     return proc, "http://127.0.0.1:" + line.split("127.0.0.1:")[1].split()[0]
 
 
-def replay(workload: Path, url: str, out: Path, lanes: int, clients: int, duration: float) -> None:
-    done = subprocess.run(
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _exit_on(signum: int, frame: object) -> None:
+    """SIGTERM (or SIGHUP) ends the script as Ctrl-C does: through the `finally` blocks that stop
+    the server (a replay running under `subprocess.run` is killed by it on the way out)."""
+    raise SystemExit(128 + signum)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a live process (Linux /proc), None elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds of a live process and its live descendants (Linux /proc)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(entry.name)] = int(fields[1])
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, ppid in parent.items() if ppid in tree} - tree
+        grew = bool(more)
+        tree |= more
+    return sum(process_cpu_s(pid) or 0.0 for pid in tree)
+
+
+class CpuSampler:
+    """Every 0.25 s, the CPU seconds so far of the server and of the replay's process tree, so
+    that each side's use can be taken over the profiling window alone (not the start-up and
+    the drain, when both idle)."""
+
+    def __init__(self, server: int, replay: int) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(server, replay), daemon=True)
+        self._thread.start()
+
+    def _run(self, server: int, replay: int) -> None:
+        while not self._stop.is_set():
+            self.samples.append(
+                (time.monotonic(), process_cpu_s(server) or 0.0, tree_cpu_s(replay))
+            )
+            self._stop.wait(0.25)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def cores(self, start: float, end: float) -> tuple[float, float] | None:
+        """(server, clients) cores used between two monotonic times; None without samples."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+            return None
+        (t0, a0, b0), (t1, a1, b1) = inside[0], inside[-1]
+        return (a1 - a0) / (t1 - t0), (b1 - b0) / (t1 - t0)
+
+
+def bound(
+    server_cores: float | None, client_cores: float | None, behind_ms: float, cores: int
+) -> str:
+    """Which side saturated (see the module doc): server, client, host or -."""
+    if server_cores is not None and server_cores > 0.9:
+        return "server"
+    both = None if server_cores is None or client_cores is None else server_cores + client_cores
+    if both is not None and both > 0.9 * cores:
+        return "host"
+    if behind_ms > 10.0:
+        return "client"
+    return "-"
+
+
+def raise_fd_limit() -> None:
+    """Hundreds of lanes hold as many sockets, in the server and in one client: the soft limit
+    on open files up to the hard one (inherited by the children)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 65536 if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
+def replay(
+    workload: Path, url: str, out: Path, lanes: int, clients: int, duration: float, server: int
+) -> CpuSampler:
+    """Run the replay; return the CPU samples taken while it ran."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "agentab", "replay", str(workload), "--url", url, "--out", str(out),
          "--concurrency", str(lanes), "--duration", str(duration), "--warmup-requests", "1",
          "--drain", "5", "--clients", str(clients), "--quiet", "--prompt-salt", "bench"],
-        capture_output=True, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    if done.returncode != 0:
-        raise SystemExit(f"replay --clients {clients} failed:\n{done.stderr[-3000:]}")
+    STARTED.append(proc)
+    sampler = CpuSampler(server, proc.pid)
+    try:
+        _, stderr = proc.communicate()
+    except BaseException:  # stopped: the replay stops its clients and ends too
+        stop(proc)
+        raise
+    finally:
+        sampler.stop()
+    if proc.returncode != 0:
+        raise SystemExit(f"replay --clients {clients} failed:\n{stderr[-3000:]}")
+    return sampler
 
 
 def itl_errors(run: Path, emissions: dict[str, list[float]]) -> np.ndarray:
@@ -117,11 +252,22 @@ def chunk_rate(run: Path) -> float:
 
 
 def main() -> int:
+    try:
+        return bench()
+    finally:
+        for proc in reversed(STARTED):  # the replay first, then the server it sends to
+            if proc.poll() is None:
+                stop(proc)
+
+
+def bench() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lanes", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--duration", type=float, default=20.0)
-    ap.add_argument("--sessions", type=int, default=256)
+    ap.add_argument(
+        "--sessions", type=int, default=None, help="default: 256, or twice the most lanes"
+    )
     ap.add_argument("--out-tokens", type=int, default=400)
     ap.add_argument("--profile", default="gb300-tp16-kimi-k3")
     ap.add_argument(
@@ -132,11 +278,22 @@ def main() -> int:
         "(the published profile's step at batch 128 is 34 ms, which bounds 128 lanes to about "
         "3,700 chunks/s whatever the client)",
     )
+    ap.add_argument("--json", type=Path, default=None, help="write the rows here as JSON")
     args = ap.parse_args()
+    if any(c > lanes for c in args.clients for lanes in args.lanes):
+        ap.error("every --clients value must be at most every --lanes value (whole lanes each)")
+    sessions = args.sessions or max(256, 2 * max(args.lanes))
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on)
+    raise_fd_limit()
+    cores = os.cpu_count() or 1
     print(
-        f"# {os.cpu_count()} cores; profile {args.profile}"
-        f"{f' with {args.layers} layers' if args.layers else ''}; {args.duration:g} s windows"
+        f"# {cores} cores; profile {args.profile}"
+        f"{f' with {args.layers} layers' if args.layers else ''}; {args.duration:g} s windows; "
+        f"{sessions} sessions",
+        flush=True,
     )
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         profile = args.profile
@@ -147,34 +304,71 @@ def main() -> int:
                 re.sub(r"(?m)^(num_layers|kv_layers) = \d+", rf"\1 = {args.layers}", text)
             )
         workload = root / "w.jsonl"
-        save(Workload(tuple(session(i, args.out_tokens) for i in range(args.sessions))), workload)
+        save(Workload(tuple(session(i, args.out_tokens) for i in range(sessions))), workload)
         for lanes in args.lanes:
             base = None
             for clients in args.clients:
                 proc, url = serve(profile)
+                print(f"# lanes {lanes} clients {clients}: serving on {url} (pid {proc.pid})",
+                      flush=True)  # fmt: skip
                 try:
                     out = root / f"l{lanes}-c{clients}"
-                    replay(workload, url, out, lanes, clients, args.duration)
+                    sampler = replay(workload, url, out, lanes, clients, args.duration, proc.pid)
                     with urllib.request.urlopen(url + "/agentab/emissions") as resp:
                         emissions = json.loads(resp.read())
                 finally:
-                    proc.terminate()
-                    proc.wait()
+                    stop(proc)
                 manifest = json.loads((out / "manifest.json").read_text())
+                # the profiling window on this host's monotonic clock (the clients' t0 is one)
+                start = manifest["clock_t0"] + manifest["stats"]["profiling_start_s"]
+                used = sampler.cores(start, start + args.duration)
+                server_cores, client_cores = (None, None) if used is None else used
                 errs = itl_errors(out, emissions)
                 rate = chunk_rate(out)
-                base = rate if base is None else base
+                base = (rate, clients) if base is None else base
                 lag = max(c["loop_lag_ms"]["p99"] for c in manifest["clients"])
                 lag_max = max(c["loop_lag_ms"]["max"] for c in manifest["clients"])
                 behind = max(c["behind_plan_ms"]["p90"] or 0 for c in manifest["clients"])
                 p50, p90 = (np.percentile(errs, [50, 90]) * 100) if errs.size else (np.nan,) * 2
+                row = {
+                    "lanes": lanes,
+                    "clients": clients,
+                    "loop_lag_p99_ms": lag,
+                    "loop_lag_max_ms": lag_max,
+                    "behind_plan_p90_ms": behind,
+                    "itl_error_p50_pct": None if np.isnan(p50) else round(float(p50), 3),
+                    "itl_error_p90_pct": None if np.isnan(p90) else round(float(p90), 3),
+                    "itl_requests": int(errs.size),
+                    "chunks_per_s": round(rate, 1),
+                    "vs_first": round(rate / base[0], 3) if base[0] else None,
+                    "server_cores": None if server_cores is None else round(server_cores, 3),
+                    "client_cores": None if client_cores is None else round(client_cores, 3),
+                    "bound": bound(server_cores, client_cores, behind, cores),
+                }
+                rows.append(row)
+                server = "n/a" if server_cores is None else f"{server_cores:4.2f}"
+                mine = "n/a" if client_cores is None else f"{client_cores:5.2f}"
                 print(
                     f"lanes {lanes:4d} clients {clients}: worst client loop lag P99 {lag:7.2f} ms "
                     f"(max {lag_max:7.1f}), behind plan P90 {behind:6.2f} ms; ITL error vs "
                     f"server P50 {p50:5.2f}% P90 {p90:5.2f}% over {errs.size} requests; "
-                    f"{rate:8.0f} chunks/s ({rate / base:.2f}x one client)",
+                    f"{rate:8.0f} chunks/s ({row['vs_first']:.2f}x {base[1]} client(s)); CPU "
+                    f"server {server} cores, clients {mine}; bound: {row['bound']}",
                     flush=True,
                 )
+            saturated = [r for r in rows if r["lanes"] == lanes and r["bound"] == "server"]
+            if saturated:
+                print(
+                    f"# lanes {lanes}: the server used its one core with "
+                    f"{', '.join(str(r['clients']) for r in saturated)} client(s): it, not the "
+                    "clients, bounds the chunk rate there; more clients cannot raise it",
+                    flush=True,
+                )
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps({"command": " ".join(sys.argv), "cores": cores, "rows": rows}, indent=2)
+            + "\n"
+        )
     return 0
 
 

@@ -27,8 +27,14 @@ in the window. The estimator is `compare_runs`, exactly what `agentab ab` report
 
     python benchmarks/bench_verdicts.py [--aa-pairs 100] [--effect-pairs 50]
         [--effects 0.03 0.05 0.10 -0.05] [--repeats 3] [--concurrency 1 8]
-        [--duration 1:3600,8:900] [--step-noise 0.02] [--run-noise 0.005] [--workers 2]
-        [--json benchmarks/results/verdicts.json]
+        [--duration 1:3600,8:900] [--step-noise 0.02] [--run-noise 0.005]
+        [--workers 2 | --ray ADDRESS] [--json benchmarks/results/verdicts.json]
+
+The pairs are independent tasks, fanned out as `agentab ab`'s runs are
+(`agentab.experiments.fanout`): `--workers N` local processes, or `--ray ADDRESS` Ray tasks on
+a cluster (`local`: one started here with `--workers` CPUs). Every pair is a function of its
+seeds, so the figures are the same however they are spread; a pair that fails is tried once
+more, and one that fails twice ends the script with its name.
 
 Simulating is most of the cost: `--keep DIR --simulate-only` keeps every run (numbered from
 `--first-pair`, so later calls add pairs), and `--from DIR` judges the kept runs with the same
@@ -38,7 +44,6 @@ settings, so an estimator can be measured again without simulating again.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import shutil
 import statistics
 import sys
@@ -69,7 +74,7 @@ def simulate_pair(job: dict[str, Any]) -> list[tuple[Any, Any]]:
     from agentab.analysis.load import load_run
     from agentab.analysis.summary import summarize_run
 
-    root = Path(job["root"])
+    root = Path(job["root"] or tempfile.mkdtemp(prefix="bench-verdicts-"))
     out = []
     try:
         for k in range(job["repeats"]):
@@ -92,11 +97,11 @@ def _simulate_run(
 ) -> Path:
     from agentab.replay import simulate_to_dir
     from agentab.replay.options import ReplayOptions
-    from agentab.workloads import load
 
-    workload = _WORKLOADS.get(job["workload"])
+    key = (job["sessions"], job["workload_seed"])
+    workload = _WORKLOADS.get(key)
     if workload is None:  # once per worker: a run freezes what it replays (gc.freeze)
-        workload = _WORKLOADS[job["workload"]] = load(job["workload"])
+        workload = _WORKLOADS[key] = _generated(*key)
     noise_seed = 7_919 * plan_seed + (0 if arm == "a" else 1)
     return simulate_to_dir(
         workload,
@@ -119,6 +124,18 @@ def _simulate_run(
         manifest_extra={"arm": "auto", "repeat": repeat},
         progress=False,
     )
+
+
+def _generated(sessions: int, seed: int) -> Any:
+    """The generated workload, written and read back as a file (as `agentab ab` reads one)
+    where this worker runs: a Ray node has no disk in common with the driver."""
+    from agentab.workloads import load, save
+    from agentab.workloads.generator import generate, load_config
+
+    with tempfile.TemporaryDirectory(prefix="bench-verdicts-") as tmp:
+        path = Path(tmp) / "workload.jsonl"
+        save(generate(load_config("agentx-coding"), sessions, seed), path)
+        return load(path)
 
 
 def with_effect(summary: Any, effect: float) -> Any:
@@ -158,7 +175,13 @@ def pair_task(job: dict[str, Any]) -> dict[str, Any]:
     """Simulate one pair and judge it: as A/A and under every effect (fixed design), or block by
     block as `ab --until-decided` stops (sequential)."""
     pairs = simulate_pair(job)
-    out: dict[str, Any] = {"pair": job["pair"], "fixed": {}, "sequential": {}}
+    out: dict[str, Any] = {
+        "pair": job["pair"],
+        "mode": job["mode"],
+        "concurrency": job["concurrency"],
+        "fixed": {},
+        "sequential": {},
+    }
     if job.get("simulate_only"):
         return out
     if job["mode"] == "fixed":
@@ -224,6 +247,99 @@ def summarize(results: list[dict[str, Any]], effect: float, key: str = "fixed") 
     }
 
 
+def pair_jobs(
+    args: argparse.Namespace,
+    c: int,
+    window_s: float,
+    root: Path | None,
+    kept: dict[str, bool],
+) -> list[dict[str, Any]]:
+    """The pairs of one concurrency: fixed design (A/A and the effects), then sequential."""
+    common = {
+        "sessions": args.sessions,
+        "workload_seed": 42,
+        "concurrency": c,
+        "step_noise": args.step_noise,
+        "run_noise": args.run_noise,
+        "resamples": args.resamples,
+        **kept,
+    }
+
+    def where(name: str) -> str | None:
+        return None if root is None else str(root / f"c{c}" / name)
+
+    jobs = []
+    pairs = max(args.aa_pairs, args.effect_pairs)
+    for i in range(args.first_pair, args.first_pair + pairs):
+        chosen = [0.0] if i - args.first_pair < args.aa_pairs else []
+        chosen += args.effects if i - args.first_pair < args.effect_pairs else []
+        jobs.append(
+            {
+                **common,
+                "mode": "fixed",
+                "root": where(f"pair-{i}"),
+                "pair": i,
+                "seed": 100_000 * c + 17 * i,
+                "duration_s": window_s,
+                "repeats": args.repeats,
+                "effects": chosen,
+                "lane_requests": args.lane_requests,
+            }
+        )
+    for i in range(args.first_pair, args.first_pair + args.sequential_pairs):
+        jobs.append(
+            {
+                **common,
+                "mode": "sequential",
+                "root": where(f"seq-{i}"),
+                "pair": i,
+                "seed": 500_000 + 100_000 * c + 17 * i,
+                "duration_s": window_s * args.block_fraction,
+                "repeats": args.max_blocks,
+                "effects": [0.0, 0.10],
+            }
+        )
+    return jobs
+
+
+def job_label(job: dict[str, Any]) -> str:
+    return f"c{job['concurrency']} {job['mode']} pair {job['pair']}"
+
+
+def run_jobs(args: argparse.Namespace, jobs: list[dict[str, Any]]) -> dict[int, list[dict]]:
+    """Every pair on the chosen backend; the results by concurrency."""
+    from agentab.errors import AgentabError
+    from agentab.experiments.fanout import fan_out
+
+    if args.ray is not None:
+        from agentab.experiments.ray_cluster import RayCalls
+        from agentab.ray_connect import LOCAL, connect
+
+        cpus = connect(args.ray, args.workers if args.ray == LOCAL else None)
+        backend: Any = RayCalls(pair_task, cpus)
+    else:
+        from agentab.experiments.pool import ProcessBackend
+
+        # a worker is replaced after 5 pairs: bounds what each worker's runs leave behind
+        backend = ProcessBackend(None, args.workers, pair_task, max_tasks=5)
+    results: dict[int, list[dict]] = {}
+    t0 = time.monotonic()
+
+    def done(result: dict[str, Any], line: str) -> None:
+        results.setdefault(result["concurrency"], []).append(result)
+        n = sum(map(len, results.values()))
+        if n % 10 == 0 or n == len(jobs):
+            print(f"  {n}/{len(jobs)} pairs ({time.monotonic() - t0:.0f} s): {line}", flush=True)
+
+    try:
+        fan_out(backend, jobs, done, log=lambda line: print(line, flush=True), variable=None,
+                interval_s=60.0, label=job_label, command="bench_verdicts",
+                again="no figures were written")  # fmt: skip
+    except AgentabError as exc:
+        sys.exit(f"bench_verdicts: error: {exc}")
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--aa-pairs", type=int, default=100)
@@ -275,12 +391,19 @@ def main() -> None:
     ap.add_argument(
         "--simulate-only", action="store_true", help="with --keep: simulate, judge nothing"
     )
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--workers", type=int, default=2, help="local processes (with --ray local: its CPUs)"
+    )
+    ap.add_argument(
+        "--ray",
+        default=None,
+        metavar="ADDRESS",
+        help="run the pairs as Ray tasks: local, auto, HOST:PORT or ray://HOST:10001",
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args()
-
-    from agentab.workloads import save
-    from agentab.workloads.generator import generate, load_config
+    if args.ray is not None and (args.keep is not None or args.reuse is not None):
+        ap.error("--keep and --from keep the runs on this host's disk: not with --ray")
 
     windows = {int(c): float(w) for c, w in (x.split(":") for x in args.duration.split(","))}
     started = time.monotonic()
@@ -297,17 +420,9 @@ def main() -> None:
         "concurrency": {},
     }
     effects = [0.0, *args.effects]
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        multiprocessing.get_context("spawn").Pool(
-            args.workers,
-            maxtasksperchild=5,  # bounds what each worker's runs leave behind
-        ) as pool,
-    ):
+    with tempfile.TemporaryDirectory() as tmp:
         root = args.reuse or args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        workload = Path(tmp) / "workload.jsonl"
-        save(generate(load_config("agentx-coding"), args.sessions, 42), workload)
         print(
             f"{args.aa_pairs} A/A pairs, {args.effect_pairs} pairs per effect "
             f"{', '.join(f'{e:+.0%}' for e in args.effects)}; {args.repeats} repeats per arm; "
@@ -320,58 +435,16 @@ def main() -> None:
             "reuse": args.reuse is not None,
             "simulate_only": args.simulate_only,
         }
+        # on a Ray node a pair's runs go to that node's temporary dir, removed after judging
+        runs_root = None if args.ray is not None else root
+        jobs = []
         for c in args.concurrency:
-            pairs = max(args.aa_pairs, args.effect_pairs)
-            jobs = []
-            for i in range(args.first_pair, args.first_pair + pairs):
-                chosen = [0.0] if i - args.first_pair < args.aa_pairs else []
-                chosen += args.effects if i - args.first_pair < args.effect_pairs else []
-                jobs.append(
-                    {
-                        "mode": "fixed",
-                        "workload": str(workload),
-                        "root": str(root / f"c{c}" / f"pair-{i}"),
-                        "pair": i,
-                        "seed": 100_000 * c + 17 * i,
-                        "concurrency": c,
-                        "duration_s": windows[c],
-                        "repeats": args.repeats,
-                        "step_noise": args.step_noise,
-                        "run_noise": args.run_noise,
-                        "effects": chosen,
-                        "resamples": args.resamples,
-                        "lane_requests": args.lane_requests,
-                        **kept,
-                    }
-                )
-            for i in range(args.first_pair, args.first_pair + args.sequential_pairs):
-                jobs.append(
-                    {
-                        "mode": "sequential",
-                        "workload": str(workload),
-                        "root": str(root / f"c{c}" / f"seq-{i}"),
-                        "pair": i,
-                        "seed": 500_000 + 100_000 * c + 17 * i,
-                        "concurrency": c,
-                        "duration_s": windows[c] * args.block_fraction,
-                        "repeats": args.max_blocks,
-                        "step_noise": args.step_noise,
-                        "run_noise": args.run_noise,
-                        "effects": [0.0, 0.10],
-                        "resamples": args.resamples,
-                        **kept,
-                    }
-                )
-            results = []
-            t0 = time.monotonic()
-            for n, result in enumerate(pool.imap_unordered(pair_task, jobs), 1):
-                results.append(result)
-                if n % 10 == 0 or n == len(jobs):
-                    print(
-                        f"  c{c}: {n}/{len(jobs)} pairs ({time.monotonic() - t0:.0f} s)", flush=True
-                    )
+            jobs += pair_jobs(args, c, windows[c], runs_root, kept)
+        by_conc = run_jobs(args, jobs)
+        for c in args.concurrency:
             if args.simulate_only:
                 continue
+            results = sorted(by_conc[c], key=lambda r: (r["mode"], r["pair"]))
             per: dict[str, Any] = {"window_s": windows[c], "fixed": {}, "sequential": {}}
             for e in effects:
                 per["fixed"][f"{e:+.2f}"] = summarize(results, e)

@@ -8,6 +8,7 @@ metrics need end in one `AgentabError` line naming the path, never a traceback.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ import polars as pl
 
 from agentab.errors import AgentabError
 from agentab.rundir import MANIFEST, is_run_dir, read_manifest, scan_metrics, scan_records
+from agentab.rundir.clients import CLIENTS_DIR, recover_clients
 
 # The columns the metrics read (a subset of agentab.rundir.RECORD_SCHEMA).
 REQUIRED_COLUMNS: tuple[str, ...] = (
@@ -87,6 +89,13 @@ def load_run(path: str | Path) -> Run:
     """Open one run dir (lazily: nothing is read beyond the manifest until a frame is collected)."""
     path = Path(path)
     manifest = read_manifest(path)
+    recovered = recover_clients(path)
+    if recovered is not None:
+        print(
+            f"agentab: {path}: merged {recovered} records its clients left under "
+            f"{CLIENTS_DIR}/ into records/ (the replay ended before merging them)",
+            file=sys.stderr,
+        )
     return Run(
         path=path,
         manifest=manifest,

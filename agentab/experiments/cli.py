@@ -216,8 +216,8 @@ def _ab_sweep(
 def _check_ray(experiment, workers: int | None, ray_address: str) -> None:
     """Refuse --ray before the experiment dir is touched: ray missing, the wrong engine, or
     --workers for a cluster that decides its own size."""
-    from agentab.experiments.ray_cluster import LOCAL
     from agentab.extras import require
+    from agentab.ray_connect import LOCAL
 
     if experiment.engine_kind != "simulator":
         raise click.UsageError(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from agentab.errors import AgentabError
 from agentab.experiments.tasks import RunDone, RunFailed, RunTask
@@ -22,7 +22,8 @@ from agentab.experiments.tasks import RunDone, RunFailed, RunTask
 ATTEMPTS = 2
 """A run is tried at most this often: once, and once more after a failure."""
 
-Outcome = RunDone | RunFailed
+Outcome = RunDone | RunFailed | Any
+"""What a task gave: a `RunFailed` when it failed, else its result (a `RunDone` for a run)."""
 
 
 class Backend(Protocol):
@@ -31,7 +32,7 @@ class Backend(Protocol):
     slots: int
     """How many runs execute at a time (the progress line's `running`)."""
 
-    def submit(self, task: RunTask) -> Hashable:
+    def submit(self, task: Any) -> Hashable:
         """Start `task` (or queue it); return a handle that `wait` reports it under."""
         ...
 
@@ -81,21 +82,32 @@ class Progress:
 
 def fan_out(
     backend: Backend,
-    tasks: Sequence[RunTask],
-    on_done: Callable[[RunDone, str], None],
+    tasks: Sequence[Any],
+    on_done: Callable[[Any, str], None],
     *,
     log: Callable[[str], None],
     variable: str | None,
     interval_s: float,
+    label: Callable[[Any], str] | None = None,
+    command: str = "agentab ab",
+    again: str = "the same command runs the failed ones again",
 ) -> None:
-    """Run `tasks` on `backend`; `on_done(done, progress_line)` in this process as each ends.
+    """Run `tasks` on `backend`; `on_done(result, progress_line)` in this process as each ends.
 
     A failed run is submitted again once; a run that fails twice is reported when the others
     are over, as an AgentabError naming every such run. Ctrl-C (or any error here) aborts the
     backend's runs and is raised.
+
+    The tasks are a sweep's `RunTask`s, named by `task_label`, unless `label` names them (any
+    other picklable task: `benchmarks/bench_verdicts.py` fans out its pairs); `command` starts
+    the progress lines, `again` ends the failure's line (how to run the failed tasks again).
     """
+
+    def name_of(task: Any) -> str:
+        return label(task) if label is not None else task_label(task, variable)
+
     progress = Progress(len(tasks), backend.slots, time.monotonic())
-    pending: dict[Hashable, tuple[RunTask, int]] = {}
+    pending: dict[Hashable, tuple[Any, int]] = {}
     failures: list[RunFailed] = []
     try:
         for task in tasks:
@@ -105,8 +117,8 @@ def fan_out(
             ended = backend.wait(list(pending), interval_s)
             for handle, outcome in ended:
                 task, attempt = pending.pop(handle)
-                name = task_label(task, variable)
-                if isinstance(outcome, RunDone):
+                name = name_of(task)
+                if not isinstance(outcome, RunFailed):
                     progress.done += 1
                     on_done(outcome, progress.line(time.monotonic()))
                 elif attempt < ATTEMPTS:
@@ -123,7 +135,7 @@ def fan_out(
             if ended:
                 last = now
             elif now - last >= interval_s:
-                log(f"agentab ab: {progress.line(now)}")
+                log(f"{command}: {progress.line(now)}")
                 last = now
     except BaseException:
         backend.close(abort=True)
@@ -133,6 +145,6 @@ def fan_out(
         first = failures[0]
         raise AgentabError(
             f"{len(failures)} of {len(tasks)} runs failed twice (each was retried once), first "
-            f"{task_label(first.task, variable)}: {first.error}; the {progress.done} runs that "
-            "completed are kept, and the same command runs the failed ones again"
+            f"{name_of(first.task)}: {first.error}; the {progress.done} runs that completed are "
+            f"kept, and {again}"
         )

@@ -17,15 +17,13 @@ laptop or CI), `auto` joins the cluster this host belongs to (`ray start --head`
 
 from __future__ import annotations
 
-import logging
-import shutil
 import tempfile
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agentab.errors import AgentabError, error_line
+from agentab.errors import error_line
 from agentab.experiments.experiment import Experiment
 from agentab.experiments.tasks import (
     RunDone,
@@ -35,9 +33,7 @@ from agentab.experiments.tasks import (
     placement,
     summarize_received,
 )
-from agentab.extras import require
-
-LOCAL = "local"
+from agentab.ray_connect import write_files
 
 
 @dataclass(frozen=True)
@@ -65,41 +61,6 @@ def _run_remote(experiment: Experiment, workload: Any, task: RunTask) -> Shipped
         paths = sorted(p for p in local.rglob("*") if p.is_file())
         files = {str(p.relative_to(local)): p.read_bytes() for p in paths}
     return Shipped(task, files, done.seconds)
-
-
-def write_files(run_dir: Path, files: dict[str, bytes]) -> None:
-    """A received run dir, written where the run belongs (a leftover attempt removed first)."""
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    for rel, data in files.items():
-        path = run_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-
-
-def connect(address: str, num_cpus: int | None) -> int:
-    """Join (or, for `local`, start) the cluster; return its CPU count.
-
-    Raises AgentabError with the install command when ray is missing, and a one-line error
-    naming --ray when the cluster cannot be reached."""
-    require("ray", "--ray", extra="ray")
-    import ray
-
-    # Ray's own INFO and WARNING lines (cluster start, token setup) would bury the progress
-    kwargs: dict[str, Any] = {
-        "include_dashboard": False,
-        "log_to_driver": False,
-        "logging_level": logging.ERROR,
-    }
-    if address == LOCAL:
-        kwargs["num_cpus"] = num_cpus
-    else:
-        kwargs["address"] = address
-    try:
-        ray.init(**kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise AgentabError(f"--ray {address}: cannot join the cluster: {error_line(exc)}") from None
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 class RayBackend:
@@ -141,6 +102,47 @@ class RayBackend:
                 out.append((ref, summarize_received(task, result.seconds)))
             except Exception as exc:  # this side's disk: a failure of the run like any other
                 out.append((ref, RunFailed(task, f"writing {task.path}: {error_line(exc)}")))
+        return out
+
+    def close(self, *, abort: bool) -> None:
+        import ray
+
+        if abort:
+            for ref in list(self._tasks):
+                ray.cancel(ref, force=True)
+        self._tasks.clear()
+        ray.shutdown()
+
+
+class RayCalls:
+    """Any task as a Ray task of one CPU, `run(task)` on some node of the cluster, its result
+    returned as `run` returned it (`agentab.experiments.fanout.Backend`). `run` and the tasks
+    travel by pickle (cloudpickle: a script's own functions too); a task that raises, or whose
+    worker or node dies, comes back as a `RunFailed`."""
+
+    def __init__(self, run: Any, slots: int) -> None:
+        import ray
+
+        self.slots = slots
+        self._remote = ray.remote(num_cpus=1, max_retries=0)(run)
+        self._tasks: dict[Hashable, Any] = {}
+
+    def submit(self, task: Any) -> Hashable:
+        ref = self._remote.remote(task)
+        self._tasks[ref] = task
+        return ref
+
+    def wait(self, handles: Sequence[Hashable], timeout_s: float) -> list[tuple[Hashable, Any]]:
+        import ray
+
+        ready, _ = ray.wait(list(handles), num_returns=1, timeout=timeout_s)
+        out: list[tuple[Hashable, Any]] = []
+        for ref in ready:
+            task = self._tasks.pop(ref)
+            try:
+                out.append((ref, ray.get(ref)))
+            except Exception as exc:  # raised in the task (RayTaskError), or its worker died
+                out.append((ref, RunFailed(task, f"Ray task failed: {error_line(exc)}")))
         return out
 
     def close(self, *, abort: bool) -> None:

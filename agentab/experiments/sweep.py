@@ -159,7 +159,8 @@ def _fan_out(
     interval = line_interval_s()
     backend: Backend
     if ray_address is not None:
-        from agentab.experiments.ray_cluster import RayBackend, connect
+        from agentab.experiments.ray_cluster import RayBackend
+        from agentab.ray_connect import connect
 
         cpus = connect(ray_address, workers)
         backend = RayBackend(experiment, workload, cpus)

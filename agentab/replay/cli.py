@@ -210,15 +210,29 @@ def _summary(run_dir: Path) -> None:
     default=1,
     show_default=True,
     metavar="N",
-    help="Send the plan from N client processes on this host, lanes split among them, started "
-    "together on one clock, records merged into one run dir. For loads one process cannot "
-    "time: the manifest's `clients` records each one's chunk rate and event-loop lag, and "
-    "the report refuses a run whose client fell behind its plan.",
+    help="Send the plan from N client processes (on this host; with --ray, on a Ray cluster's "
+    "hosts), lanes split among them, started together, records merged into one run dir. For "
+    "loads one process cannot time: the manifest's `clients` records each one's chunk rate "
+    "and event-loop lag, and the report refuses a run whose client fell behind its plan.",
+)
+@click.option(
+    "--ray",
+    "ray_address",
+    default=None,
+    metavar="ADDRESS",
+    help="Run the --clients N client processes as Ray actors spread over a cluster's nodes: "
+    "`local` (a cluster started in this process), `auto`, HOST:PORT or ray://HOST:10001. "
+    "They start together on the hosts' wall clocks and their records come back here.",
 )
 def replay(**kw: Any) -> None:
     """Replay WORKLOAD against an OpenAI-compatible server (real clock)."""
     from agentab.replay.api import replay_to_dir
 
+    if kw["ray_address"] is not None and kw["clients"] < 2:
+        raise AgentabError(
+            f"--ray {kw['ray_address']}: places the client processes of --clients N (N > 1) on "
+            "a Ray cluster; add --clients"
+        )
     if kw["clients"] > 1:
         from agentab.replay.shards import sharded_replay_to_dir
 
@@ -232,6 +246,7 @@ def replay(**kw: Any) -> None:
             api_key_env=kw["api_key_env"],
             manifest_extra=_extra(kw),
             log=None if kw["quiet"] else lambda line: click.echo(line, err=True),
+            ray_address=kw["ray_address"],
         )
         _summary(run_dir)
         return

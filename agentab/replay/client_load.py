@@ -74,6 +74,7 @@ def client_load(
     return {
         "client": client,
         "host": socket.gethostname(),
+        "node": None,
         "pid": os.getpid(),
         "lanes": lanes,
         "clock_t0": t0,

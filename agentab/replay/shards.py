@@ -15,7 +15,10 @@ How the clients stay one run:
   opens for all when the last one is (as one process opens it after its last warmup);
 - one run dir: each client writes its records under `clients/<k>/` as it goes; at the end they
   are merged into `records/` (and client 0's metric scrapes into `metrics/`), the manifest's
-  counters are summed, and `clients` lists each process's load and lag.
+  counters are summed, and `clients` lists each process's load and lag
+  (`agentab.rundir.clients`; a run dir whose coordinator was killed is merged when next opened).
+Where the clients run is a `Fleet`: processes of this host (`LocalFleet`), or Ray actors on a
+cluster's hosts (`agentab.replay.ray_clients.RayFleet`), with the same messages.
 What stays per client: idle compression (each compresses on its own in-flight state; under a
 load that needs several clients the run is never idle) and the error-rate guard (a client that
 stops the run stops the others).
@@ -27,7 +30,6 @@ import asyncio
 import contextlib
 import dataclasses
 import multiprocessing
-import shutil
 import signal
 import time
 from collections import Counter
@@ -35,9 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import Any, Protocol
 
 from agentab.clock import run_real
 from agentab.dir_lock import lock_dir, release_dir
@@ -64,13 +64,11 @@ from agentab.rundir import (
     RECORD_SCHEMA,
     RECORDS_DIR,
     PartWriter,
-    part_files,
     write_manifest,
 )
-from agentab.rundir.parts import atomic_write_ipc, part_path
+from agentab.rundir.clients import CLIENTS_DIR, merge_clients
 from agentab.workloads.model import Workload
 
-CLIENTS_DIR = "clients"
 START_DELAY_S = 0.5
 """The common start is this far after the last client is ready: time for the start message
 to reach every client before it is due."""
@@ -142,6 +140,9 @@ async def _client(job: ClientJob, conn: Connection) -> None:
     stop_scrape = asyncio.Event()
     try:
         await target.start()
+        # held until this process ends: a reader merging `clients/` after a lost coordinator
+        # waits for the clients still writing (`recover_clients`)
+        lock_dir(job.folder, "agentab replay client", "--out")
         records = PartWriter(job.folder / RECORDS_DIR, RECORD_SCHEMA)
         runner = Runner(plan, target, records, shard=(job.client, job.clients), window=parent)
         spec = _first_request(plan, job.client, job.clients)
@@ -242,23 +243,6 @@ def _rank(reason: str) -> int:
     return _STOP_ORDER.index(reason) if reason in _STOP_ORDER else len(_STOP_ORDER)
 
 
-def merge_tables(run_dir: Path, folders: list[Path]) -> None:
-    """Every client's records into `records/` (in plan order), client 0's scrapes into
-    `metrics/`: the tables a one-process run leaves."""
-    frames = [pl.read_ipc(p) for f in folders for p in part_files(f / RECORDS_DIR)]
-    records = run_dir / RECORDS_DIR
-    records.mkdir(exist_ok=True)
-    if frames:
-        merged = pl.concat(frames).sort("planned_s", "request_id")
-        atomic_write_ipc(merged, part_path(records, 0, 0))
-    scrapes = part_files(folders[0] / METRICS_DIR)
-    if scrapes:
-        metrics = run_dir / METRICS_DIR
-        metrics.mkdir(exist_ok=True)
-        merged = pl.concat([pl.read_ipc(p) for p in scrapes])
-        atomic_write_ipc(merged, part_path(metrics, 0, 0))
-
-
 def sharded_replay_to_dir(
     workload: Workload,
     *,
@@ -270,9 +254,18 @@ def sharded_replay_to_dir(
     api_key_env: str | None = None,
     manifest_extra: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
+    ray_address: str | None = None,
 ) -> Path:
-    """`replay_to_dir` with the plan's lanes spread over `clients` processes; one run dir."""
+    """`replay_to_dir` with the plan's lanes spread over `clients` processes; one run dir.
+
+    `ray_address`: the clients run as Ray actors spread over that cluster's nodes
+    (`agentab.replay.ray_clients`) instead of as processes of this host."""
     check_clients(clients, replay)
+    if ray_address is not None and clients < 2:
+        raise AgentabError(
+            f"--ray {ray_address}: places the client processes of --clients N (N > 1) on a "
+            "Ray cluster; add --clients"
+        )
     if replay.prompt_salt is None:  # one salt for all: the clients send one plan's prompts
         replay = dataclasses.replace(replay, prompt_salt=new_prompt_salt())
     build_plan(workload, replay)  # a plan that cannot be built fails here, not in N processes
@@ -281,12 +274,94 @@ def sharded_replay_to_dir(
     lock_dir(Path(out_dir), "agentab replay", "--out")
     try:
         run_dir = prepare_run_dir(out_dir)
+        fleet_of: Callable[[list[ClientJob]], Fleet] = LocalFleet
+        if ray_address is not None:
+            from agentab.replay.ray_clients import ray_fleet
+
+            fleet_of = ray_fleet(ray_address, clients, run_dir, log)
         stats = _coordinate(workload, replay, run_dir, clients, url, model, api_key_env,
-                            manifest_extra, log)  # fmt: skip
+                            manifest_extra, log, fleet_of)  # fmt: skip
     finally:
         release_dir(Path(out_dir))
     _raise_if_failed(stats, replay, run_dir)
     return run_dir
+
+
+class _Link(Protocol):
+    """The coordinator's line to one client: a process here, or a Ray actor on some node."""
+
+    def send(self, message: tuple[Any, ...]) -> None: ...
+
+    def recv(self) -> tuple[Any, ...]:
+        """The client's next message; EOFError when the client is gone."""
+        ...
+
+    def terminate(self) -> None: ...
+
+
+class Fleet(Protocol):
+    """The client processes of one sharded run, wherever they run."""
+
+    links: list[Any]
+    start_delay_s: float
+
+    def clock(self) -> float:
+        """Now, on the clock the `start` and `open` messages are given in."""
+        ...
+
+    def wait(self, links: list[Any], timeout_s: float) -> list[Any]:
+        """The links among `links` with a message (or an end) to read."""
+        ...
+
+    def finish(self) -> None:
+        """Wait for every client to end; leave its records under `clients/<k>/`."""
+        ...
+
+
+class _ProcessLink:
+    def __init__(self, conn: Connection, proc: Any) -> None:
+        self.conn = conn
+        self.proc = proc
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        self.conn.send(message)
+
+    def recv(self) -> tuple[Any, ...]:
+        message: tuple[Any, ...] = self.conn.recv()
+        return message
+
+    def terminate(self) -> None:
+        self.proc.terminate()
+
+
+class LocalFleet:
+    """Spawned processes on this host: one monotonic clock, and the run dir's own disk (each
+    client writes its records under `clients/<k>/` directly)."""
+
+    start_delay_s = START_DELAY_S
+
+    def __init__(self, jobs: list[ClientJob]) -> None:
+        context = multiprocessing.get_context("spawn")  # a clean interpreter per client
+        self.links: list[_ProcessLink] = []
+        for job in jobs:
+            mine, theirs = context.Pipe()
+            proc = context.Process(
+                target=_client_main, args=(job, theirs), name=f"agentab-client-{job.client}"
+            )
+            proc.start()
+            theirs.close()
+            self.links.append(_ProcessLink(mine, proc))
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    def wait(self, links: list[Any], timeout_s: float) -> list[Any]:
+        by_conn = {link.conn: link for link in links}
+        return [by_conn[c] for c in wait(list(by_conn), timeout_s)]
+
+    def finish(self) -> None:
+        for link in self.links:
+            link.proc.join()
 
 
 def _coordinate(
@@ -299,21 +374,17 @@ def _coordinate(
     api_key_env: str | None,
     manifest_extra: dict[str, Any] | None,
     log: Callable[[str], None] | None,
+    fleet_of: Callable[[list[ClientJob]], Fleet],
 ) -> RunStats:
-    context = multiprocessing.get_context("spawn")  # a clean interpreter per client
     folders = [run_dir / CLIENTS_DIR / str(k) for k in range(clients)]
-    conns: list[Connection] = []
-    procs = []
-    for k in range(clients):
-        mine, theirs = context.Pipe()
-        job = ClientJob(k, clients, workload, replay, url, model, api_key_env, folders[k],
-                        scrape=k == 0 and replay.scrape_metrics)  # fmt: skip
-        proc = context.Process(target=_client_main, args=(job, theirs), name=f"agentab-client-{k}")
-        proc.start()
-        theirs.close()
-        conns.append(mine)
-        procs.append(proc)
-    link = dict(zip(conns, range(clients), strict=True))
+    scrape = replay.scrape_metrics
+    jobs = [
+        ClientJob(k, clients, workload, replay, url, model, api_key_env, f, scrape and k == 0)
+        for k, f in enumerate(folders)
+    ]
+    fleet = fleet_of(jobs)
+    links: list[_Link] = list(fleet.links)
+    index = {id(link): k for k, link in enumerate(links)}
     results: dict[int, tuple[RunStats, dict[str, Any], float]] = {}
     errors: dict[int, str] = {}
     warmups: dict[int, float] = {}
@@ -321,27 +392,29 @@ def _coordinate(
     manifest: dict[str, Any] | None = None
 
     def broadcast(message: tuple[Any, ...]) -> None:
-        for k, conn in enumerate(conns):
+        for k, link in enumerate(links):
             if k not in results and k not in errors:
                 with contextlib.suppress(OSError):
-                    conn.send(message)
+                    link.send(message)
+
+    caught: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
+        caught.append(signum)
         broadcast(("abort", "interrupted", f"interrupted by {signal.Signals(signum).name}"))
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     ready = 0
     start_at = None
     try:
-        open_conns = list(conns)
-        while open_conns:
-            for conn in wait(open_conns):
-                assert isinstance(conn, Connection)
-                k = link[conn]
+        open_links = list(links)
+        while open_links:
+            for link in fleet.wait(open_links, 0.2):
+                k = index[id(link)]
                 try:
-                    message = conn.recv()
+                    message = link.recv()
                 except (EOFError, OSError):  # the client ended (or was ended) without a word
-                    open_conns.remove(conn)
+                    open_links.remove(link)
                     if k not in results and k not in errors:
                         errors[k] = f"client process {k} ended without a result"
                         broadcast(("abort", "interrupted", f"client {k} failed: {errors[k]}"))
@@ -358,7 +431,7 @@ def _coordinate(
                             workload, replay, run_dir, target_facts=facts, manifest_extra=extra
                         )
                         write_manifest(run_dir, manifest)
-                        start_at = time.monotonic() + START_DELAY_S
+                        start_at = fleet.clock() + fleet.start_delay_s
                         if log is not None:
                             log(f"replay: {clients} client processes, lanes split by client "
                                 f"index modulo {clients}, starting together")  # fmt: skip
@@ -373,17 +446,16 @@ def _coordinate(
                     errors[k] = message[1]
                     broadcast(("abort", "interrupted", f"client {k} failed: {message[1]}"))
                     if start_at is None:  # the others wait for a start that will not come
-                        for other in procs:
+                        for other in links:
                             other.terminate()
     except BaseException:  # e.g. the server contradicts the declared decode backend
-        for proc in procs:
-            proc.terminate()  # clients waiting for a start that will not come
+        for link in links:
+            link.terminate()  # clients waiting for a start that will not come
         raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for proc in procs:
-            proc.join()
+        fleet.finish()
     if manifest is None or len(results) < clients:
         # the first client that said what went wrong (the others may only have been ended)
         said = [k for k, e in errors.items() if not e.startswith("client process ")]
@@ -395,16 +467,20 @@ def _coordinate(
         )
     ordered = [results[k] for k in range(clients)]
     stats = merged_stats([r[0] for r in ordered])
-    merge_tables(run_dir, folders)
+    if caught and stats.stop_reason == "interrupted" and stats.signal is None:
+        stats.signal = caught[0]  # the exit status says which signal, as a one-process run's
     manifest.update(
         {
             "clock_t0": ordered[0][2],
-            "clients": [r[1] for r in ordered],
+            # on one host every client counts from the one monotonic clock; a Ray actor's entry
+            # says how its host's clock was aligned (`agentab.replay.ray_clients`)
+            "clients": [
+                {**r[1], "clock": r[1].get("clock", {"sync": "monotonic"})} for r in ordered
+            ],
             "status": _status(stats, replay),
             "finished_at": now_iso(),
             "stats": stats.to_dict(),
         }
     )
-    write_manifest(run_dir, manifest)
-    shutil.rmtree(run_dir / CLIENTS_DIR)
+    merge_clients(run_dir, manifest)
     return stats

@@ -31,6 +31,13 @@ def atomic_write_ipc(frame: pl.DataFrame, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def atomic_write_bytes(data_path: Path, data: bytes) -> None:
+    """`atomic_write_ipc` for a file's bytes received from elsewhere (a remote client's part)."""
+    tmp = data_path.with_name(f".tmp-{data_path.name}")
+    tmp.write_bytes(data)
+    os.replace(tmp, data_path)
+
+
 def span(path: Path) -> tuple[int, int]:
     """The first and last sequence number a part file covers, from its name."""
     m = _PART_RE.match(path.name)

@@ -4,6 +4,7 @@ real local Ray cluster; the failures are real too (a file stands where a run dir
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -14,8 +15,8 @@ from agentab.experiments.ab import load_workload
 from agentab.experiments.experiment import Experiment, load_experiment
 from agentab.experiments.experiment_dir import is_complete
 from agentab.experiments.fanout import Backend, Progress, fan_out
-from agentab.experiments.pool import ProcessBackend
-from agentab.experiments.tasks import RunDone, RunTask
+from agentab.experiments.pool import ProcessBackend, _execute_in_worker
+from agentab.experiments.tasks import RunDone, RunFailed, RunTask
 from tests.experiments.test_sweep import SWEEP
 
 
@@ -94,12 +95,55 @@ def test_the_pool_retries_a_failed_run_once_and_reports_one_that_fails_again(
     assert "/broken/run-2: cannot create (Not a directory) at dir_lock.py:" in error
 
 
+def exit_on_repeat_3(task: RunTask) -> RunDone | RunFailed:
+    """What a pool worker does with a task in the next test: the third repeat ends the worker
+    process on the spot (as a crash in native code or the OOM killer would), the others run."""
+    if task.repeat == 2:
+        os._exit(3)
+    return _execute_in_worker(task)
+
+
+@pytest.mark.slow
+def test_a_dead_pool_worker_costs_an_attempt_to_its_own_run_only(
+    experiment: Experiment, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    crash = RunTask(out / "fast" / "run-3", "fast", 2, 2, "salt")
+    fine = [RunTask(out / arm / f"run-{k + 1}", arm, k, 2, "salt")
+            for arm in ("auto", "fast") for k in (0, 1)]  # fmt: skip
+    lines: list[str] = []
+    done: list[RunDone] = []
+    with pytest.raises(AgentabError) as exc:
+        fan_out(
+            ProcessBackend(experiment, 2, run=exit_on_repeat_3),
+            [crash, *fine],  # first: it dies while the others wait in the queue
+            lambda d, status: done.append(d),
+            log=lines.append,
+            variable="concurrency",
+            interval_s=60.0,
+        )
+    assert sorted(str(d.task.path) for d in done) == sorted(str(t.path) for t in fine)
+    assert all(is_complete(t.path) for t in fine)  # each on its first attempt: no other line
+    lost = "worker process lost (exit code 3)"
+    failed = [line for line in lines if ": failed" in line]
+    assert len(failed) == 2
+    assert failed[0] == f"  concurrency 2 fast repeat 3: failed ({lost}); retrying it once"
+    assert failed[1].startswith(f"  concurrency 2 fast repeat 3: failed again ({lost}); ")
+    assert re.search(r"; [34]/5 done, [01] running, 1 failed, ", failed[1])
+    assert str(exc.value) == (
+        f"1 of 5 runs failed twice (each was retried once), first concurrency 2 fast repeat 3: "
+        f"{lost}; the 4 runs that completed are kept, and the same command runs the failed "
+        "ones again"
+    )
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_retries_a_failed_run_once_and_reports_one_that_fails_again(
     experiment: Experiment, tmp_path: Path
 ) -> None:
-    from agentab.experiments.ray_cluster import RayBackend, connect
+    from agentab.experiments.ray_cluster import RayBackend
+    from agentab.ray_connect import connect
 
     cpus = connect("local", 2)  # a cluster inside this process
     assert cpus == 2

@@ -24,6 +24,7 @@ LAYERS: list[set[str]] = [
         "extras",
         "redact",
         "dir_lock",
+        "ray_connect",
         "__init__",
     },  # shared by every layer
     {"rundir"},  # the run dir's format: replay writes it, analysis reads it

@@ -76,6 +76,8 @@ class Request:
     """
 
     __slots__ = (
+        "_head",
+        "_tokens",
         "cached_tokens",
         "chunk_parts",
         "hashes",
@@ -94,14 +96,14 @@ class Request:
         "slot",
         "spec_index",
         "status",
-        "tokens",
     )
 
     def __init__(self, request_id: str, tokens: np.ndarray, prompt_len: int, max_tokens: int):
         self.id = request_id
         self.key = request_key(request_id)
         self.status = RequestStatus.WAITING
-        self.tokens = tokens  # prompt, then the output (synthetic ids, or as sampled)
+        self._tokens = tokens  # prompt, then the output (synthetic ids, or as sampled)
+        self._head: np.ndarray | None = None  # the prompt, while not yet copied (defer_prompt)
         self.hashes: np.ndarray = np.zeros(0, dtype=np.uint64)  # keys of the full blocks known
         self.raw_hash = 0  # the chained hash value after the last hashed block
         self.prompt_len = prompt_len
@@ -117,6 +119,29 @@ class Request:
         self.pending_row = -1  # row of the step in flight whose sampled token is this one's last
         self.pending_step = -1  # that step's number (Advance.step)
         self.sink: object = None  # the engine's event channel
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The prompt's ids, then the output's (synthetic ids, or as sampled)."""
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._tokens[: self.prompt_len] = head
+        return self._tokens
+
+    @property
+    def capacity(self) -> int:
+        """len(tokens), without filling in a deferred prompt."""
+        return len(self._tokens)
+
+    def defer_prompt(self, prompt: np.ndarray) -> None:
+        """`tokens` copies the prompt into its buffer only when first read.
+
+        Why: in the simulator nothing reads a request's prompt ids back once its block keys
+        and synthetic output are computed (only a streamed client reads the output ids), and
+        the copy of a ~30k-token prompt into the int64 buffer was ~3% of a simulated hour.
+        `prompt` must not change afterwards (engine.types.PromptPrefix's contract)."""
+        self._head = prompt
 
     @property
     def is_running(self) -> bool:

@@ -22,7 +22,9 @@ class PromptPrefix:
     identity); its first `shared_tokens` ids are exactly those of the prompt named `base`.
     The engine trusts the claim, so only a client that built the prompt that way may make
     it (the replay's in-process target); the engine hashes the same keys either way, and
-    without the base's keys at hand (never seen, or forgotten) it compares as usual.
+    without the base's keys at hand (never seen, or forgotten) it compares as usual. A client
+    that gives a prefix also leaves the prompt array unchanged after the call: the engine
+    keeps it as it is instead of copying it (Request.defer_prompt).
     """
 
     key: object

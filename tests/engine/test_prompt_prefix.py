@@ -74,8 +74,10 @@ def test_told_prefix_gives_the_compared_state(monkeypatch, use_compiled, block_s
     assert told.counters == compared.counters
     memo_a, memo_b = told._prefix_hashes._memo, compared._prefix_hashes._memo
     assert list(memo_a) == list(memo_b)
-    for tag in memo_a:
-        assert [x.tobytes() for x in memo_a[tag]] == [x.tobytes() for x in memo_b[tag]]
+    for tag in memo_a:  # the told one keeps the client's int32 prompt, not a copy: same ids
+        (tokens_a, *rest_a), (tokens_b, *rest_b) = memo_a[tag], memo_b[tag]
+        assert np.array_equal(tokens_a, tokens_b) and len(tokens_a) == len(tokens_b)
+        assert [x.tobytes() for x in rest_a] == [x.tobytes() for x in rest_b]
     assert shared > 0
     assert 0 < told_calls < compared_calls
 

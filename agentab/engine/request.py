@@ -22,11 +22,15 @@ its progress (`num_output`, its verify counter); a finished request has left the
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agentab.engine.spec_decode import request_key
 from agentab.errors import AgentabError
+
+if TYPE_CHECKING:
+    from agentab.engine.types import PromptPrefix
 
 
 class RequestStatus(enum.IntEnum):
@@ -126,7 +130,7 @@ class Request:
         head = self._head
         if head is not None:
             self._head = None
-            self._tokens[: self.prompt_len] = head
+            self._tokens[: len(head)] = head
         return self._tokens
 
     @property
@@ -134,14 +138,15 @@ class Request:
         """len(tokens), without filling in a deferred prompt."""
         return len(self._tokens)
 
-    def defer_prompt(self, prompt: np.ndarray) -> None:
-        """`tokens` copies the prompt into its buffer only when first read.
+    def defer_prompt(self, head: np.ndarray) -> None:
+        """`tokens` copies the prompt's first ids (`head`, its full blocks; the buffer holds
+        the rest) into its buffer only when first read.
 
         Why: in the simulator nothing reads a request's prompt ids back once its block keys
         and synthetic output are computed (only a streamed client reads the output ids), and
         the copy of a ~30k-token prompt into the int64 buffer was ~3% of a simulated hour.
-        `prompt` must not change afterwards (engine.types.PromptPrefix's contract)."""
-        self._head = prompt
+        `head` must not change afterwards (engine.types.PromptPrefix's contract)."""
+        self._head = head
 
     @property
     def is_running(self) -> bool:
@@ -175,3 +180,12 @@ def checked_request(request_id: str, prompt: object, max_tokens: object) -> tupl
     if not isinstance(max_tokens, int | np.integer) or max_tokens < 1:
         raise AgentabError(f"request {request_id!r}: max_tokens {max_tokens!r} must be >= 1")
     return ids, int(max_tokens)
+
+
+def stable_head(prefix: PromptPrefix | None, prompt_len: int, block_size: int) -> int:
+    """How many leading ids of a prompt the client leaves unchanged, in whole blocks
+    (PromptPrefix.stable_tokens); 0 without a prefix."""
+    if prefix is None:
+        return 0
+    stable = prompt_len if prefix.stable_tokens is None else min(prefix.stable_tokens, prompt_len)
+    return stable - stable % block_size

@@ -42,7 +42,7 @@ from agentab.engine.outputs import (
     synthetic_outcome,
 )
 from agentab.engine.paths import padded_tokens, specialized_ok
-from agentab.engine.request import Request, RequestStatus, checked_request
+from agentab.engine.request import Request, RequestStatus, checked_request, stable_head
 from agentab.engine.slots import SlotState
 from agentab.engine.spec_decode import SpecConfig
 from agentab.engine.types import PromptPrefix
@@ -191,23 +191,20 @@ class Scheduler:
                 f"need {need} KV blocks; the cache has {self.cfg.num_blocks}"
             )
         p = len(prompt)
-        # with a PromptPrefix the prompt stays as it is: the synthetic output reads the ids
-        # after its last full block, the rest is copied when read (Request.defer_prompt)
-        deferred = self.cfg.synthetic_output and prefix is not None
+        # the whole blocks a client leaves unchanged are kept, not copied (PromptPrefix)
+        head = stable_head(prefix, p, self.bs) if self.cfg.synthetic_output else 0
         if self.cfg.synthetic_output:
             tokens = np.empty(p + max_tokens, dtype=_I64)
         else:  # room for the output the executor will sample (and k drafts past it)
             tokens = np.zeros(p + max_tokens + self.k, dtype=_I64)
-        head = p - p % self.bs if deferred else 0
         tokens[head:p] = prompt[head:]
-        keep = prompt if deferred else tokens
-        keys, raws = self._prefix_hashes.hashes(prompt, keep=keep, prefix=prefix)
+        keys, raws = self._prefix_hashes.hashes(prompt, prompt[:head] if head else tokens, prefix)
         raw = int(raws[-1]) if len(raws) else 0
         if self.cfg.synthetic_output:
             keys, raw = synthetic_output_keys(tokens, p, keys, raw, self.bs, self.cfg.vocab_size)
         req = Request(request_id, tokens, len(prompt), max_tokens)
-        if deferred:
-            req.defer_prompt(prompt)
+        if head:
+            req.defer_prompt(prompt[:head])
         req.hashes = keys
         req.raw_hash = raw
         self.requests[request_id] = req

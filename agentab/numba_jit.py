@@ -10,6 +10,7 @@ engine's block hashes and the workloads' prompt tokens are built from.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -25,7 +26,30 @@ def _numba() -> ModuleType | None:
         import numba
     except ImportError:
         return None
+    _skip_blas_probe()
     return numba
+
+
+def _skip_blas_probe() -> None:
+    """Load numba's array math without its BLAS probe, which imports scipy.linalg (~0.25 s,
+    a quarter of numba's set-up before the first kernel runs, paid by every process).
+
+    numba imports `numba.np.arraymath` when it sets up its compiler (the first kernel call,
+    even one loaded from the disk cache), and that module's import tries `import
+    scipy.linalg.cython_blas` once, only to decide whether `np.correlate` / `np.convolve` of
+    floats inside compiled code go through BLAS. No kernel here calls either, nor any other
+    BLAS function (np.dot and np.linalg check for scipy again when they are compiled, and
+    still find it). The module is imported here with the probe's import refused; skipped when
+    it is already loaded or scipy.linalg already imported (then the probe costs nothing)."""
+    probe = "scipy.linalg.cython_blas"
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
+        return
+    sys.modules[probe] = None  # type: ignore[assignment]  # an import of it raises ImportError
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        if sys.modules.get(probe, 0) is None:
+            del sys.modules[probe]
 
 
 _NUMBA = _numba()

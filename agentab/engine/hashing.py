@@ -143,8 +143,10 @@ class PrefixHashes:
     ) -> tuple[np.ndarray, np.ndarray]:
         """(keys, raw values) of the prompt's full blocks, as `chain_hashes_raw(prompt, bs)`.
 
-        `keep`: an array that starts with the prompt's tokens and that the caller will not
-        change (the scheduler's own token buffer); it is remembered instead of a copy.
+        `keep`: an array that starts with the prompt's tokens (its first whole blocks at
+        least) and that the caller will not change (the scheduler's own token buffer, or a
+        client's prompt); it is remembered instead of a copy, and later prompts are compared
+        with the whole blocks it holds.
         `prefix`: the client's statement of what the prompt shares with an earlier one."""
         bs = self.block_size
         n_full = len(prompt) // bs
@@ -180,7 +182,7 @@ class PrefixHashes:
         if entry is None:
             return 0, None
         old_tokens, old_keys, old_raw = entry
-        n = min(len(old_keys), n_full) * self.block_size
+        n = min(len(old_tokens) // self.block_size, n_full) * self.block_size
         same = int(loops_numba.first_diff(old_tokens, prompt, n)) // self.block_size
         return same, (old_keys, old_raw)
 

@@ -681,3 +681,34 @@ def log_span(
             c[at] = counts[r, slot]
             at += 1
     return t, c
+
+
+# -- speculative decoding (SpecConfig.accepted) ---------------------------------------------------
+POSITION = np.uint64(0xD6E8FEB86659FD93)  # spec_decode's per-draft-position constant
+
+
+@jit
+def accepted_drafts(
+    keys: np.ndarray,
+    index: np.ndarray,
+    drafts: np.ndarray,
+    seed: np.uint64,
+    cond: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """SpecConfig.accepted's synthetic verify loop for verify steps j (flat arrays): the
+    leading run of draft positions i whose uniform (spec_decode.position_uniforms of
+    (seed, keys[j], index[j], i)) is below cond[i], at most drafts[j], written to out[j].
+    The loop stops at the first rejection, where numpy draws every position."""
+    k = len(cond)
+    scale = 1.0 / 9007199254740992.0  # 2**-53
+    for j in range(len(out)):
+        a = splitmix64(splitmix64(keys[j] ^ seed) + (index[j] + np.uint64(1)) * GOLDEN)
+        run = 0
+        for i in range(k):
+            z = splitmix64(a + np.uint64(i + 1) * POSITION)
+            if np.float64(z >> np.uint64(11)) * scale < cond[i]:
+                run += 1
+            else:
+                break
+        out[j] = min(run, drafts[j])

@@ -22,11 +22,15 @@ its progress (`num_output`, its verify counter); a finished request has left the
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from agentab.engine.spec_decode import request_key
 from agentab.errors import AgentabError
+
+if TYPE_CHECKING:
+    from agentab.engine.types import PromptPrefix
 
 
 class RequestStatus(enum.IntEnum):
@@ -76,6 +80,8 @@ class Request:
     """
 
     __slots__ = (
+        "_head",
+        "_tokens",
         "cached_tokens",
         "chunk_parts",
         "hashes",
@@ -94,14 +100,14 @@ class Request:
         "slot",
         "spec_index",
         "status",
-        "tokens",
     )
 
     def __init__(self, request_id: str, tokens: np.ndarray, prompt_len: int, max_tokens: int):
         self.id = request_id
         self.key = request_key(request_id)
         self.status = RequestStatus.WAITING
-        self.tokens = tokens  # prompt, then the output (synthetic ids, or as sampled)
+        self._tokens = tokens  # prompt, then the output (synthetic ids, or as sampled)
+        self._head: np.ndarray | None = None  # the prompt, while not yet copied (defer_prompt)
         self.hashes: np.ndarray = np.zeros(0, dtype=np.uint64)  # keys of the full blocks known
         self.raw_hash = 0  # the chained hash value after the last hashed block
         self.prompt_len = prompt_len
@@ -117,6 +123,30 @@ class Request:
         self.pending_row = -1  # row of the step in flight whose sampled token is this one's last
         self.pending_step = -1  # that step's number (Advance.step)
         self.sink: object = None  # the engine's event channel
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """The prompt's ids, then the output's (synthetic ids, or as sampled)."""
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._tokens[: len(head)] = head
+        return self._tokens
+
+    @property
+    def capacity(self) -> int:
+        """len(tokens), without filling in a deferred prompt."""
+        return len(self._tokens)
+
+    def defer_prompt(self, head: np.ndarray) -> None:
+        """`tokens` copies the prompt's first ids (`head`, its full blocks; the buffer holds
+        the rest) into its buffer only when first read.
+
+        Why: in the simulator nothing reads a request's prompt ids back once its block keys
+        and synthetic output are computed (only a streamed client reads the output ids), and
+        the copy of a ~30k-token prompt into the int64 buffer was ~3% of a simulated hour.
+        `head` must not change afterwards (engine.types.PromptPrefix's contract)."""
+        self._head = head
 
     @property
     def is_running(self) -> bool:
@@ -150,3 +180,12 @@ def checked_request(request_id: str, prompt: object, max_tokens: object) -> tupl
     if not isinstance(max_tokens, int | np.integer) or max_tokens < 1:
         raise AgentabError(f"request {request_id!r}: max_tokens {max_tokens!r} must be >= 1")
     return ids, int(max_tokens)
+
+
+def stable_head(prefix: PromptPrefix | None, prompt_len: int, block_size: int) -> int:
+    """How many leading ids of a prompt the client leaves unchanged, in whole blocks
+    (PromptPrefix.stable_tokens); 0 without a prefix."""
+    if prefix is None:
+        return 0
+    stable = prompt_len if prefix.stable_tokens is None else min(prefix.stable_tokens, prompt_len)
+    return stable - stable % block_size

@@ -42,7 +42,7 @@ from agentab.engine.outputs import (
     synthetic_outcome,
 )
 from agentab.engine.paths import padded_tokens, specialized_ok
-from agentab.engine.request import Request, RequestStatus, checked_request
+from agentab.engine.request import Request, RequestStatus, checked_request, stable_head
 from agentab.engine.slots import SlotState
 from agentab.engine.spec_decode import SpecConfig
 from agentab.engine.types import PromptPrefix
@@ -125,7 +125,7 @@ class Scheduler:
 
     def _take_slot(self, req: Request) -> int:
         # a verify step reaches k past the last token and reserves k lookahead slots beyond
-        cols_needed = self._blocks_for(len(req.tokens) + 2 * self.k)
+        cols_needed = self._blocks_for(req.capacity + 2 * self.k)
         cap, cols = self.state.capacity, self.state.columns
         if not self._free_slots or cols_needed > cols:
             if not self._free_slots:
@@ -191,16 +191,20 @@ class Scheduler:
                 f"need {need} KV blocks; the cache has {self.cfg.num_blocks}"
             )
         p = len(prompt)
+        # the whole blocks a client leaves unchanged are kept, not copied (PromptPrefix)
+        head = stable_head(prefix, p, self.bs) if self.cfg.synthetic_output else 0
         if self.cfg.synthetic_output:
             tokens = np.empty(p + max_tokens, dtype=_I64)
         else:  # room for the output the executor will sample (and k drafts past it)
             tokens = np.zeros(p + max_tokens + self.k, dtype=_I64)
-        tokens[:p] = prompt
-        keys, raws = self._prefix_hashes.hashes(prompt, keep=tokens, prefix=prefix)
+        tokens[head:p] = prompt[head:]
+        keys, raws = self._prefix_hashes.hashes(prompt, prompt[:head] if head else tokens, prefix)
         raw = int(raws[-1]) if len(raws) else 0
         if self.cfg.synthetic_output:
             keys, raw = synthetic_output_keys(tokens, p, keys, raw, self.bs, self.cfg.vocab_size)
         req = Request(request_id, tokens, len(prompt), max_tokens)
+        if head:
+            req.defer_prompt(prompt[:head])
         req.hashes = keys
         req.raw_hash = raw
         self.requests[request_id] = req

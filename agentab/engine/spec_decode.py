@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentab.engine import loops_numba
 from agentab.engine.hashing import mix64
 from agentab.errors import AgentabError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_POSITION = np.uint64(0xD6E8FEB86659FD93)
+_POSITION = loops_numba.POSITION
 
 
 def acceptance_length_to_rates(length: float, k: int) -> tuple[float, ...]:
@@ -160,6 +161,17 @@ class SpecConfig:
         k = self.num_draft_tokens
         if self._decided:  # rates of 0 and 1 only: u < 1 always holds, u < 0 never
             return np.minimum(np.broadcast_to(self._whole, shape), drafts).astype(np.int64)
+        if loops_numba.ENABLED:  # the same draws, one compiled loop (stops at a rejection)
+            flat = np.broadcast_arrays(
+                np.asarray(keys, dtype=np.uint64),
+                np.asarray(index, dtype=np.uint64),
+                np.asarray(drafts, dtype=np.int64),
+            )
+            out = np.empty(shape, dtype=np.int64)
+            s = np.uint64((self.seed * 0x9E3779B97F4A7C15) % (1 << 64))
+            k_, i_, d_ = (np.ascontiguousarray(x).reshape(-1) for x in flat)
+            loops_numba.accepted_drafts(k_, i_, d_, s, cond, out.reshape(-1))
+            return out
         u = position_uniforms(self.seed, keys, index, k)
         # the leading run of accepted positions (the loop stops at its first rejection)
         run = np.cumprod(u < cond, axis=-1).sum(axis=-1)

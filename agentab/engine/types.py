@@ -22,12 +22,16 @@ class PromptPrefix:
     identity); its first `shared_tokens` ids are exactly those of the prompt named `base`.
     The engine trusts the claim, so only a client that built the prompt that way may make
     it (the replay's in-process target); the engine hashes the same keys either way, and
-    without the base's keys at hand (never seen, or forgotten) it compares as usual.
+    without the base's keys at hand (never seen, or forgotten) it compares as usual. The
+    client also leaves the prompt's first `stable_tokens` ids (None: all of them) unchanged
+    after the call: the engine keeps those whole blocks of the prompt array as they are
+    instead of copying them (Request.defer_prompt), and copies the ids after them.
     """
 
     key: object
     base: object | None = None
     shared_tokens: int = 0
+    stable_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

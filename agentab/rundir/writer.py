@@ -31,15 +31,23 @@ _FLAT_CODES: dict[Any, str] = {pl.Float64: "d", pl.Int32: "i", pl.Int64: "q"}
 _INT_LIMITS: dict[Any, int] = {pl.Int32: 2**31, pl.Int64: 2**63}
 """List columns with these inner types are buffered flat (array typecode per inner dtype)."""
 
-_ARRAY_DTYPES = {"d": np.dtype(np.float64), "i": np.dtype(np.int32), "q": np.dtype(np.int64)}
+_ARRAY_DTYPES: dict[str, np.dtype[Any]] = {
+    "d": np.dtype(np.float64),
+    "i": np.dtype(np.int32),
+    "q": np.dtype(np.int64),
+}
 """numpy dtypes whose items an `array` of the typecode holds exactly (taken as raw bytes)."""
 
 
 class _Batch:
     """Rows queued since the last flush, column by column (see the module doc for why).
 
-    Scalar columns are Python lists; a flat list column is `values` (all rows' items in one
-    `array`), `lengths` (items per row) and `valid` (False where the row's value is None).
+    Scalar columns are Python lists; a flat list column is `values` (each row's items as one
+    bytes-like piece, joined into one buffer when the batch becomes a frame), `lengths` (items
+    per row) and `valid` (False where the row's value is None). Pieces, not one growing
+    `array`: extending an array of millions of items reallocates it every ~6% of growth, and
+    each reallocation may copy it (most of `add`'s time at AgentX scale). The join, in the
+    writer thread, holds the GIL for one copy of the batch's items (~1 ms for 2M floats).
     """
 
     __slots__ = ("flat", "ints", "n", "scalar")
@@ -47,7 +55,7 @@ class _Batch:
     def __init__(self, schema: pl.Schema) -> None:
         self.n = 0
         self.scalar: dict[str, list[Any]] = {}
-        self.flat: dict[str, tuple[array[Any], array[int], list[bool]]] = {}
+        self.flat: dict[str, tuple[str, list[bytes | array[Any]], array[int], list[bool]]] = {}
         self.ints: dict[str, int] = {}  # integer scalar column -> largest magnitude it holds
         for name, dtype in schema.items():
             code = _FLAT_CODES.get(dtype.inner) if isinstance(dtype, pl.List) else None
@@ -56,7 +64,7 @@ class _Batch:
                 if dtype in _INT_LIMITS:
                     self.ints[name] = _INT_LIMITS[dtype]
             else:
-                self.flat[name] = (array(code), array("q"), [])
+                self.flat[name] = (code, [], array("q"), [])
 
     def add(self, row: Mapping[str, Any]) -> None:
         # Check before appending: one value a column cannot hold would otherwise fail the whole
@@ -65,28 +73,31 @@ class _Batch:
             v = row[name]
             if v is not None and not -limit <= v < limit:
                 raise AgentabError(f"record column {name}: {v} does not fit its type")
-        flat_items: list[array[Any] | None] = []
-        for name, (values, _lengths, _valid) in self.flat.items():
+        flat_items: list[tuple[bytes | array[Any], int] | None] = []
+        for name, (code, _values, _lengths, _valid) in self.flat.items():
             items = row[name]
             if items is None:
                 flat_items.append(None)
                 continue
-            if type(items) is np.ndarray and items.dtype == _ARRAY_DTYPES[values.typecode]:
-                flat_items.append(array(values.typecode, items.tobytes()))  # exact, no boxing
+            if type(items) is np.ndarray and items.dtype == _ARRAY_DTYPES[code]:
+                flat_items.append((items.tobytes(), len(items)))  # exact, no boxing
                 continue
             try:  # convert first: a bad item must not leave a half-appended row behind
-                flat_items.append(array(values.typecode, items))
+                converted = array(code, items)
             except (TypeError, OverflowError) as exc:
                 raise AgentabError(f"record column {name}: {exc} in {items!r:.80}") from None
+            flat_items.append((converted, len(converted)))
         for name, column in self.scalar.items():
             column.append(row[name])
-        for (values, lengths, valid), items in zip(self.flat.values(), flat_items, strict=True):
-            if items is None:
+        for (_code, values, lengths, valid), got in zip(
+            self.flat.values(), flat_items, strict=True
+        ):
+            if got is None:
                 lengths.append(0)
                 valid.append(False)
             else:
-                values.extend(items)
-                lengths.append(len(items))
+                values.append(got[0])
+                lengths.append(got[1])
                 valid.append(True)
         self.n += 1
 
@@ -102,14 +113,20 @@ class _Batch:
 
 
 def _list_column(
-    name: str, dtype: pl.List, values: array[Any], lengths: array[int], valid: list[bool]
+    name: str,
+    dtype: pl.List,
+    code: str,
+    values: list[bytes | array[Any]],
+    lengths: array[int],
+    valid: list[bool],
 ) -> pl.Series:
-    """A list column from flat items and per-row lengths, built by polars without Python
-    objects per item (the GIL is released while the lazy query runs)."""
+    """A list column from each row's items (raw pieces) and per-row lengths, built by polars
+    without Python objects per item (the GIL is released while the lazy query runs)."""
     n = len(lengths)
     counts = np.frombuffer(lengths, dtype=np.int64) if n else np.zeros(0, np.int64)
+    flat = b"".join(values)
     items = pl.Series(
-        "v", np.frombuffer(values, dtype=values.typecode) if values else [], dtype.inner
+        "v", np.frombuffer(flat, dtype=_ARRAY_DTYPES[code]) if flat else [], dtype.inner
     )
     rows = pl.LazyFrame({"row": np.repeat(np.arange(n, dtype=np.int64), counts), "v": items})
     lists = rows.group_by("row", maintain_order=True).agg(pl.col("v"))

@@ -139,18 +139,29 @@ class PromptTokens:
     common prefix is always checked); entries are evicted least recently used first.
     `build` also says which earlier prompt a new one starts with, and for how many tokens,
     so that an in-process engine need not compare the two again (engine.types.PromptPrefix).
+
+    `extend=True` (the in-process target) builds an agent's next prompt in place after the
+    previous one, in a buffer with room to grow, when it keeps every block of that prompt
+    (an agent's turn resends its context and adds to it): no copy of the context. The ids
+    after a prompt's last hash-id block (its tail) may then be overwritten by its agent's
+    next prompt; the first `stable_tokens` (its blocks) never are. A caller that keeps a
+    prompt beyond the next `build` of its agent reads only those, or copies it.
     """
 
-    def __init__(self, vocab_size: int = 32000, max_entries: int = 256) -> None:
+    def __init__(
+        self, vocab_size: int = 32000, max_entries: int = 256, *, extend: bool = False
+    ) -> None:
         if vocab_size < 3:
             raise ValueError("vocab_size must be at least 3")
         from collections import OrderedDict
 
         self.vocab_size = vocab_size
         self.max_entries = max_entries
-        self._memo: OrderedDict[tuple[object, ...], tuple[tuple[int, ...], np.ndarray, object]] = (
-            OrderedDict()
-        )
+        self.extend = extend
+        # chain -> (hash ids of its last prompt's blocks, that prompt, its name, its buffer)
+        self._memo: OrderedDict[
+            tuple[object, ...], tuple[tuple[int, ...], np.ndarray, object, np.ndarray]
+        ] = OrderedDict()
         self._by_first: dict[tuple[object, ...], tuple[object, ...]] = {}
 
     def token_ids(self, session: Session, request: Request, salt: int | None = None) -> np.ndarray:
@@ -167,21 +178,26 @@ class PromptTokens:
         tag = (int(key), bs, salt, self.vocab_size)
         chain = (*tag, request.agent_id)
         memo = self._memo
-        entry = memo.get(chain)
+        entry = own = memo.get(chain)
         first = (*tag, ids[0]) if n_blocks else None
         if entry is None and first is not None:
             other = self._by_first.get(first)
             entry = memo.get(other) if other is not None else None
         same = _common_prefix(entry[0], ids) if entry is not None else 0
-        out = np.empty(n, dtype=np.int32)
-        if same:
-            assert entry is not None
-            out[: same * bs] = entry[1][: same * bs]
+        if own is not None and self.extend and same == len(own[0]) and n <= len(own[3]):
+            buf = own[3]  # the blocks of the agent's previous prompt stay: write after them
+            out = buf[:n]
+        else:
+            buf = np.empty(n + n // 2 if self.extend else n, dtype=np.int32)
+            out = buf[:n] if self.extend else buf
+            if same:
+                assert entry is not None
+                out[: same * bs] = entry[1][: same * bs]
         rest = np.fromiter(ids[same:], dtype=np.uint64, count=n_blocks - same)
         _fill_from(out, same, rest, hash_ids, n_blocks, bs, key, self.vocab_size)
         _apply_salt(out, salt, self.vocab_size)
         name = object()
-        memo[chain] = (ids, out, name)
+        memo[chain] = (ids, out, name, buf)
         memo.move_to_end(chain)
         if len(memo) > self.max_entries:
             memo.popitem(last=False)
@@ -189,21 +205,24 @@ class PromptTokens:
             if len(self._by_first) > 4 * self.max_entries:
                 self._by_first.clear()
             self._by_first[first] = chain
+        stable = n_blocks * bs if self.extend else n
         if not same:
-            return BuiltPrompt(out, name, None, 0)
+            return BuiltPrompt(out, name, None, 0, stable)
         assert entry is not None
-        return BuiltPrompt(out, name, entry[2], same * bs)
+        return BuiltPrompt(out, name, entry[2], same * bs, stable)
 
 
 class BuiltPrompt(NamedTuple):
     """A prompt from `PromptTokens.build`: `ids`, a name for it (`key`, an object compared by
     identity) and, when it was built from an earlier prompt, that prompt's name (`base`) and
-    how many leading ids the two share (`shared_tokens`, whole blocks)."""
+    how many leading ids the two share (`shared_tokens`, whole blocks); `stable_tokens`: how
+    many leading ids never change (all of them unless the builder extends in place)."""
 
     ids: np.ndarray
     key: object
     base: object | None
     shared_tokens: int
+    stable_tokens: int
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -20,6 +20,7 @@ import pytest
 
 from agentab.engine import loops_numba
 from agentab.engine.kv_cache import BlockPool
+from agentab.engine.spec_decode import SpecConfig
 from agentab.rundir import scan_metrics, scan_records
 from agentab.workloads.generator import generate, load_config
 from agentab.workloads.native import dump_native
@@ -124,3 +125,30 @@ def test_a_simulation_without_numba_gives_the_same_records(tmp_path: Path) -> No
         assert preemptions.max() > 0  # the pressure path ran
     assert frames[0].height > 20
     assert frames[0].equals(frames[1])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpecConfig(7, acceptance_probs=(0.9, 0.82, 0.74, 0.66, 0.58, 0.5, 0.42), seed=3),
+        SpecConfig(7, acceptance_length=3.8),
+        SpecConfig(2, acceptance_probs=(0.5, 0.0), seed=1 << 70),
+    ],
+)
+def test_compiled_acceptance_draws_equal_the_numpy_ones(monkeypatch, spec) -> None:
+    """SpecConfig.accepted through the compiled verify loop gives numpy's draws exactly, for a
+    window's broadcast (steps, rows) matrices and a step's rows alike, partial verifies too."""
+    from agentab.engine import spec_decode
+
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, 2**63, size=(1, 40), dtype=np.int64).astype(np.uint64) * np.uint64(2)
+    index = rng.integers(0, 500, size=(1, 40)) + np.arange(30)[:, None]
+    drafts = rng.integers(0, spec.num_draft_tokens + 2, size=(1, 40))
+    cases = [(keys, index, drafts), (keys[0], index[3], drafts[0]), (keys[0, :1], 5, 1)]
+    got = [spec.accepted(*case) for case in cases]
+    monkeypatch.setattr(spec_decode.loops_numba, "ENABLED", False)
+    want = [spec.accepted(*case) for case in cases]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype == np.int64 and g.shape == w.shape
+        assert np.array_equal(g, w)
+    assert 0 < int(got[0].sum()) < got[0].size * spec.num_draft_tokens

@@ -37,6 +37,29 @@ def _count_comparisons(monkeypatch) -> list[int]:
     return calls
 
 
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_prompts_built_in_place_give_the_compared_state(block_size) -> None:
+    """The in-process target's builder extends each agent's prompt in place (the tail of a
+    prompt the engine holds is overwritten by the next one): with `stable_tokens` the engine
+    keeps only what stays, so every request's tokens and keys equal those of a scheduler
+    that got a private copy of each prompt, block sizes of trace and engine apart or not."""
+    jobs = _jobs(3)
+    cfg = SchedulerConfig(num_blocks=1 << 20, block_size=block_size)
+    told, compared = Scheduler(cfg), Scheduler(cfg)
+    builder = PromptTokens(max_entries=8, extend=True)
+    pairs = []
+    for i, (session, request, salt) in enumerate(jobs):
+        built = builder.build(session, request, salt)
+        prefix = PromptPrefix(built.key, built.base, built.shared_tokens, built.stable_tokens)
+        a = told.add(f"r{i}", built.ids, request.out_tokens or 1, prefix)
+        b = compared.add(f"r{i}", built.ids.copy(), request.out_tokens or 1)
+        assert a.hashes.tobytes() == b.hashes.tobytes() and a.raw_hash == b.raw_hash
+        pairs.append((a, b))
+    for a, b in pairs:  # read after every later build: the kept blocks did not change
+        assert a.tokens.tobytes() == b.tokens.tobytes()
+    assert told.counters == compared.counters
+
+
 @pytest.mark.parametrize("use_compiled", [True, False])
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # plain Python's wrapping uint64 math
@@ -74,8 +97,10 @@ def test_told_prefix_gives_the_compared_state(monkeypatch, use_compiled, block_s
     assert told.counters == compared.counters
     memo_a, memo_b = told._prefix_hashes._memo, compared._prefix_hashes._memo
     assert list(memo_a) == list(memo_b)
-    for tag in memo_a:
-        assert [x.tobytes() for x in memo_a[tag]] == [x.tobytes() for x in memo_b[tag]]
+    for tag in memo_a:  # the told one keeps the client's int32 prompt, not a copy: same ids
+        (tokens_a, *rest_a), (tokens_b, *rest_b) = memo_a[tag], memo_b[tag]
+        assert np.array_equal(tokens_a, tokens_b) and len(tokens_a) == len(tokens_b)
+        assert [x.tobytes() for x in rest_a] == [x.tobytes() for x in rest_b]
     assert shared > 0
     assert 0 < told_calls < compared_calls
 

@@ -163,6 +163,33 @@ def test_prompt_tokens_agents_and_shared_first_blocks() -> None:
             assert np.array_equal(got, prompt_token_ids(s, r, salt=salt, vocab_size=1000))
 
 
+def test_prompt_tokens_extending_in_place_keeps_every_stable_prefix() -> None:
+    """`extend=True` builds each agent's prompt after its previous one in one buffer: every
+    prompt still equals building from scratch, and the first `stable_tokens` ids of every
+    prompt returned earlier are never changed by later builds (only their tails may be)."""
+    from agentab.workloads.tokens import PromptTokens
+
+    wl = generate(load_config("agentx-coding"), 4, 11)
+    jobs = [(s, r, salt) for s in wl.sessions for r in s.all_requests() for salt in (None, 5)]
+    order = np.random.default_rng(1).permutation(len(jobs))
+    order[: len(jobs) // 2].sort()  # half in turn order (the usual case), half shuffled
+    builder = PromptTokens(vocab_size=32000, max_entries=4, extend=True)
+    kept: list[tuple[np.ndarray, np.ndarray]] = []  # (prompt as returned, its stable ids)
+    in_place = 0
+    for i in order:
+        session, request, salt = jobs[i]
+        built = builder.build(session, request, salt)
+        want = prompt_token_ids(session, request, salt=salt, vocab_size=32000)
+        assert built.ids.dtype == want.dtype and np.array_equal(built.ids, want)
+        bs = session.block_size
+        assert built.stable_tokens == min(len(request.hash_ids), len(want) // bs) * bs
+        in_place += any(np.shares_memory(built.ids, ids) for ids, _ in kept[-8:])
+        kept.append((built.ids, want[: built.stable_tokens].copy()))
+    for ids, stable in kept:
+        assert np.array_equal(ids[: len(stable)], stable)
+    assert in_place > len(jobs) // 4  # most turns of the ordered half extend their agent's
+
+
 @pytest.mark.parametrize("vocab", [3, 50, 32000, 128256])
 def test_compiled_fill_equals_the_numpy_code(monkeypatch, vocab: int) -> None:
     """The optional numba kernel and the numpy code give the same ids, bit for bit (without

@@ -44,7 +44,9 @@ class EngineTarget:
         self.manage = manage  # start/stop the engine with the run
         self.intake_s = intake_s
         self.output_s = output_s
-        self._prompts = PromptTokens(vocab_size)
+        # an agent's prompts are built in place, one after the other: the engine keeps only
+        # a prompt's stable blocks, which the next prompt of its agent does not change
+        self._prompts = PromptTokens(vocab_size, extend=True)
 
     async def start(self) -> None:
         if self.manage:
@@ -69,7 +71,7 @@ class EngineTarget:
         # the prompt is built from its agent's previous one: the engine is told how much the
         # two share instead of finding it by comparison (PromptPrefix)
         built = self._prompts.build(spec.session, spec.request, salt=spec.salt)
-        prefix = PromptPrefix(built.key, built.base, built.shared_tokens)
+        prefix = PromptPrefix(built.key, built.base, built.shared_tokens, built.stable_tokens)
         req = EngineRequest(spec.request_id, built.ids, spec.max_tokens, prefix)
         out.sent = sent = loop.time()
         timeline: Timeline | None = None

@@ -79,6 +79,7 @@ def predict_recorded(
         measured: list[RunSummary] = []
         simulated: list[RunSummary] = []
         backend = None
+        spec: dict[str, Any] = {}
         for run, manifest in arm_runs:
             backend = str(manifest.get("decode_backend"))
             replay = ReplayOptions.from_mapping(
@@ -106,7 +107,7 @@ def predict_recorded(
         result["arms"][label] = {
             "arm": arm,
             "decode_backend": backend,
-            "spec": simulator_spec(*arm_runs[-1]) or None,
+            "spec": spec or None,  # the arm's last run's (an arm runs one config)
             "runs": [str(run) for run, _ in arm_runs],
             "requests": {"measured": m_values["requests_ok"], "simulated": s_values["requests_ok"]},
             "metrics": compare(m_values, s_values),

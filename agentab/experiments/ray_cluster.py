@@ -105,13 +105,7 @@ class RayBackend:
         return out
 
     def close(self, *, abort: bool) -> None:
-        import ray
-
-        if abort:
-            for ref in list(self._tasks):
-                ray.cancel(ref, force=True)
-        self._tasks.clear()
-        ray.shutdown()
+        _close(self._tasks, abort)
 
 
 class RayCalls:
@@ -146,10 +140,16 @@ class RayCalls:
         return out
 
     def close(self, *, abort: bool) -> None:
-        import ray
+        _close(self._tasks, abort)
 
-        if abort:
-            for ref in list(self._tasks):
-                ray.cancel(ref, force=True)
-        self._tasks.clear()
-        ray.shutdown()
+
+def _close(tasks: dict[Hashable, Any], abort: bool) -> None:
+    """End a backend's use of the cluster: cancel its tasks still running when aborting, then
+    disconnect (`ray.shutdown`)."""
+    import ray
+
+    if abort:
+        for ref in list(tasks):
+            ray.cancel(ref, force=True)
+    tasks.clear()
+    ray.shutdown()

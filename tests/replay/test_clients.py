@@ -216,6 +216,24 @@ def test_ray_clients_refusals_are_one_line(
     assert (sorted(p.name for p in out.iterdir()) if out.exists() else None) == left
 
 
+def assert_report_merges_what_the_clients_left(out: Path, folders: list[Path]) -> pl.DataFrame:
+    """`agentab report` on a run whose coordinator was killed merges every record its clients
+    left under clients/ into records/, and says so in one line; returns the merged records."""
+    left = pl.concat([records_of(f) for f in folders])
+    assert left.height > 0
+    report = subprocess.run(
+        [sys.executable, "-m", "agentab", "report", str(out), "--allow-incomplete"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert report.stderr.startswith(
+        f"agentab: {out}: merged {left.height} records its clients left under clients/ "
+        "into records/ (the replay ended before merging them)\n"
+    )
+    merged = scan_records(out).collect()
+    assert merged.sort("request_id").equals(left.sort("request_id"))
+    return merged
+
+
 def records_of(folder: Path) -> pl.DataFrame:
     files = part_files(folder / "records")
     return pl.concat([pl.read_ipc(p) for p in files]) if files else pl.DataFrame()
@@ -253,19 +271,8 @@ def test_a_sharded_run_whose_coordinator_is_stopped_keeps_every_record(
         assert json.loads((out / "manifest.json").read_text())["status"] == "interrupted"
     else:  # killed: the records are where the clients wrote them, merged when the dir is opened
         assert proc.returncode == -sig
-        written = pl.concat([records_of(f) for f in folders])
-        assert written.height > 0
-        report = subprocess.run(
-            [sys.executable, "-m", "agentab", "report", str(out), "--allow-incomplete"],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert report.stderr.startswith(
-            f"agentab: {out}: merged {written.height} records its clients left under clients/ "
-            "into records/ (the replay ended before merging them)\n"
-        )
+        merged = assert_report_merges_what_the_clients_left(out, folders)
         assert not (out / "clients").exists()
-        merged = scan_records(out).collect()
-        assert merged.sort("request_id").equals(written.sort("request_id"))
         assert merged["planned_s"].is_sorted()
     records = scan_records(out).collect()
     assert records["request_id"].n_unique() == records.height
@@ -294,18 +301,7 @@ def test_ray_clients_send_their_records_back_as_the_run_goes(
         proc.kill()  # the coordinator, and with it the local cluster and its actors
         proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGKILL
-    arrived = pl.concat([records_of(f) for f in folders])
-    assert arrived.height > 0
-    report = subprocess.run(
-        [sys.executable, "-m", "agentab", "report", str(out), "--allow-incomplete"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert report.stderr.startswith(
-        f"agentab: {out}: merged {arrived.height} records its clients left under clients/ "
-        "into records/ (the replay ended before merging them)\n"
-    )
-    merged = scan_records(out).collect()
-    assert merged.sort("request_id").equals(arrived.sort("request_id"))
+    merged = assert_report_merges_what_the_clients_left(out, folders)
     assert merged["request_id"].n_unique() == merged.height
 
 

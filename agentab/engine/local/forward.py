@@ -172,11 +172,7 @@ class DeviceBatch:
         # is, cost more than the rest of a mixed step's work at long contexts
         batched = (counts == 1) | inputs.is_decode
         decode = np.flatnonzero(batched)
-        tokens = (
-            np.concatenate([np.arange(inputs.starts[r], inputs.starts[r + 1]) for r in decode])
-            if len(decode)
-            else decode
-        )
+        tokens = np.flatnonzero(np.repeat(batched, counts))  # the batched rows' tokens
         return DeviceBatch(
             token_ids=token_ids,
             positions=dev(inputs.positions),

@@ -118,6 +118,8 @@ def calibrate(
         facts[path] = f
         loads[path] = load
     described = {p: load.describe() for p, load in loads.items()}
+    if DRAFTER in described:  # its verify steps' query length, for the fit (and --refit)
+        described[DRAFTER]["draft_tokens"] = _draft_tokens(req)
     return fit_and_write(req, measured, facts, described, timing)
 
 
@@ -162,6 +164,7 @@ def fit_and_write(
             timing=timing,
             graph_max=std.cuda_graph_max_tokens or 1,
             max_num_batched_tokens=std.max_num_batched_tokens or 10**9,
+            draft_tokens=_loaded_draft_tokens(loads),
         )
         kv_blocks, kv_tag = _capacity(std, measured["standard"])
         gpu_count = req.gpu_count or std.gpu_count
@@ -340,6 +343,22 @@ def _load_for(
     return load
 
 
+def _loaded_draft_tokens(loads: dict[str, dict[str, Any]]) -> int:
+    """k of the server that drafted, as its load records it (0 without one). A report written
+    before the load recorded it gives k by the drafter phases' step count, which `_load_for`
+    sets to (1 + k) times the decode paths'."""
+    drafter = loads.get(DRAFTER)
+    if not drafter:
+        return 0
+    if "draft_tokens" in drafter:
+        return int(drafter["draft_tokens"])
+    try:
+        steps = drafter["decode"][0][2] / loads["standard"]["decode"][0][2]
+    except (KeyError, IndexError, TypeError, ZeroDivisionError):
+        return 0
+    return max(round(steps) - 1, 0)
+
+
 def _draft_tokens(req: CalibrateRequest) -> int:
     """k of the local engine's speculative config (0 without one)."""
     spec = (req.local or {}).get("speculative_config") or {}
@@ -379,4 +398,10 @@ def _summary(fit: Any) -> str:
         d = fit.drafter
         step, row = d.step_us.value, d.row_us.value
         parts.append(f"drafter: {step:.4g} us per step + {row:.4g} us per row")
+        if d.verify_context_us is not None:
+            worst = max(abs(r["error"]) for r in d.verify_residuals)
+            parts.append(
+                f"verify: {d.verify_context_us.value:.4g} us per context token per draft token, "
+                f"max |residual| {worst:.1%}"
+            )
     return "; ".join(parts)

@@ -41,6 +41,12 @@ What a timed load identifies, and what it cannot:
   half the rest. Without the split, the whole difference is charged to intake. Medians over
   the prefill requests (one request at a time on an idle engine). With the client's clock the
   prefill table already holds this latency (see prefill above), so nothing is fitted.
+- verify (a server that drafts, k drafts a row): each of its decode phases is a run of verify
+  steps of `batch` rows x (1 + k) tokens; the step less what the standard path's table (at the
+  padded token count), the KV read and the fitted drafter price is fitted through the origin
+  over `k * context tokens`: `verify_context_token_us`, what an attention that reads a verify
+  row's KV once per query token (not once per row) pays beyond a decode row's read. Two
+  contexts per batch separate it from the table, which the short context pins.
 Rates are constrained to be >= 0 (a coefficient fitted negative is noise around zero: it is
 set to zero and the rest refitted). numpy's `lstsq` is enough for these few unknowns.
 """
@@ -112,6 +118,10 @@ class DrafterFit:
     step_us: Coefficient  # per step that drafts, whatever its rows
     row_us: Coefficient  # per row drafted for
     residuals: list[dict[str, float]]  # per phase: batch, context, measured, fitted, error
+    # per context token per draft token of a verify row; None: no step timings, k unknown or
+    # one context only (the verify steps' price then has no such term)
+    verify_context_us: Coefficient | None = None
+    verify_residuals: list[dict[str, float]] = field(default_factory=list)  # whole verify steps
 
 
 @dataclass
@@ -341,14 +351,21 @@ def fit_all(
     timing: str,
     graph_max: int,
     max_num_batched_tokens: int,
+    draft_tokens: int = 0,
 ) -> Fit:
-    """Fit each path from the server that ran it; prefill from the standard path's server."""
+    """Fit each path from the server that ran it; prefill from the standard path's server.
+    `draft_tokens`: k of the server that drafts (its verify steps' query length is 1 + k)."""
     fit = Fit(timing=timing)
     for path, m in measured.items():
-        if path == DRAFTER:
-            fit.drafter = fit_drafter(m.decode)
-            continue
-        fit.decode[path] = fit_decode(m.decode, path=path, timing=timing, graph_max=graph_max)
+        if path != DRAFTER:
+            fit.decode[path] = fit_decode(m.decode, path=path, timing=timing, graph_max=graph_max)
+    if DRAFTER in measured:
+        fit.drafter = fit_drafter(measured[DRAFTER].decode)
+        if timing == "engine" and draft_tokens > 0:
+            fit_verify(
+                fit.drafter, measured[DRAFTER].decode, fit.decode["standard"], draft_tokens,
+                graph_max=graph_max,
+            )  # fmt: skip
     fit.prefill = fit_prefill(
         measured["standard"].prefill,
         fit.decode["standard"],
@@ -384,6 +401,41 @@ def fit_drafter(rows: list[DecodeMeasurement]) -> DrafterFit:
         for r, m, f in zip(timed, y, fitted, strict=True)
     ]  # fmt: skip
     return DrafterFit(_coef(coef, stderr, 0), _coef(coef, stderr, 1), residuals)
+
+
+def fit_verify(
+    drafter: DrafterFit,
+    rows: list[DecodeMeasurement],
+    standard: DecodeFit,
+    draft_tokens: int,
+    *,
+    graph_max: int,
+) -> None:
+    """`verify_context_token_us` (module docstring) from the drafter phases' whole-step
+    timings, into `drafter`; left None when the phases do not vary the context."""
+    timed = [r for r in rows if r.engine_step_s is not None]
+    if len({r.context for r in timed}) < 2:
+        return
+    kv = standard.kv_us_per_token.value if standard.kv_us_per_token is not None else 0.0
+    table_t = np.array(standard.batch_tokens, dtype=np.float64)
+    table_us = np.array(standard.step_us)
+    priced, x, y = [], [], []
+    for r in timed:
+        tokens = padded_tokens(r.batch * (1 + draft_tokens), graph_max)
+        us = float(np.interp(tokens, table_t, table_us)) + kv * r.context_tokens
+        us += drafter.step_us.value + drafter.row_us.value * r.batch
+        priced.append(us)
+        x.append([draft_tokens * r.context_tokens])
+        y.append((r.engine_step_s or 0.0) * 1e6)
+    xa, ya = np.array(x), np.array(y)
+    coef, stderr = _lstsq(xa, ya - np.array(priced), nonneg=[0])
+    drafter.verify_context_us = _coef(coef, stderr, 0)
+    drafter.verify_residuals = [
+        {"batch": r.batch, "context": r.context, "context_tokens": round(r.context_tokens, 1),
+         "measured_us": round(float(m), 2), "fitted_us": round(float(f), 2),
+         "error": round(float((f - m) / m), 5)}
+        for r, m, f in zip(timed, ya, np.array(priced) + xa[:, 0] * coef[0], strict=True)
+    ]  # fmt: skip
 
 
 def fit_frontend(prefill: list[PrefillMeasurement]) -> FrontendFit | None:

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from agentab.calibrate.facts import EngineFacts
-from agentab.calibrate.fit import Coefficient, DecodeFit, Fit
+from agentab.calibrate.fit import Coefficient, DecodeFit, DrafterFit, Fit
 from agentab.engine.profile import parse_profile
 from agentab.errors import AgentabError
 from agentab.redact import redact_text
@@ -145,6 +145,20 @@ def _drafter_lines(fit: Fit) -> list[str]:
         f"step that drafts, {where}",
         f"drafter_row_us = {_num(d.row_us.value)}  # [C] {_pm(d.row_us, unit=' us')} per row "
         "drafted for",
+        *_verify_lines(d),
+    ]
+
+
+def _verify_lines(d: DrafterFit) -> list[str]:
+    """The verify rows' extra KV read, where the drafter phases timed whole steps at two
+    contexts or more (else the profile has no such term: 0)."""
+    v = d.verify_context_us
+    if v is None:
+        return []
+    return [
+        f"verify_context_token_us = {_num(v.value)}  # [C] {_pm(v, unit=' us')} per context "
+        "token per draft token of a verify row, from the drafter phases' step times less the "
+        "standard table, KV read and drafter"
     ]
 
 

@@ -12,13 +12,15 @@ scheduler updates its requests from that output only. Two kinds exist:
 SimExecutor prices a step from a HardwareProfile.
 
 Decode-only steps (every row decoding or verifying) run on the step's path:
-    fixed[path] + layers * layer_time[path](padded tokens) + context tokens * kv_read + drafter.
+    fixed[path] + layers * layer_time[path](padded tokens) + context tokens * kv_read + drafter
+    + verify_context_token_us * sum over verify rows of (drafts * context tokens).
 Steps with prefill tokens run the standard path, and the mixed-step rule is additive: the decode
 part priced as above at the step's total token count (clipped at the table's end, unpadded), plus
 compute-bound prefill (tokens / (tokens_per_s_per_gpu * gpu_count)) plus causal attention FLOPs of
 the prefill chunks over their context, plus `mixed_decode_row_us` per decode row (what an engine
 that attends a mixed step's decode rows one by one pays beyond that). The drafter's cost is
-added to every step that has a decoding row when speculative decoding is on.
+added to every step that has a decoding row when speculative decoding is on, and so is the
+verify rows' extra KV read (`verify_context_token_us`, 0 unless the profile prices it).
 """
 
 from __future__ import annotations
@@ -110,6 +112,7 @@ class SimExecutor:
         self.prefill_ctx_us = profile.prefill_context_token_us
         self.mixed_row_us = profile.mixed_decode_row_us
         self.drafter_row_us = profile.drafter_row_us if num_draft_tokens else 0.0
+        self.verify_ctx_us = profile.verify_context_token_us if num_draft_tokens else 0.0
         self._base_cache: dict[tuple[str, int], float] = {}
 
     def decode_base_us(self, path: str, tokens: int) -> float:
@@ -157,6 +160,8 @@ class SimExecutor:
             us = self.decode_base_us(plan.path, plan.padded_tokens) + self.kv_us * ctx
             if self.drafter_row_us:  # only profiles that price it
                 us += self.drafter_row_us * int(np.count_nonzero(plan.drafts))
+            if self.verify_ctx_us:  # only profiles that price it
+                us += self.verify_ctx_us * self._verify_context(plan)
             return us * 1e-6
         table = self.profile.standard
         t = min(plan.total_tokens, table.max_tokens)
@@ -174,14 +179,26 @@ class SimExecutor:
             us += self.prefill_ctx_us * float(c0.sum())
         if self.mixed_row_us:  # only profiles that price it
             us += self.mixed_row_us * int(np.count_nonzero(dec))
+        if self.verify_ctx_us:  # only profiles that price it
+            us += self.verify_ctx_us * self._verify_context(plan)
         return us * 1e-6
+
+    @staticmethod
+    def _verify_context(plan: StepPlan) -> float:
+        """Sum over the verify rows of drafts x context tokens: the KV an attention that
+        reads a row once per query token reads beyond the decode row's one pass."""
+        d = plan.is_decode & (plan.drafts > 0)
+        ctx = plan.computed_before[d] + plan.num_sched[d]
+        return float((plan.drafts[d].astype(np.float64) * ctx).sum())
 
     def window_seconds(self, w: WindowPlan) -> np.ndarray:
         """Durations of each step of a pure-decode window (same formula as step_seconds)."""
         base = self.decode_base_us(w.path, w.padded_tokens)
-        if w.q > 1:  # a window of verify steps: every row drafts
+        kv_us = self.kv_us
+        if w.q > 1:  # a window of verify steps: every row drafts q - 1 tokens
             base += self.drafter_row_us * len(w.slots)
-        seconds = (base + self.kv_us * w.context) * 1e-6
+            kv_us += self.verify_ctx_us * (w.q - 1)
+        seconds = (base + kv_us * w.context) * 1e-6
         if self.noise is not None:
             seconds = seconds * self.noise.many(len(seconds))
         return seconds

@@ -76,6 +76,11 @@ class HardwareProfile:
     # The drafter's cost per row it drafts for, per step, beside drafter_step_us: a drafter
     # that runs decoder layers k times (EAGLE, MTP, early exit) costs more with more rows.
     drafter_row_us: float = 0.0
+    # Per context token a verify row reads, per draft token it verifies: an attention that
+    # treats each of a verify row's 1 + k query tokens as a decode query of its own reads the
+    # row's KV 1 + k times, not once (the local engine's does; FlashMLA-style kernels that pack
+    # the query tokens read it once and price 0 here).
+    verify_context_token_us: float = 0.0
     # Per decode row of a step that also carries prefill tokens: an engine that attends a mixed
     # step's decode rows one by one (a gather of each row's cache and a few kernels per row and
     # layer) pays this beside what the step's token count and KV read already price.
@@ -186,6 +191,7 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
         specialized_max_requests_by_q=tuple(limits),
         drafter_step_us=sd.number("drafter_step_us", 0.0),
         drafter_row_us=sd.number("drafter_row_us", 0.0, default=0.0),
+        verify_context_token_us=sd.number("verify_context_token_us", 0.0, default=0.0),
         prefill_tokens_per_s_per_gpu=pre.number("tokens_per_s_per_gpu", 1.0),
         attention_flops_per_token_pair=pre.number("attention_flops_per_token_pair", 0.0),
         attention_flops_per_s_per_gpu=pre.number("attention_flops_per_s_per_gpu", 1.0),

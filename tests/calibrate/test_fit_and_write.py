@@ -370,3 +370,50 @@ def test_prefill_is_fitted_for_relative_error_so_the_shortest_prompt_pins_the_ta
     assert p.tail_us.value == pytest.approx(13159.8, abs=0.1)
     assert p.tail_us.stderr == pytest.approx(3860.8, abs=0.1)
     assert max(abs(r["error"]) for r in p.residuals) == pytest.approx(0.0943, abs=1e-4)
+
+
+def test_the_verify_rows_context_term_is_recovered_from_the_drafter_phases() -> None:
+    """A server that drafts k = 1 runs verify steps of b rows x 2 tokens: each costs the
+    standard table at 2b tokens, the KV read, the drafter and `verify_context_token_us` per
+    context token per draft token. The fit recovers it, the written profile carries it, and a
+    report that predates the load's `draft_tokens` gives k by its step counts."""
+    from agentab.calibrate.calibrate import _loaded_draft_tokens
+    from agentab.calibrate.fit import DRAFTER
+
+    verify_us, draft_step_us, draft_row_us = 0.02, 400.0, 30.0
+    drafter = Measurements()
+    for b in (1, 2, 4, 8):
+        for ctx in (100, 900):
+            context = b * (ctx + 24.0)
+            draft = draft_step_us + draft_row_us * b
+            us = BASE_US[2 * b] + KV_US * context + draft + verify_us * 1 * context
+            drafter.decode.append(
+                DecodeMeasurement(b, ctx, 40, context, us * 1e-6, us * 1e-6, 40, "standard",
+                                  engine_draft_s=draft * 1e-6, engine_draft_steps=40)
+            )  # fmt: skip
+    measured = {"standard": synthetic(), DRAFTER: drafter}
+    fit = fit_all(measured, timing="engine", graph_max=1, max_num_batched_tokens=BUDGET,
+                  draft_tokens=1)  # fmt: skip
+    d = fit.drafter
+    assert d is not None and d.verify_context_us is not None
+    assert (d.step_us.value, d.row_us.value) == pytest.approx((draft_step_us, draft_row_us))
+    assert d.verify_context_us.value == pytest.approx(verify_us)
+    assert len(d.verify_residuals) == 8
+    assert max(abs(r["error"]) for r in d.verify_residuals) < 1e-9
+    # without k, or with one context only, there is no such term
+    assert fit_all(measured, timing="engine", graph_max=1, max_num_batched_tokens=BUDGET
+                   ).drafter.verify_context_us is None  # fmt: skip
+    prov = Provenance(
+        "vllm", "1", "cpu", "m", "http://x", "2026-01-01", "agentab calibrate", "engine"
+    )
+    text = render_profile(
+        name="t", fit=fit, facts=facts(), provenance=prov, kv_blocks=1000, kv_blocks_tag="[E]",
+        gpu_count=1, gpu_tag="[E]", tp=1, allowed=("decode.specialized",),
+    )  # fmt: skip
+    assert parse_profile(text.encode(), "t").verify_context_token_us == pytest.approx(verify_us)
+    # k from the load: as recorded, else by the drafter phases' (1 + k) times as many steps
+    assert _loaded_draft_tokens({"standard": {"decode": [(1, 64, 96)]}}) == 0
+    recorded = {"decode": [(1, 64, 768)], "draft_tokens": 7}
+    assert _loaded_draft_tokens({"standard": {"decode": [(1, 64, 96)]}, DRAFTER: recorded}) == 7
+    older = {"standard": {"decode": [(1, 64, 96)]}, DRAFTER: {"decode": [(1, 64, 384)]}}
+    assert _loaded_draft_tokens(older) == 3

@@ -166,6 +166,11 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     assert p.drafter_step_us == pytest.approx(fit["step_us"]["value"], rel=1e-5)
     assert p.drafter_row_us == pytest.approx(fit["row_us"]["value"], rel=1e-5)
     assert p.drafter_step_us + 4 * p.drafter_row_us > 0
+    # its verify steps (4 tokens a row) at two contexts: the verify rows' context term
+    assert report["load"]["drafter"]["draft_tokens"] == 3
+    assert fit["verify_context_us"]["value"] >= 0.0
+    assert [r["batch"] for r in fit["verify_residuals"]] == [1, 1, 4, 4]
+    assert p.verify_context_token_us == pytest.approx(fit["verify_context_us"]["value"], rel=1e-5)
     text = out.read_text()
     assert "drafter_step_us = " in text and "# [C]" in text.split("drafter_step_us = ")[1]
     print(f"drafter: {p.drafter_step_us:.0f} us per step + {p.drafter_row_us:.0f} us per row")
@@ -174,3 +179,4 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     main(["calibrate", "--refit", str(out.with_suffix(".fit.json")), "-o", str(refit), *assumed])
     q = load_profile(refit)
     assert (q.drafter_step_us, q.drafter_row_us) == (p.drafter_step_us, p.drafter_row_us)
+    assert q.verify_context_token_us == p.verify_context_token_us

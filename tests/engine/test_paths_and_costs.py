@@ -133,6 +133,46 @@ def test_the_drafter_pays_per_row_it_drafts_for_when_the_profile_prices_it():
     assert diff == pytest.approx(np.full(steps, 3 * 250.0 * 1e-6), rel=1e-9)
 
 
+def test_a_verify_row_pays_its_context_per_draft_token_when_the_profile_prices_it():
+    """[spec_decode] verify_context_token_us: per context token per draft token of a verify
+    row, on a verify step (as a step of its own and in a window) and on a step that also
+    carries a prompt; nothing on plain decode rows; profiles without the key price it 0."""
+    import dataclasses
+
+    from agentab.engine.outputs import WindowPlan
+
+    prof = load_profile("gb300-tp16-kimi-k3")
+    assert prof.verify_context_token_us == 0.0
+    priced = dataclasses.replace(prof, verify_context_token_us=0.5)
+    s = decoding_scheduler(8, 3, specialized=False)
+    plan = s.schedule()
+    ctx = plan.computed_before + plan.num_sched
+    assert ctx.tolist() == [40, 40, 40] and plan.drafts.tolist() == [7, 7, 7]
+    extra = SimExecutor(priced, 7).step_seconds(plan) - SimExecutor(prof, 7).step_seconds(plan)
+    assert extra == pytest.approx(0.5 * 7 * 120 * 1e-6, rel=1e-9)
+    plain = decoding_scheduler(1, 3, specialized=False).schedule()
+    assert SimExecutor(priced, 0).step_seconds(plain) == SimExecutor(prof, 0).step_seconds(plain)
+    s.update(plan)
+    s.add("p", np.arange(5000, 5100), 5)  # a prompt joins the verify rows: a mixed step
+    mixed = s.schedule()
+    assert mixed.num_prefill_tokens == 100
+    verify = mixed.is_decode & (mixed.drafts > 0)
+    vctx = int((mixed.drafts[verify] * (mixed.computed_before + mixed.num_sched)[verify]).sum())
+    assert vctx > 0
+    extra = SimExecutor(priced, 7).step_seconds(mixed) - SimExecutor(prof, 7).step_seconds(mixed)
+    assert extra == pytest.approx(0.5 * vctx * 1e-6, rel=1e-9)
+    steps = 4
+    window = WindowPlan(
+        slots=np.arange(3), q=8, path="standard", padded_tokens=24,
+        emitted=np.ones((steps, 3), dtype=np.int64), accepted=np.zeros((steps, 3), dtype=np.int64),
+        context=np.full(steps, 120), computed0=np.zeros(3, dtype=np.int64),
+        cum_uncapped=np.ones((steps, 3), dtype=np.int64), num_running=3, num_waiting=0,
+    )  # fmt: skip
+    diff = SimExecutor(priced, 7).window_seconds(window)
+    diff -= SimExecutor(prof, 7).window_seconds(window)
+    assert diff == pytest.approx(np.full(steps, 0.5 * 7 * 120 * 1e-6), rel=1e-9)
+
+
 def test_a_prefill_chunk_pays_for_its_computed_context_when_the_profile_prices_it():
     """[prefill] context_token_us: per token a prefill row has already computed (here the
     first chunk's 512), per step; profiles without the key price it 0."""

@@ -132,6 +132,9 @@ def _decoder_note(comparison: Comparison) -> str:
     note = f"; specialized decoder implementation {impl}"
     if impl == "cpu-torch":
         note += " (a CPU reference of the fused decoder's math: its timings are not the kernels')"
+    limit = _manifest_value(comparison, "specialized_max_tokens")
+    if limit != "None":  # per-shape dispatch: wider steps ran the standard path
+        note += f", serving steps of up to {limit} padded tokens"
     return note
 
 

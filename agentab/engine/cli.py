@@ -78,6 +78,14 @@ def simulator_options(
             show_default=True,
             help="Which decode path the engine may use for the steps it supports.",
         ),
+        click.option(
+            "--specialized-max-tokens",
+            type=int,
+            default=None,
+            help="Per-shape dispatch under latency_specialized: a step of more padded tokens "
+            "runs the standard path (e.g. 4 where `agentab kernels bench` shows the "
+            "specialized decoder losing from 8 tokens). Default: the profile's limit (64).",
+        ),
         click.option("--num-draft-tokens", type=int, default=None, help="Speculative drafts."),
         click.option(
             "--acceptance-length",

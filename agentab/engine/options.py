@@ -54,10 +54,27 @@ Device = Annotated[str, Meta(pattern=r"^(cpu|cuda(:[0-9]+)?)$")]
 
 
 class EngineOptions(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """What every in-process engine takes: the decode backend and the engine's seed."""
+    """What every in-process engine takes: the decode backend, the largest step it sends to
+    the specialized path, and the engine's seed.
+
+    `specialized_max_tokens` is per-shape dispatch: under `latency_specialized`, a step whose
+    padded token count exceeds it runs the standard path, like any step the specialized path
+    does not support. None keeps vLLM's rule (the profile's limit; 64 on the local engine).
+    Where a decoder loses to the standard path from some shape up (`agentab kernels bench`
+    says where), setting it there measures the backend a user would deploy: the specialized
+    path only where it wins. The report's share of decode steps on the specialized path says
+    how much of the run it then served.
+    """
 
     decode_backend: DecodeBackend = DecodeBackend.AUTO
+    specialized_max_tokens: Annotated[int, Meta(ge=1, le=64)] | None = None
     seed: NonNegativeInt = 0
+
+    def specialized_limit(self, default: int) -> int:
+        """The padded token count up to which the specialized path may serve a step."""
+        if self.specialized_max_tokens is None:
+            return default
+        return min(default, self.specialized_max_tokens)
 
 
 class SimulatorOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):

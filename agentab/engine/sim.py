@@ -63,7 +63,7 @@ def simulator_from(opts: SimulatorOptions) -> Engine:
         max_num_batched_tokens=opts.max_num_batched_tokens,
         spec=spec,
         decode_backend=decode_backend,
-        specialized_max_padded=prof.specialized_max_padded_tokens,
+        specialized_max_padded=opts.specialized_limit(prof.specialized_max_padded_tokens),
         specialized_max_requests_by_q=prof.specialized_max_requests_by_q,
         cuda_graph_max_tokens=prof.cuda_graph_max_tokens,
     )
@@ -71,6 +71,7 @@ def simulator_from(opts: SimulatorOptions) -> Engine:
         "engine": "agentab-sim",
         **prof.identity(),
         "decode_backend": decode_backend.value,
+        "specialized_max_tokens": cfg.specialized_max_padded,
         "spec": spec.describe(),
         "scheduler": {
             "max_num_seqs": cfg.max_num_seqs,

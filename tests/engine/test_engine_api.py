@@ -45,6 +45,7 @@ FIXTURES = [
     {"kv_blocks": 2500, "max_num_seqs": 12},
     {"async_scheduling": True},
     {"async_scheduling": True, "decode_backend": "latency_specialized"},
+    {"decode_backend": "latency_specialized", "specialized_max_tokens": 4},
     {"async_scheduling": True, "kv_blocks": 2500, "max_num_seqs": 12},
     {"async_scheduling": True, "num_draft_tokens": 7, "acceptance_length": 6},
     {
@@ -240,8 +241,36 @@ def test_abort_ends_stream():
     assert metrics["vllm:num_requests_running"] == 0
 
 
+def test_specialized_max_tokens_routes_larger_steps_to_the_standard_path():
+    """Per-shape dispatch: under latency_specialized with specialized_max_tokens = 4, pure
+    decode steps of up to 4 padded tokens run the specialized path and larger ones the
+    standard path; the engine states the limit, and vLLM's rule (the profile's 64) is the
+    default. Out-of-range values are refused by name."""
+
+    def shares(n_requests: int, **options) -> tuple[float, float, dict]:
+        eng = build_simulator(GB300, "latency_specialized", **options)
+        run_virtual(_drive(eng, n_requests, 0.0, seed=4))
+        m = eng.metrics()
+        return (m["agentab:decode_steps_specialized_total"],
+                m["agentab:decode_steps_standard_total"], eng.describe())  # fmt: skip
+
+    special, standard, described = shares(3, specialized_max_tokens=4)
+    assert described["specialized_max_tokens"] == 4
+    assert special > 0  # 3 rows pad to 4 tokens, and so do 2 and 1
+    assert standard == 0
+    special, standard, _ = shares(8, specialized_max_tokens=4)
+    assert special > 0 and standard > 0  # 8 and 5-7 rows pad to 8: standard
+    special_all, standard_all, described = shares(8)
+    assert described["specialized_max_tokens"] == 64
+    assert special_all > 0 and standard_all == 0
+    with pytest.raises(AgentabError) as err:
+        build_simulator(GB300, "latency_specialized", specialized_max_tokens=65)
+    assert str(err.value) == "specialized_max_tokens: expected int <= 64, got 65"
+
+
 def test_bad_options_and_requests():
-    with pytest.raises(AgentabError, match=r"^bogus: unknown option \(known: seed, num_draft"):
+    known = r"^bogus: unknown option \(known: specialized_max_tokens, seed, num_draft"
+    with pytest.raises(AgentabError, match=known):
         build_simulator("gb300-tp16-kimi-k3", bogus=1)
     with pytest.raises(AgentabError) as err:
         build_simulator("gb300-tp16-kimi-k3", "fast")

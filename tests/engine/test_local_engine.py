@@ -92,6 +92,18 @@ def test_step_paths_counted_exactly_on_a_hand_built_trace():
     assert [len(out_auto["A"]), len(out_auto["B"])] == [4, 3]
 
 
+def test_specialized_max_tokens_routes_wider_decode_steps_to_the_standard_path():
+    """Per-shape dispatch on the local engine: with specialized_max_tokens = 1, the two-row
+    decode steps of the hand-built trace run the standard path, and the tokens are the same."""
+    routed = engine("latency_specialized", specialized_max_tokens=1)
+    assert routed.describe()["specialized_max_tokens"] == 1
+    out = run(routed, HAND_TRACE)
+    c = counters(routed)
+    assert (c["steps_standard"], c["steps_specialized"], c["decode_steps_standard"]) == (4, 0, 2)
+    assert out == run(engine("auto"), HAND_TRACE)
+    assert engine("latency_specialized").describe()["specialized_max_tokens"] == 64
+
+
 def test_a_cached_prefix_gives_the_same_tokens_and_skips_its_prefill():
     eng = engine("latency_specialized")
     first = run(eng, {0: [("X", prompt(40, 11), 30)]})["X"]
@@ -128,7 +140,8 @@ def test_a_model_that_does_not_fit_is_refused_before_allocation():
 
 
 def test_bad_options_are_named():
-    with pytest.raises(AgentabError, match=r"^warp_factor: unknown option \(known: seed, "):
+    known = r"^warp_factor: unknown option \(known: specialized_max_tokens, seed, "
+    with pytest.raises(AgentabError, match=known):
         build_local_engine("tiny", "auto", warp_factor=9)
     with pytest.raises(AgentabError) as err:
         build_local_engine("tiny", "auto", device="tpu")

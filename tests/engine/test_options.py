@@ -47,8 +47,9 @@ def test_the_backend_is_one_enum_whose_values_are_what_users_write() -> None:
          "engine.decode_backend: expected one of auto, latency_specialized, got 'fast'"),
         ({"decode_backend": 3}, "decode_backend",
          "engine.decode_backend: expected one of auto, latency_specialized, got 3"),
-        ({"kv_blok": 8}, "kv_blok", "engine.kv_blok: unknown option (known: decode_backend, seed, "
-         "profile, num_draft_tokens, acceptance_length, acceptance_probs, max_num_seqs, "
+        ({"kv_blok": 8}, "kv_blok", "engine.kv_blok: unknown option (known: decode_backend, "
+         "specialized_max_tokens, seed, profile, num_draft_tokens, acceptance_length, "
+         "acceptance_probs, max_num_seqs, "
          "max_num_batched_tokens, kv_blocks, block_size, fast_forward, step_noise, run_noise, "
          "noise_seed)"),
         ({"max_num_seqs": "8"}, "max_num_seqs", "engine.max_num_seqs: expected int, got '8'"),

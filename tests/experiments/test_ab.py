@@ -231,7 +231,7 @@ def test_a_resume_onto_runs_of_other_engine_code_is_refused_before_running(
         ),
         (
             ("num_draft_tokens = 7", "num_draft_tokens = 7\nkv_block = 64"),
-            "{path}:20: engine.kv_block: unknown option (known: profile, num_draft_tokens,",
+            "{path}:20: engine.kv_block: unknown option (known: specialized_max_tokens, profile,",
         ),
         (
             ("num_draft_tokens = 7", 'num_draft_tokens = "7"'),

@@ -78,7 +78,7 @@ def test_the_example_experiments_parse() -> None:
     [
         ("repeats = 2", "repeat = 2", "exp.toml:2: unknown key 'repeat' in top level"),
         ('kind = "simulator"', 'kind = "simulator"\nprofil = "x"',
-         "exp.toml:17: engine.profil: unknown option (known: profile, num_draft_tokens, "),
+         "exp.toml:17: engine.profil: unknown option (known: specialized_max_tokens, profile, "),
         ("concurrency = 2", "concurency = 2",
          "exp.toml:12: [replay]: unknown replay option(s) concurency"),
         ("concurrency = 2", "seed = 3", "exp.toml:12: [replay] seed is set by the top-level seed"),
@@ -177,7 +177,8 @@ SIM_ENGINE = 'profile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7'
     [
         # unknown field, wrong type, out of range, set elsewhere, required
         (SIM_ENGINE + "\nmax_num_seq = 8",
-         "exp.toml:19: engine.max_num_seq: unknown option (known: profile, num_draft_tokens, "),
+         "exp.toml:19: engine.max_num_seq: unknown option (known: specialized_max_tokens, "
+         "profile, num_draft_tokens, "),
         (SIM_ENGINE + '\nmax_num_seqs = "8"',
          "exp.toml:19: engine.max_num_seqs: expected int, got '8'"),
         (SIM_ENGINE + "\nkv_blocks = 1.5", "exp.toml:19: engine.kv_blocks: expected int, got 1.5"),
@@ -232,7 +233,8 @@ LOCAL = 'kind = "local"\npreset = "tiny"'
     ("new", "expected"),
     [
         (LOCAL + "\nnum_layer = 2",
-         "exp.toml:18: engine.num_layer: unknown option (known: seed, preset, "),
+         "exp.toml:18: engine.num_layer: unknown option (known: specialized_max_tokens, seed, "
+         "preset, "),
         (LOCAL + '\ndevice = "tpu"',
          "exp.toml:18: engine.device: expected str matching regex '^(cpu|cuda(:[0-9]+)?)$', "
          "got 'tpu'"),

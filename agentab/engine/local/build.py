@@ -139,6 +139,7 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=opts.max_num_batched_tokens,
         decode_backend=decode_backend,
+        specialized_max_padded=opts.specialized_limit(SchedulerConfig.specialized_max_padded),
         vocab_size=cfg.vocab_size,
         synthetic_output=False,
         spec=drafting,
@@ -166,6 +167,7 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
         "gpu_count": tp,  # one device per rank
         "tp": tp,
         "decode_backend": decode_backend.value,
+        "specialized_max_tokens": sched_cfg.specialized_max_padded,
         "spec": _describe_spec(opts.speculative_config, drafting),
         "scheduler": {
             "max_num_seqs": sched_cfg.max_num_seqs,

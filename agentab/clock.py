@@ -23,28 +23,13 @@ T = TypeVar("T")
 
 class _VirtualSelector(selectors.DefaultSelector):
     """The virtual loop's selector: it polls real file descriptors without blocking, and where
-    the loop would block until its next timer, it moves the virtual clock there instead.
-
-    A zero timeout (callbacks are ready, the clock stays) polls only every `POLL_EVERY`-th
-    time: a simulation's loop asks that tens of thousands of times, each a system call, and
-    what a poll could find there waits without harm. A thread's callback (the loop's
-    `call_soon_threadsafe`) is queued before the loop is woken, so it runs either way; other
-    descriptors are seen at the latest by the next poll, and every clock jump still comes
-    after a poll that found nothing."""
-
-    POLL_EVERY = 16
+    the loop would block until its next timer, it moves the virtual clock there instead."""
 
     def __init__(self, start: float) -> None:
         super().__init__()
         self.now = float(start)
-        self._unpolled = 0  # zero-timeout calls since the last poll
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout == 0:
-            self._unpolled += 1
-            if self._unpolled < self.POLL_EVERY:
-                return []
-        self._unpolled = 0
         events = super().select(0)
         if events:
             return events

@@ -264,4 +264,6 @@ async def _run(server: Any, host: str, port: int, replica: int | None) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
-    click.echo("agentab serve: stopped" if replica is None else f"agentab serve: replica {replica} stopped")
+    click.echo(
+        "agentab serve: stopped" if replica is None else f"agentab serve: replica {replica} stopped"
+    )

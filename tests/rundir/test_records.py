@@ -41,6 +41,7 @@ def _row(i: int, **over: object) -> dict[str, object]:
         "error_message": None,
         "warning_class": None,
         "warning_message": None,
+        "target": None,
     }
     row.update(over)
     return row

@@ -43,7 +43,9 @@ def replica_ports(port: int, replicas: int) -> list[int]:
 
 
 def _replica_main(serve_one: Callable[[dict[str, Any]], None], kw: dict[str, Any]) -> None:
-    """One replica's process: the serve of one engine; an error is one line and exit 2."""
+    """One replica's process: the serve of one engine; an error is one line and exit 2. Its
+    bound port goes back over `kw['announce']` (a pipe), so that the supervisor can name a
+    replica on a free port (--port 0) when it ends."""
     # the supervisor forwards SIGTERM; a terminal's Ctrl-C reaches every process of the group
     try:
         serve_one(kw)
@@ -60,14 +62,18 @@ def serve_replicas(serve_one: Callable[[dict[str, Any]], None], kw: dict[str, An
     ports = replica_ports(kw["port"], replicas)
     ctx = multiprocessing.get_context("spawn")
     procs = []
+    announced = []
     for i, port in enumerate(ports):
+        mine, theirs = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_replica_main,
-            args=(serve_one, {**kw, "port": port, "replica": i}),
+            args=(serve_one, {**kw, "port": port, "replica": i, "announce": theirs}),
             name=f"agentab-serve-replica-{i}",
         )
         proc.start()
+        theirs.close()
         procs.append(proc)
+        announced.append(mine)
     stopping: list[int] = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -99,10 +105,19 @@ def serve_replicas(serve_one: Callable[[dict[str, Any]], None], kw: dict[str, An
                 proc.join()
     if failed is not None:
         i, code = failed
-        where = f"port {ports[i]}" if ports[i] else "a free port"
+        port = ports[i] or _announced_port(announced[i])
+        where = f"port {port}" if port else "before it listened"
         raise AgentabError(
             f"--replicas {replicas}: replica {i} ({where}) exited with status {code} while the "
             "others served; stopped them all",
             exit_code=EXIT_REPLICA_FAILED,
         )
     click.echo(f"agentab serve: {replicas} replicas stopped")
+
+
+def _announced_port(conn: Any) -> int | None:
+    """The port a replica said it listens on (None: it ended before saying)."""
+    with contextlib.suppress(EOFError, OSError):
+        if conn.poll():
+            return int(conn.recv())
+    return None

@@ -155,7 +155,7 @@ def serve(**kw: Any) -> None:
 
         serve_replicas(serve_one, kw)
         return
-    serve_one({**kw, "replica": None})
+    serve_one({**kw, "replica": None, "announce": None})
 
 
 def serve_one(kw: dict[str, Any]) -> None:
@@ -175,7 +175,7 @@ def serve_one(kw: dict[str, Any]) -> None:
         read_timeout_s=kw["read_timeout_s"],
         idle_timeout_s=kw["idle_timeout_s"],
     )
-    asyncio.run(_run(server, kw["host"], kw["port"], kw["replica"]))
+    asyncio.run(_run(server, kw["host"], kw["port"], kw["replica"], kw["announce"]))
 
 
 def _default_model(kw: dict[str, Any]) -> str:
@@ -238,7 +238,11 @@ def _json_flag(name: str, text: str) -> Any:
     return value
 
 
-async def _run(server: Any, host: str, port: int, replica: int | None) -> None:
+async def _run(
+    server: Any, host: str, port: int, replica: int | None, announce: Any = None
+) -> None:
+    """Serve until SIGINT/SIGTERM; a replica (`replica` set) says its bound port over the
+    `announce` pipe to the process that supervises it."""
     from agentab.engine.server import start_server
 
     loop = asyncio.get_running_loop()
@@ -255,6 +259,8 @@ async def _run(server: Any, host: str, port: int, replica: int | None) -> None:
         if facts.get("engine") == "agentab-local"
         else f"profile {facts.get('profile')}"
     )
+    if announce is not None:
+        announce.send(bound)
     which = "" if replica is None else f"replica {replica}, "
     click.echo(
         f"agentab serve: listening on http://{host}:{bound} ({which}engine {facts.get('engine')}, "

@@ -13,16 +13,17 @@ against its R URLs (lane k to replica k mod R), and the script prints per run:
   `target` says; the server's monotonic clock, which the processes of one host share), as
   |client - server| / server, at P50 and P90 over requests;
 - the chunk throughput: chunks received in the profiling window per second, and its ratio to
-  the first run at the same load (the first `--replicas` and `--clients` values; one replica
-  and one client by default) (`vs_first`);
+  the run with the first `--clients` value (one client by default) at the same load and replica
+  count (`vs_first`): what more clients carry from one server;
 - the CPU each side used in the profiling window, in cores (sampled from /proc every 0.25 s):
   the server (all its replicas together; each replica is one process with one event loop, so
   it cannot use more than one core: `server_core_max` is the busiest one's) and the clients
-  (the replay and its client processes); and which side bounds the run: `server` when a
-  replica used over 90% of its one core (more clients cannot add chunks it does not write),
-  `host` when server and clients together used over 90% of the host's cores, `client` when a
-  client fell behind its plan by more than the report's default bound (`max_behind_plan_ms`,
-  10 ms at P90) while neither saturated, else `-`.
+  (the replay and its client processes, also per chunk received: `client_us_per_chunk`, whose
+  inverse is about the most chunks a second one client can take); and which side bounds the
+  run: `server` when a replica used over 90% of its one core (more clients cannot add chunks
+  it does not write), `host` when server and clients together used over 90% of the host's
+  cores, `client` when a client fell behind its plan by more than the report's default bound
+  (`max_behind_plan_ms`, 10 ms at P90) while neither saturated, else `-`.
 
 The server shares the host's cores with the clients, so on a small machine the server may be
 what saturates first; the per-process figures say which one did. Printed (and with `--json`
@@ -368,8 +369,8 @@ def bench() -> int:
         workload = root / "w.jsonl"
         save(Workload(tuple(session(i, args.out_tokens) for i in range(sessions))), workload)
         for lanes in args.lanes:
-            base = None
             for replicas in args.replicas:
+                base = None
                 for clients in args.clients:
                     row, base = run_one(
                         args, root, profile, workload, lanes, replicas, clients, cores, base
@@ -430,7 +431,7 @@ def run_one(
     busiest = max(per_replica) if per_replica else None
     errs = itl_errors(out, emissions)
     rate = chunk_rate(out)
-    base = (rate, f"{replicas} replica(s) x {clients} client(s)") if base is None else base
+    base = (rate, f"{clients} client(s)") if base is None else base
     lag = max(c["loop_lag_ms"]["p99"] for c in manifest["clients"])
     lag_max = max(c["loop_lag_ms"]["max"] for c in manifest["clients"])
     behind = max(c["behind_plan_ms"]["p90"] or 0 for c in manifest["clients"])
@@ -450,10 +451,16 @@ def run_one(
         "server_cores": None if server_cores is None else round(server_cores, 3),
         "server_core_max": None if busiest is None else round(busiest, 3),
         "client_cores": None if client_cores is None else round(client_cores, 3),
+        # the clients' CPU per chunk received: what sets the chunk rate one client can carry
+        "client_us_per_chunk": None
+        if client_cores is None or not rate
+        else round(client_cores / rate * 1e6, 2),
         "bound": bound(server_cores, client_cores, behind, cores, busiest),
     }
     server = "n/a" if server_cores is None else f"{server_cores:4.2f} (busiest {busiest:4.2f})"
     mine = "n/a" if client_cores is None else f"{client_cores:5.2f}"
+    if row["client_us_per_chunk"] is not None:
+        mine += f" ({row['client_us_per_chunk']:.1f} us/chunk)"
     print(
         f"lanes {lanes:4d} replicas {replicas} clients {clients}: worst client loop lag P99 "
         f"{lag:7.2f} ms (max {lag_max:7.1f}), behind plan P90 {behind:6.2f} ms; ITL error vs "

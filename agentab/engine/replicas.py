@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, cast
 
 import click
 
@@ -89,7 +89,7 @@ def serve_replicas(serve_one: Callable[[dict[str, Any]], None], kw: dict[str, An
         alive = {p.sentinel: i for i, p in enumerate(procs)}
         while alive:
             for sentinel in wait(list(alive), timeout=1.0):
-                i = alive.pop(sentinel)  # type: ignore[call-overload]
+                i = alive.pop(cast(int, sentinel))  # the sentinels given: ints
                 procs[i].join()
                 if not stopping and failed is None:
                     failed = (i, procs[i].exitcode)
@@ -105,8 +105,8 @@ def serve_replicas(serve_one: Callable[[dict[str, Any]], None], kw: dict[str, An
                 proc.join()
     if failed is not None:
         i, code = failed
-        port = ports[i] or _announced_port(announced[i])
-        where = f"port {port}" if port else "before it listened"
+        bound = ports[i] or _announced_port(announced[i])
+        where = f"port {bound}" if bound else "before it listened"
         raise AgentabError(
             f"--replicas {replicas}: replica {i} ({where}) exited with status {code} while the "
             "others served; stopped them all",

@@ -153,6 +153,7 @@ def serve(**kw: Any) -> None:
     if kw["replicas"] > 1:
         from agentab.engine.replicas import serve_replicas
 
+        _check_engine_flags(kw)  # once, in one line, before N processes would each say it
         serve_replicas(serve_one, kw)
         return
     serve_one({**kw, "replica": None, "announce": None})
@@ -192,13 +193,24 @@ def _given(kw: dict[str, Any], names: tuple[str, ...]) -> list[str]:
     return ["--" + n.replace("_", "-") for n in names if kw.get(n) is not None]
 
 
-def _simulator(kw: dict[str, Any]) -> Any:
-    from agentab.engine.sim import simulator_from
-
+def _check_engine_flags(kw: dict[str, Any]) -> None:
+    """The flags that the chosen engine needs, and none of the other engine's."""
+    if kw["engine_kind"] == "local":
+        if kw["preset"] is None:
+            raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
+        if extra := _given(kw, _SIM_ONLY):
+            raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
+        return
     if kw["profile"] is None:
         raise AgentabError("--engine sim needs --profile (a hardware profile name or TOML)")
     if extra := _given(kw, _LOCAL_ONLY):
         raise AgentabError(f"{', '.join(extra)}: local-engine options; add --engine local")
+
+
+def _simulator(kw: dict[str, Any]) -> Any:
+    from agentab.engine.sim import simulator_from
+
+    _check_engine_flags(kw)
     options = simulator_options_of(
         kw, profile=kw["profile"], decode_backend=kw["decode_backend"], seed=kw["seed"]
     )
@@ -208,10 +220,7 @@ def _simulator(kw: dict[str, Any]) -> Any:
 def _local_engine(kw: dict[str, Any]) -> Any:
     from agentab.engine.local.build import local_engine_from
 
-    if kw["preset"] is None:
-        raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
-    if extra := _given(kw, _SIM_ONLY):
-        raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
+    _check_engine_flags(kw)
     flags = {name: kw.get(name) for name in option_names(LocalOptions)}
     if flags["speculative_config"] is not None:
         flags["speculative_config"] = _json_flag("speculative_config", flags["speculative_config"])

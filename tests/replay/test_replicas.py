@@ -261,3 +261,15 @@ def get_pid_of_listener(url: str) -> int:
             except OSError:
                 continue
     raise AssertionError(f"no process listens on {url}")
+
+
+def test_bad_engine_flags_are_one_line_before_any_replica_starts() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agentab", "serve", "--replicas", "2", "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "agentab: error: --engine sim needs --profile (a hardware profile name or TOML)"
+    ]
+    assert "replica" not in result.stdout

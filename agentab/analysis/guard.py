@@ -46,6 +46,7 @@ EXCLUDED_FIELDS: frozenset[str] = frozenset(
         "gpu_ids",  # which physical devices (count and type are compared)
         "url",  # where the arm's server listened (attach mode: necessarily two URLs)
         "server_url",
+        "targets",  # the URLs of the server's replicas (their count, `replicas`, is compared)
         "pid",
         "hostname",
         "status",  # outcome of the run, not its configuration

@@ -3,6 +3,10 @@
 It binds 127.0.0.1 unless `--host` says otherwise (the simulator is not meant to face a network),
 and prints one line `agentab serve: listening on http://HOST:PORT ...` once it accepts requests
 (`--port 0` picks a free port; scripts read it from that line).
+
+`--replicas N` runs N independent replicas (agentab.engine.replicas), one process and one port
+each (base port + i), each printing its own line; /metrics, /health and /agentab/emissions stay
+per replica.
 """
 
 from __future__ import annotations
@@ -109,6 +113,18 @@ def _with_simulator_options(command: Any) -> Any:
     help="Keep per-request chunk write times at /agentab/emissions (tests).",
 )
 @click.option(
+    "--replicas",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Data-parallel replicas: N independent engines, each its own process on port "
+    "--port + i (0: each a free port), each printing its own 'listening on' line. Each "
+    "replica keeps its own /metrics, /health and /agentab/emissions (nothing is summed "
+    "here); give every URL to `agentab replay --url` (repeated), which keeps each session "
+    "on one replica. A replica that exits stops the others and the command exits 1.",
+)
+@click.option(
     "--max-request-bytes",
     type=click.IntRange(min=1),
     default=DEFAULT_MAX_REQUEST_BYTES,
@@ -134,6 +150,17 @@ def _with_simulator_options(command: Any) -> Any:
 )
 def serve(**kw: Any) -> None:
     """Serve an agentab engine over the OpenAI API (completions, chat, /metrics)."""
+    if kw["replicas"] > 1:
+        from agentab.engine.replicas import serve_replicas
+
+        _check_engine_flags(kw)  # once, in one line, before N processes would each say it
+        serve_replicas(serve_one, kw)
+        return
+    serve_one({**kw, "replica": None, "announce": None})
+
+
+def serve_one(kw: dict[str, Any]) -> None:
+    """One engine behind one server until SIGINT/SIGTERM (a replica's whole process too)."""
     from agentab.engine.server import EngineServer
 
     logging.basicConfig(format="agentab serve: %(message)s", level=logging.WARNING)
@@ -149,7 +176,7 @@ def serve(**kw: Any) -> None:
         read_timeout_s=kw["read_timeout_s"],
         idle_timeout_s=kw["idle_timeout_s"],
     )
-    asyncio.run(_run(server, kw["host"], kw["port"]))
+    asyncio.run(_run(server, kw["host"], kw["port"], kw["replica"], kw["announce"]))
 
 
 def _default_model(kw: dict[str, Any]) -> str:
@@ -166,13 +193,24 @@ def _given(kw: dict[str, Any], names: tuple[str, ...]) -> list[str]:
     return ["--" + n.replace("_", "-") for n in names if kw.get(n) is not None]
 
 
-def _simulator(kw: dict[str, Any]) -> Any:
-    from agentab.engine.sim import simulator_from
-
+def _check_engine_flags(kw: dict[str, Any]) -> None:
+    """The flags that the chosen engine needs, and none of the other engine's."""
+    if kw["engine_kind"] == "local":
+        if kw["preset"] is None:
+            raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
+        if extra := _given(kw, _SIM_ONLY):
+            raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
+        return
     if kw["profile"] is None:
         raise AgentabError("--engine sim needs --profile (a hardware profile name or TOML)")
     if extra := _given(kw, _LOCAL_ONLY):
         raise AgentabError(f"{', '.join(extra)}: local-engine options; add --engine local")
+
+
+def _simulator(kw: dict[str, Any]) -> Any:
+    from agentab.engine.sim import simulator_from
+
+    _check_engine_flags(kw)
     options = simulator_options_of(
         kw, profile=kw["profile"], decode_backend=kw["decode_backend"], seed=kw["seed"]
     )
@@ -182,10 +220,7 @@ def _simulator(kw: dict[str, Any]) -> Any:
 def _local_engine(kw: dict[str, Any]) -> Any:
     from agentab.engine.local.build import local_engine_from
 
-    if kw["preset"] is None:
-        raise AgentabError("--engine local needs --preset (tiny or k2-tp8-shard)")
-    if extra := _given(kw, _SIM_ONLY):
-        raise AgentabError(f"{', '.join(extra)}: simulator options, not the local engine's")
+    _check_engine_flags(kw)
     flags = {name: kw.get(name) for name in option_names(LocalOptions)}
     if flags["speculative_config"] is not None:
         flags["speculative_config"] = _json_flag("speculative_config", flags["speculative_config"])
@@ -212,7 +247,11 @@ def _json_flag(name: str, text: str) -> Any:
     return value
 
 
-async def _run(server: Any, host: str, port: int) -> None:
+async def _run(
+    server: Any, host: str, port: int, replica: int | None, announce: Any = None
+) -> None:
+    """Serve until SIGINT/SIGTERM; a replica (`replica` set) says its bound port over the
+    `announce` pipe to the process that supervises it."""
     from agentab.engine.server import start_server
 
     loop = asyncio.get_running_loop()
@@ -229,12 +268,17 @@ async def _run(server: Any, host: str, port: int) -> None:
         if facts.get("engine") == "agentab-local"
         else f"profile {facts.get('profile')}"
     )
+    if announce is not None:
+        announce.send(bound)
+    which = "" if replica is None else f"replica {replica}, "
     click.echo(
-        f"agentab serve: listening on http://{host}:{bound} (engine {facts.get('engine')}, "
+        f"agentab serve: listening on http://{host}:{bound} ({which}engine {facts.get('engine')}, "
         f"{what}, decode_backend {facts.get('decode_backend')})",
     )
     try:
         await stop.wait()
     finally:
         await runner.cleanup()
-    click.echo("agentab serve: stopped")
+    click.echo(
+        "agentab serve: stopped" if replica is None else f"agentab serve: replica {replica} stopped"
+    )

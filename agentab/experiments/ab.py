@@ -195,7 +195,7 @@ def run_arm(
         )
         return replay_to_dir(
             workload,
-            url=str(arm.url),
+            url=arm.url or "",
             replay=replay,
             out_dir=run_dir,
             model=model,
@@ -256,6 +256,7 @@ def _run_vllm_arm(
 
     api_key_env = experiment.engine.get("api_key_env")
     if arm.url is not None:
+        assert isinstance(arm.url, str)  # a list of URLs is refused for vllm arms when parsed
         server_cm = attached_server(arm.url, int(arm.gpu_count or 0), api_key_env=api_key_env)
     else:
         gpus = list(experiment.gpu_ids) or experiment.gpu_count

@@ -75,11 +75,12 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 @dataclass(frozen=True)
 class Arm:
-    """One side of the A/B: a decode backend under a name (attach mode: a server URL)."""
+    """One side of the A/B: a decode backend under a name (attach mode: a server URL; with
+    engine kind http, a list of URLs: replicas of one server, each session pinned to one)."""
 
     name: str
     decode_backend: DecodeBackend
-    url: str | None = None
+    url: str | tuple[str, ...] | None = None
     gpu_count: int | None = None
 
 
@@ -510,10 +511,18 @@ def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm
         if not isinstance(name, str) or not _NAME.match(name):
             raise AgentabError(f"{where(table, 'name')}: arm name {name!r} is not a plain name")
         url = arm.get("url")
-        if kind == "http" or (kind == "vllm" and url is not None):
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        if kind == "http" and isinstance(url, list):
+            url = tuple(url)  # replicas of one server (agentab.replay.targets.routed)
+            if not url or not all(isinstance(u, str) and _is_http(u) for u in url):
                 raise AgentabError(
-                    f"{where(table, 'url')}: an {kind} arm needs url (http://host:port)"
+                    f"{where(table, 'url')}: an http arm's url list needs one or more "
+                    "http://host:port strings (the replicas of one server)"
+                )
+        elif kind == "http" or (kind == "vllm" and url is not None):
+            if not isinstance(url, str) or not _is_http(url):
+                lists = "; a list of replica URLs is for engine kind http" if kind == "vllm" else ""
+                raise AgentabError(
+                    f"{where(table, 'url')}: an {kind} arm needs url (http://host:port{lists})"
                 )
             arm_gpus = _int(arm.get("gpu_count", gpu_count), "gpu_count", where(table), 1)
             if arm_gpus != gpu_count:
@@ -539,13 +548,18 @@ def _arms(arms: Any, kind: str, gpu_count: int, where: _Where) -> tuple[Arm, Arm
     return parsed[0], parsed[1]
 
 
+def _is_http(url: str) -> bool:
+    return url.startswith(("http://", "https://"))
+
+
 def _check_one_credential(arms: tuple[Arm, Arm], api_key_env: Any, where: _Where) -> None:
     """A URL's user:password and [engine] api_key_env both set the Authorization header: the
     server would get one of them, so the file must choose."""
     if not api_key_env:
         return
     for i, arm in enumerate(arms):
-        if arm.url is not None and has_credentials(arm.url):
+        urls = (arm.url,) if isinstance(arm.url, str) else arm.url or ()
+        if any(has_credentials(u) for u in urls):
             raise AgentabError(
                 f"{where(f'arms.{i}', 'url')}: arm {arm.name!r}: the url carries credentials "
                 f"(user:password@) and [engine] api_key_env = {api_key_env!r} sends a key too; "

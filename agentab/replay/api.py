@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import gc
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -340,7 +340,7 @@ def _raise_if_failed(stats: RunStats, replay: ReplayOptions, run_dir: Path) -> N
 def replay_to_dir(
     workload: Workload,
     *,
-    url: str,
+    url: str | Sequence[str],
     replay: ReplayOptions,
     out_dir: str | Path,
     model: str | None = None,
@@ -348,16 +348,14 @@ def replay_to_dir(
     manifest_extra: dict[str, Any] | None = None,
     progress: bool = True,
 ) -> Path:
-    """Replay against an OpenAI-compatible server at `url` on the real clock."""
-    from agentab.replay.targets.http import HttpTarget, api_key_from_env
+    """Replay against an OpenAI-compatible server at `url` on the real clock; several URLs are
+    replicas of one server, each lane pinned to one of them (`agentab.replay.targets.routed`)."""
+    from agentab.replay.targets.http import api_key_from_env
+    from agentab.replay.targets.routed import routed_target
 
-    if api_key_env and has_credentials(url):
-        raise AgentabError(
-            f"--url {redact_url(url)}: carries credentials (user:password@) and --api-key-env "
-            f"{api_key_env} sends a key too; give the server one of them"
-        )
-    target = HttpTarget(
-        url,
+    urls = target_urls(url, api_key_env)
+    target = routed_target(
+        urls,
         model=model,
         endpoint=replay.endpoint,
         api_key=api_key_from_env(api_key_env),
@@ -373,6 +371,21 @@ def replay_to_dir(
         progress=progress,
         label="replay",
     )
+
+
+def target_urls(url: str | Sequence[str], api_key_env: str | None) -> tuple[str, ...]:
+    """The replay's URLs as a tuple (one or several replicas); a URL with credentials is refused
+    beside --api-key-env, which would send a key too."""
+    urls = (url,) if isinstance(url, str) else tuple(url)
+    if not urls:
+        raise AgentabError("--url: give at least one server URL")
+    for u in urls:
+        if api_key_env and has_credentials(u):
+            raise AgentabError(
+                f"--url {redact_url(u)}: carries credentials (user:password@) and --api-key-env "
+                f"{api_key_env} sends a key too; give the server one of them"
+            )
+    return urls
 
 
 def simulate_to_dir(

@@ -201,7 +201,16 @@ def _summary(run_dir: Path) -> None:
 
 @click.command("replay")
 @_replay_options
-@click.option("--url", required=True, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+@click.option(
+    "--url",
+    "urls",
+    required=True,
+    multiple=True,
+    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000. Repeat it for data-parallel "
+    "replicas of one server (`agentab serve --replicas N` prints their URLs): lane k goes to "
+    "URL k mod R, so each session stays on one replica; records say which URL served them "
+    "(`target`) and the manifest lists them (`targets`).",
+)
 @click.option("--model", default=None, help="Model name (default: the first of /v1/models).")
 @click.option("--api-key-env", default=None, help="Environment variable holding the API key.")
 @click.option(
@@ -238,7 +247,7 @@ def replay(**kw: Any) -> None:
 
         run_dir = sharded_replay_to_dir(
             _load(kw),
-            url=kw["url"],
+            url=kw["urls"],
             replay=_options(kw),
             out_dir=kw["out_dir"],
             clients=kw["clients"],
@@ -252,7 +261,7 @@ def replay(**kw: Any) -> None:
         return
     run_dir = replay_to_dir(
         _load(kw),
-        url=kw["url"],
+        url=kw["urls"],
         replay=_options(kw),
         out_dir=kw["out_dir"],
         model=kw["model"],

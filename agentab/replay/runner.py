@@ -489,7 +489,7 @@ class Runner:
         node = play.schedule.nodes[idx]
         assert node.request is not None
         spec = RequestSpec(
-            play.request_id(node), play.session, node.request, play.salt, node.max_tokens
+            play.request_id(node), play.session, node.request, play.salt, node.max_tokens, play.lane
         )
         out = Outcome()
         cancelled = False
@@ -574,6 +574,7 @@ class Runner:
                 "error_message": out.error_message,
                 "warning_class": out.warning_class,
                 "warning_message": out.warning_message,
+                "target": out.target,
             }
         )
 

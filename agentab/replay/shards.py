@@ -33,7 +33,7 @@ import multiprocessing
 import signal
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -49,6 +49,7 @@ from agentab.replay.api import (
     _status,
     close_run_io,
     runner_load,
+    target_urls,
 )
 from agentab.replay.client_load import LoopLag
 from agentab.replay.eager import eager_tasks
@@ -83,7 +84,7 @@ class ClientJob:
     clients: int
     workload: Workload
     replay: ReplayOptions
-    url: str
+    urls: tuple[str, ...]
     model: str | None
     api_key_env: str | None
     folder: Path
@@ -122,13 +123,14 @@ class _Parent:
 
 
 async def _client(job: ClientJob, conn: Connection) -> None:
-    from agentab.replay.targets.http import HttpTarget, api_key_from_env
+    from agentab.replay.targets.http import api_key_from_env
+    from agentab.replay.targets.routed import routed_target
 
     loop = asyncio.get_running_loop()
     parent = _Parent(conn, loop)
     plan = build_plan(job.workload, job.replay)
-    target = HttpTarget(
-        job.url,
+    target = routed_target(
+        job.urls,
         model=job.model,
         endpoint=job.replay.endpoint,
         api_key=api_key_from_env(job.api_key_env),
@@ -186,7 +188,9 @@ def _first_request(plan: Plan, client: int, clients: int) -> RequestSpec | None:
     if node is None or node.request is None:
         return None
     request = node.request
-    return RequestSpec(play.request_id(node), play.session, request, play.salt, node.max_tokens)
+    return RequestSpec(
+        play.request_id(node), play.session, request, play.salt, node.max_tokens, play.lane
+    )
 
 
 def _client_main(job: ClientJob, conn: Connection) -> None:
@@ -246,7 +250,7 @@ def _rank(reason: str) -> int:
 def sharded_replay_to_dir(
     workload: Workload,
     *,
-    url: str,
+    url: str | Sequence[str],
     replay: ReplayOptions,
     out_dir: str | Path,
     clients: int,
@@ -261,6 +265,7 @@ def sharded_replay_to_dir(
     `ray_address`: the clients run as Ray actors spread over that cluster's nodes
     (`agentab.replay.ray_clients`) instead of as processes of this host."""
     check_clients(clients, replay)
+    urls = target_urls(url, api_key_env)
     if ray_address is not None and clients < 2:
         raise AgentabError(
             f"--ray {ray_address}: places the client processes of --clients N (N > 1) on a "
@@ -279,7 +284,7 @@ def sharded_replay_to_dir(
             from agentab.replay.ray_clients import ray_fleet
 
             fleet_of = ray_fleet(ray_address, clients, run_dir, log)
-        stats = _coordinate(workload, replay, run_dir, clients, url, model, api_key_env,
+        stats = _coordinate(workload, replay, run_dir, clients, urls, model, api_key_env,
                             manifest_extra, log, fleet_of)  # fmt: skip
     finally:
         release_dir(Path(out_dir))
@@ -369,7 +374,7 @@ def _coordinate(
     replay: ReplayOptions,
     run_dir: Path,
     clients: int,
-    url: str,
+    urls: tuple[str, ...],
     model: str | None,
     api_key_env: str | None,
     manifest_extra: dict[str, Any] | None,
@@ -379,7 +384,7 @@ def _coordinate(
     folders = [run_dir / CLIENTS_DIR / str(k) for k in range(clients)]
     scrape = replay.scrape_metrics
     jobs = [
-        ClientJob(k, clients, workload, replay, url, model, api_key_env, f, scrape and k == 0)
+        ClientJob(k, clients, workload, replay, urls, model, api_key_env, f, scrape and k == 0)
         for k, f in enumerate(folders)
     ]
     fleet = fleet_of(jobs)

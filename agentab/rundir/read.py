@@ -27,13 +27,15 @@ def _scan(
     files = part_files(run_dir / sub)
     if not files:
         return pl.LazyFrame(schema=schema)
-    older = [file for file in files if _check_part(file, schema, added)]
-    if not older:
+    lacking = {file: _check_part(file, schema, added) for file in files}
+    if not any(lacking.values()):
         return pl.scan_ipc(files)
     # Parts written before the `added` columns existed get them as nulls, one scan per file
     # (a single scan needs one schema); the common case above stays one scan.
     frames = [
-        _with_added(pl.scan_ipc(file), schema, added) if file in older else pl.scan_ipc(file)
+        _with_added(pl.scan_ipc(file), schema, lacking[file])
+        if lacking[file]
+        else pl.scan_ipc(file)
         for file in files
     ]
     return pl.concat(frames, how="vertical")
@@ -44,23 +46,25 @@ def _with_added(frame: pl.LazyFrame, schema: pl.Schema, added: tuple[str, ...]) 
     return frame.with_columns(nulls).select(list(schema))
 
 
-def _check_part(path: Path, schema: pl.Schema, added: tuple[str, ...] = ()) -> bool:
+def _check_part(path: Path, schema: pl.Schema, added: tuple[str, ...] = ()) -> tuple[str, ...]:
     """A part that is torn (no Arrow footer) or holds other columns is named in one line, before
-    a query over all parts fails somewhere inside polars. True when the part is of the schema
-    before the `added` columns (an older run dir), False when it has every column."""
+    a query over all parts fails somewhere inside polars. Returns the `added` columns the part
+    lacks (a tail of them, the part being of an older run dir), () when it has every column."""
     try:
         found = pl.read_ipc_schema(path)
     except (OSError, pl.exceptions.PolarsError) as exc:
         reason = " ".join(str(exc).split())[:120]
         raise AgentabError(f"{path}: not a readable Arrow file ({reason})") from None
-    if added and dict(found) == {k: v for k, v in schema.items() if k not in added}:
-        return True
+    for k in range(1, len(added) + 1):
+        tail = added[-k:]
+        if dict(found) == {n: t for n, t in schema.items() if n not in tail}:
+            return tail
     if dict(found) != dict(schema):
         missing = [name for name in schema if name not in found]
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         detail = f"missing {', '.join(missing[:3])}{more}" if missing else "other column types"
         raise AgentabError(f"{path}: not a part of this run's table ({detail})")
-    return False
+    return ()
 
 
 def scan_records(run_dir: str | Path) -> pl.LazyFrame:

@@ -34,13 +34,16 @@ _RECORD_COLUMNS: dict[str, pl.DataType | type[pl.DataType]] = {
     "error_message": pl.String,
     "warning_class": pl.String,
     "warning_message": pl.String,
+    "target": pl.Int32,
 }
 RECORD_SCHEMA = pl.Schema(_RECORD_COLUMNS)
 """Columns of `records/*.arrow` (docs/interfaces.md, "run dir"); analysis reads exactly these."""
 
-ADDED_RECORD_COLUMNS: tuple[str, ...] = ("warning_class", "warning_message")
-"""Record columns that run dirs written before them lack; reading such a part fills them with
-null (nothing was flagged then), so an old run dir still reads with today's schema."""
+ADDED_RECORD_COLUMNS: tuple[str, ...] = ("warning_class", "warning_message", "target")
+"""Record columns that run dirs written before them lack, oldest first (a part lacks a tail of
+them: `target` alone, or all three); reading such a part fills them with null (nothing was
+flagged then, and the target was the one URL of the manifest), so an old run dir still reads
+with today's schema."""
 
 METRICS_SCHEMA = pl.Schema(
     {"t_s": pl.Float64, "name": pl.String, "labels": pl.String, "value": pl.Float64}

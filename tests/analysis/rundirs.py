@@ -84,6 +84,7 @@ def rec(
         "error_message": None if error_class is None else f"{error_class} happened",
         "warning_class": None,
         "warning_message": None,
+        "target": None,
     }
 
 

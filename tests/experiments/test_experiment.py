@@ -153,6 +153,24 @@ def test_http_arms_must_share_the_gpu_count(tmp_path: Path) -> None:
     assert [a.gpu_count for a in exp.arms] == [16, 16]
 
 
+def test_an_http_arm_takes_a_list_of_replica_urls(tmp_path: Path) -> None:
+    text = (
+        VALID.replace('kind = "simulator"\nprofile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7',
+                      'kind = "http"\nmodel = "kimi"')
+        .replace('decode_backend = "auto"',
+                 'decode_backend = "auto"\nurl = ["http://a:1", "http://a:2"]')
+        .replace('decode_backend = "latency_specialized"',
+                 'decode_backend = "latency_specialized"\nurl = ["http://b:1", "http://b:2"]')
+    )  # fmt: skip
+    exp = load_experiment(write(tmp_path, text))
+    assert [a.url for a in exp.arms] == [("http://a:1", "http://a:2"), ("http://b:1", "http://b:2")]
+    assert "an http arm's url list needs one or more http://host:port strings" in error(
+        tmp_path, text.replace('["http://b:1", "http://b:2"]', '["b:1"]')
+    )
+    vllm = text.replace('kind = "http"', 'kind = "vllm"')
+    assert "a list of replica URLs is for engine kind http" in error(tmp_path, vllm)
+
+
 def test_vllm_attach_mode_takes_urls_and_no_launch_keys(tmp_path: Path) -> None:
     text = (
         VALID.replace('kind = "simulator"\nprofile = "gb300-tp16-kimi-k3"\nnum_draft_tokens = 7',

@@ -64,3 +64,20 @@ def test_sigterm_ends_the_server_it_started(tmp_path: Path) -> None:
     proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM
     assert not alive(server)  # stopped and waited for by the script
+
+
+@pytest.mark.slow
+def test_a_run_against_two_replicas_matches_each_request_to_its_replica(tmp_path: Path) -> None:
+    out = tmp_path / "rows.json"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *TINY, "--clients", "2", "--replicas", "2",
+         "--duration", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert (row["lanes"], row["replicas"], row["clients"]) == (4, 2, 2)
+    # every request's ITL was compared with the emissions of the replica that served it
+    assert row["itl_requests"] > 0 and row["itl_error_p50_pct"] < 50
+    assert 0 <= row["server_core_max"] <= row["server_cores"] <= 2.5
+    assert row["client_us_per_chunk"] > 0

@@ -41,6 +41,7 @@ def _row(i: int, **over: object) -> dict[str, object]:
         "error_message": None,
         "warning_class": None,
         "warning_message": None,
+        "target": None,
     }
     row.update(over)
     return row
@@ -190,7 +191,7 @@ def test_a_torn_or_foreign_part_is_named_in_one_line(tmp_path: Path) -> None:
         scan_records(run)
     assert str(other.value) == (
         f"{foreign}: not a part of this run's table (missing request_id, session_id, lane and "
-        "17 more)"
+        "18 more)"
     )
 
 

@@ -48,13 +48,16 @@ fails a request: its metrics stand, but a server fault may be behind it (docs/re
 
 @dataclass(slots=True)
 class RequestSpec:
-    """One request to send: the recorded request, its session, salt and output length."""
+    """One request to send: the recorded request, its session, salt and output length, and the
+    lane that plays it (closed loop; open loop: the arrival's index), which a target of several
+    replicas routes on so that a session stays on one replica."""
 
     request_id: str
     session: Session
     request: Request
     salt: int
     max_tokens: int
+    lane: int = 0
 
 
 @dataclass(slots=True)
@@ -75,6 +78,8 @@ class Outcome:
     error_message: str | None = None
     warning_class: str | None = None
     warning_message: str | None = None
+    # which of the run's target URLs served it (the manifest's `targets`); None in-process
+    target: int | None = None
 
     def fail(self, error_class: str, message: str) -> None:
         if self.error_class is None:  # the first failure is the cause; keep it

@@ -161,6 +161,20 @@ class HttpTarget:
                 f"{redact_url(self.url)}/v1/models: no model listed (pass --model NAME)"
             ) from None
 
+    async def probe(self) -> None:
+        """Refuse, in one line naming the URL, a server that accepts no connection (any HTTP
+        answer to GET /v1/models will do)."""
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                self.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=30)
+            ) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise AgentabError(
+                f"--url {redact_url(self.url)}: cannot reach the server: {exc}"
+            ) from None
+
     async def _describe_server(self) -> dict[str, Any]:
         """Engine facts from `agentab serve` (GET /agentab/describe); {} for other servers."""
         data = await self._get_json("/agentab/describe")

@@ -85,6 +85,11 @@ class DecodeFit:
     kv_us_per_token: Coefficient | None  # None: the load did not vary the context
     residuals: list[dict[str, float]]  # per phase: batch, context, measured, fitted, error
 
+    @property
+    def kv_us(self) -> float:
+        """The KV read per context token per step (0 where the load could not identify it)."""
+        return self.kv_us_per_token.value if self.kv_us_per_token is not None else 0.0
+
 
 @dataclass
 class PrefillFit:
@@ -304,7 +309,7 @@ def fit_mixed(
         raise AgentabError("mixed: the load must vary the decode rows beside the prompt")
     table_t = np.array([*standard.batch_tokens, prefill.tail_tokens], dtype=np.float64)
     table_us = np.array([*standard.step_us, prefill.tail_us.value])
-    kv = standard.kv_us_per_token.value if standard.kv_us_per_token is not None else 0.0
+    kv = standard.kv_us
     points, priced, x = [], [], []
     for (n, new), group in sorted(by.items()):
         times = [_mixed_time(r, timing) for r in group]
@@ -416,7 +421,7 @@ def fit_verify(
     timed = [r for r in rows if r.engine_step_s is not None]
     if len({r.context for r in timed}) < 2:
         return
-    kv = standard.kv_us_per_token.value if standard.kv_us_per_token is not None else 0.0
+    kv = standard.kv_us
     table_t = np.array(standard.batch_tokens, dtype=np.float64)
     table_us = np.array(standard.step_us)
     priced, x, y = [], [], []

@@ -76,12 +76,15 @@ def serve_replicas(serve_one: Callable[[dict[str, Any]], None], kw: dict[str, An
         announced.append(mine)
     stopping: list[int] = []
 
-    def on_signal(signum: int, frame: object) -> None:
-        stopping.append(signum)
+    def terminate_all() -> None:
         for proc in procs:
             if proc.is_alive():
                 with contextlib.suppress(OSError):
                     proc.terminate()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.append(signum)
+        terminate_all()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     failed: tuple[int, int | None] | None = None
@@ -91,10 +94,9 @@ def serve_replicas(serve_one: Callable[[dict[str, Any]], None], kw: dict[str, An
             for sentinel in wait(list(alive), timeout=1.0):
                 i = alive.pop(cast(int, sentinel))  # the sentinels given: ints
                 procs[i].join()
-                if not stopping and failed is None:
+                if not stopping and failed is None:  # it ended on its own: stop the others
                     failed = (i, procs[i].exitcode)
-                    on_signal(signal.SIGTERM, None)
-                    stopping.clear()
+                    terminate_all()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -7,6 +7,7 @@ import pytest
 
 from agentab.engine.executor import SimExecutor
 from agentab.engine.options import DecodeBackend
+from agentab.engine.outputs import WindowPlan
 from agentab.engine.paths import padded_tokens, specialized_ok
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
@@ -104,12 +105,20 @@ def test_drafter_cost_on_decode_steps_only_when_speculating():
     assert SimExecutor(prof, 7).step_seconds(plan) == pytest.approx(want * 1e-6, rel=1e-12)
 
 
+def verify_window(steps: int) -> WindowPlan:
+    """A window of `steps` verify steps of 3 rows x 8 tokens over 120 context tokens a step."""
+    return WindowPlan(
+        slots=np.arange(3), q=8, path="standard", padded_tokens=24,
+        emitted=np.ones((steps, 3), dtype=np.int64), accepted=np.zeros((steps, 3), dtype=np.int64),
+        context=np.full(steps, 120), computed0=np.zeros(3, dtype=np.int64),
+        cum_uncapped=np.ones((steps, 3), dtype=np.int64), num_running=3, num_waiting=0,
+    )  # fmt: skip
+
+
 def test_the_drafter_pays_per_row_it_drafts_for_when_the_profile_prices_it():
     """[spec_decode] drafter_row_us: per row that drafts, on a verify step and on every step
     of a window of them; nothing without drafts; profiles without the key price it 0."""
     import dataclasses
-
-    from agentab.engine.outputs import WindowPlan
 
     prof = load_profile("gb300-tp16-kimi-k3")
     assert prof.drafter_row_us == 0.0
@@ -122,12 +131,7 @@ def test_the_drafter_pays_per_row_it_drafts_for_when_the_profile_prices_it():
     plain = decoding_scheduler(1, 3, specialized=False).schedule()
     assert SimExecutor(priced, 0).step_seconds(plain) == SimExecutor(prof, 0).step_seconds(plain)
     steps = 4
-    window = WindowPlan(
-        slots=np.arange(3), q=8, path="standard", padded_tokens=24,
-        emitted=np.ones((steps, 3), dtype=np.int64), accepted=np.zeros((steps, 3), dtype=np.int64),
-        context=np.full(steps, 120), computed0=np.zeros(3, dtype=np.int64),
-        cum_uncapped=np.ones((steps, 3), dtype=np.int64), num_running=3, num_waiting=0,
-    )  # fmt: skip
+    window = verify_window(steps)
     diff = SimExecutor(priced, 7).window_seconds(window)
     diff -= SimExecutor(prof, 7).window_seconds(window)
     assert diff == pytest.approx(np.full(steps, 3 * 250.0 * 1e-6), rel=1e-9)
@@ -138,8 +142,6 @@ def test_a_verify_row_pays_its_context_per_draft_token_when_the_profile_prices_i
     row, on a verify step (as a step of its own and in a window) and on a step that also
     carries a prompt; nothing on plain decode rows; profiles without the key price it 0."""
     import dataclasses
-
-    from agentab.engine.outputs import WindowPlan
 
     prof = load_profile("gb300-tp16-kimi-k3")
     assert prof.verify_context_token_us == 0.0
@@ -162,12 +164,7 @@ def test_a_verify_row_pays_its_context_per_draft_token_when_the_profile_prices_i
     extra = SimExecutor(priced, 7).step_seconds(mixed) - SimExecutor(prof, 7).step_seconds(mixed)
     assert extra == pytest.approx(0.5 * vctx * 1e-6, rel=1e-9)
     steps = 4
-    window = WindowPlan(
-        slots=np.arange(3), q=8, path="standard", padded_tokens=24,
-        emitted=np.ones((steps, 3), dtype=np.int64), accepted=np.zeros((steps, 3), dtype=np.int64),
-        context=np.full(steps, 120), computed0=np.zeros(3, dtype=np.int64),
-        cum_uncapped=np.ones((steps, 3), dtype=np.int64), num_running=3, num_waiting=0,
-    )  # fmt: skip
+    window = verify_window(steps)
     diff = SimExecutor(priced, 7).window_seconds(window)
     diff -= SimExecutor(prof, 7).window_seconds(window)
     assert diff == pytest.approx(np.full(steps, 0.5 * 7 * 120 * 1e-6), rel=1e-9)

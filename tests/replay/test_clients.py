@@ -18,30 +18,17 @@ import polars as pl
 import pytest
 
 from agentab.rundir import part_files, scan_records
-from agentab.workloads.io import save
-from agentab.workloads.model import Request, Session, Workload
+from tests.replay.chained_sessions import save_chained
 from tests.serving import served
 
 SERVE = ("--profile", "gb300-tp16-kimi-k3")
 
 
-def session(i: int) -> Session:
-    """Six short turns with chained hash ids: quick to serve on the real clock."""
-    items = []
-    ids: tuple[int, ...] = ()
-    for k in range(6):
-        ids = (*ids, *range(1000 * i + 10 * k, 1000 * i + 10 * k + 4))
-        items.append(
-            Request(t=0.2 * k, in_tokens=len(ids) * 64, out_tokens=8 + 4 * k, hash_ids=ids)
-        )
-    return Session(f"s{i}", 64, tuple(items))
-
-
 @pytest.fixture(scope="module")
 def workload_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("clients") / "w.jsonl"
-    save(Workload(tuple(session(i) for i in range(8))), path)
-    return path
+    return save_chained(
+        tmp_path_factory.mktemp("clients") / "w.jsonl", 8, turns=6, gap_s=0.2, out_step=4
+    )
 
 
 def replay(workload: Path, url: str, out: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -26,59 +25,25 @@ from agentab.analysis.load import load_run
 from agentab.analysis.summary import counter_delta, summarize_run
 from agentab.replay.metrics import parse_prometheus
 from agentab.rundir import scan_metrics, scan_records
-from agentab.workloads.io import save
-from agentab.workloads.model import Request, Session, Workload
+from tests.replay.chained_sessions import save_chained
+from tests.serving import serve_replicas
 
 SERVE = ("--profile", "gb300-tp16-kimi-k3")
 
 
-def session(i: int) -> Session:
-    """Four short turns with chained hash ids: prefix-cache hits on the replica that serves
-    the session."""
-    items = []
-    ids: tuple[int, ...] = ()
-    for k in range(4):
-        ids = (*ids, *range(1000 * i + 10 * k, 1000 * i + 10 * k + 4))
-        items.append(
-            Request(t=0.1 * k, in_tokens=len(ids) * 64, out_tokens=8 + 2 * k, hash_ids=ids)
-        )
-    return Session(f"s{i}", 64, tuple(items))
-
-
 @pytest.fixture(scope="module")
 def workload_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("replicas") / "w.jsonl"
-    save(Workload(tuple(session(i) for i in range(8))), path)
-    return path
+    return save_chained(
+        tmp_path_factory.mktemp("replicas") / "w.jsonl", 8, turns=4, gap_s=0.1, out_step=2
+    )
 
 
 @contextmanager
 def replicas(n: int, *extra: str) -> Iterator[tuple[list[str], subprocess.Popen[str]]]:
-    """`agentab serve --replicas N --port 0`: the replicas' URLs (replica 0 first) and the
-    supervising process; SIGTERM on exit."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentab", "serve", *SERVE, "--replicas", str(n), "--port", "0",
-         *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        urls: dict[int, str] = {}
-        while len(urls) < n:
-            line = proc.stdout.readline()
-            assert "listening on http://127.0.0.1:" in line, line + proc.stderr.read()
-            which = re.search(r"\(replica (\d+),", line)  # none with one replica
-            port = line.split("127.0.0.1:")[1].split()[0]
-            urls[int(which.group(1)) if which else 0] = "http://127.0.0.1:" + port
-        yield [urls[i] for i in range(n)], proc
-    finally:
-        proc.terminate()
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
+    """`agentab serve --replicas N --port 0` of the simulator: the replicas' URLs (replica 0
+    first) and the supervising process; SIGTERM on exit."""
+    with serve_replicas(n, *SERVE, *extra) as served:
+        yield served
 
 
 def replay(

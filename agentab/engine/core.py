@@ -175,7 +175,11 @@ class Engine:
         if self._failure is not None:
             self._raise_failure()
         req = self.scheduler.add(
-            request.request_id, request.prompt_token_ids, request.max_tokens, request.prefix
+            request.request_id,
+            request.prompt_token_ids,
+            request.max_tokens,
+            request.prefix,
+            request.draw_id,
         )
         ch = Channel()
         req.sink = ch
@@ -211,7 +215,11 @@ class Engine:
         if self._failure is not None:
             self._raise_failure()
         req = self.scheduler.add(
-            request.request_id, request.prompt_token_ids, request.max_tokens, request.prefix
+            request.request_id,
+            request.prompt_token_ids,
+            request.max_tokens,
+            request.prefix,
+            request.draw_id,
         )
         tl = Timeline(asyncio.get_running_loop().create_future(), req, self.scheduler)
         req.sink = tl

@@ -102,9 +102,16 @@ class Request:
         "status",
     )
 
-    def __init__(self, request_id: str, tokens: np.ndarray, prompt_len: int, max_tokens: int):
+    def __init__(
+        self,
+        request_id: str,
+        tokens: np.ndarray,
+        prompt_len: int,
+        max_tokens: int,
+        draw_id: str | None = None,
+    ):
         self.id = request_id
-        self.key = request_key(request_id)
+        self.key = request_key(request_id if draw_id is None else draw_id)
         self.status = RequestStatus.WAITING
         self._tokens = tokens  # prompt, then the output (synthetic ids, or as sampled)
         self._head: np.ndarray | None = None  # the prompt, while not yet copied (defer_prompt)

@@ -176,11 +176,13 @@ class Scheduler:
         prompt: np.ndarray,
         max_tokens: int,
         prefix: PromptPrefix | None = None,
+        draw_id: str | None = None,
     ) -> Request:
         """Queue a request (validated; WAITING); its block hashes cover prompt and output.
 
         `prefix`: the client's statement of the prompt it shares with an earlier one, which
-        spares comparing the two (PromptPrefix); the keys are the same with or without it."""
+        spares comparing the two (PromptPrefix); the keys are the same with or without it.
+        `draw_id`: what its acceptance draws are keyed on (EngineRequest.draw_id)."""
         if request_id in self.requests:
             raise AgentabError(f"request {request_id!r}: id already in flight")
         prompt, max_tokens = checked_request(request_id, prompt, max_tokens)
@@ -202,7 +204,7 @@ class Scheduler:
         raw = int(raws[-1]) if len(raws) else 0
         if self.cfg.synthetic_output:
             keys, raw = synthetic_output_keys(tokens, p, keys, raw, self.bs, self.cfg.vocab_size)
-        req = Request(request_id, tokens, len(prompt), max_tokens)
+        req = Request(request_id, tokens, len(prompt), max_tokens, draw_id)
         if head:
             req.defer_prompt(prompt[:head])
         req.hashes = keys

@@ -326,7 +326,7 @@ class EngineServer:
         client_id = request.headers.get("X-Request-Id")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{next(self._ids)}"
         engine_id = f"{rid}-{client_id}" if client_id else rid
-        gen = self.engine.generate(EngineRequest(engine_id, ids, max_tokens))
+        gen = self.engine.generate(EngineRequest(engine_id, ids, max_tokens, draw_id=client_id))
         self.requests.handed(times, engine_id, loop.time())
         try:
             try:

@@ -17,10 +17,12 @@ and the local engine alike: both call `SpecConfig.accepted`. vLLM's semantics, r
    with fewer drafts (a partial verify) stops at its last draft.
 
 What differs from vLLM is only the uniforms' source: vLLM draws Philox `tl.rand(request seed,
-token position)`; here u_i is a hash of (engine seed, request id, verify index, i), so a
+token position)`; here u_i is a hash of (engine seed, request key, verify index, i), so a
 request's acceptance sequence does not depend on batching, arrival order or on how many tokens
-earlier steps accepted, and both arms of an A/B see the same draws (the simulator's windows
-also draw many steps at once from it). The distribution is vLLM's.
+earlier steps accepted (the simulator's windows also draw many steps at once from it). The
+key is the client's own request id where it sends one (`X-Request-Id` over HTTP; the replay
+plan's id in process), so both arms of an A/B and the simulator replaying the same plan see
+the same draws for the same request. The distribution is vLLM's.
 """
 
 from __future__ import annotations

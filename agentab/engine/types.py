@@ -41,12 +41,17 @@ class EngineRequest:
     The engine always generates exactly `max_tokens` tokens (no stop strings): traces record
     output lengths, and replay asks for exactly those. `prefix` is an in-process client's
     statement of the prompt shared with an earlier one (see PromptPrefix); HTTP has none.
+    `draw_id` is the id speculative decoding's synthetic acceptance draws are keyed on
+    (agentab.engine.spec_decode): the client's own request id where it sends one, since the
+    server's `request_id` carries its arrival counter, which differs between the arms of an
+    A/B and from the simulator's; None keys them on `request_id`.
     """
 
     request_id: str
     prompt_token_ids: np.ndarray
     max_tokens: int
     prefix: PromptPrefix | None = None
+    draw_id: str | None = None
 
 
 @dataclass(slots=True)

@@ -11,11 +11,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
+import numpy as np
 import orjson
 import pytest
 
+from agentab.clock import run_virtual
 from agentab.engine import build_simulator
 from agentab.engine.server import EngineServer, start_server, tokenize_text
+from agentab.engine.types import EngineRequest
 from agentab.replay.metrics import parse_prometheus
 
 PROFILE = "h200-tp1-kimi-shard"
@@ -257,3 +260,47 @@ def test_serve_cli_binds_loopback_and_stops_on_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+SPEC = {"num_draft_tokens": 3, "acceptance_probs": [0.8, 0.6, 0.4], "seed": 3}
+
+
+async def _chunk_tokens(http: aiohttp.ClientSession, url: str, client_id: str | None) -> list[int]:
+    """Tokens per streamed chunk of one request (PROMPT, 64 tokens out)."""
+    headers = {"X-Request-Id": client_id} if client_id else {}
+    req = {"prompt": PROMPT, "max_tokens": 64, "stream": True}
+    async with http.post(url + "/v1/completions", json=req, headers=headers) as r:
+        events = await _sse(r)
+    return [len(e["choices"][0]["token_ids"]) for e in events if e != "[DONE]" and e["choices"]]
+
+
+def test_acceptance_draws_follow_the_clients_request_id_not_the_arrival_order() -> None:
+    """The server names a request by its arrival counter, which differs between the arms of an
+    A/B and from the simulator's in-process replay; the synthetic acceptance draws are keyed on
+    the client's `X-Request-Id`, so the same request accepts the same drafts in every case."""
+
+    async def in_process() -> list[int]:
+        eng = build_simulator(PROFILE, **SPEC)
+        eng.start()
+        tl = eng.submit(EngineRequest("r-7", np.array(PROMPT), 64))
+        await tl.finished
+        await eng.stop()
+        return tl.chunks()[1]
+
+    reference = run_virtual(in_process())
+    assert sum(reference) == 64 and len(set(reference[1:-1])) > 1  # the draws vary by step
+
+    async def served_after(others: int) -> list[int]:
+        server = EngineServer(build_simulator(PROFILE, **SPEC))
+        runner, port = await start_server(server, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with aiohttp.ClientSession() as http:
+                for i in range(others):  # other requests first: a later arrival counter
+                    await _chunk_tokens(http, url, f"other-{i}")
+                return await _chunk_tokens(http, url, "r-7")
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(served_after(0)) == reference
+    assert asyncio.run(served_after(2)) == reference

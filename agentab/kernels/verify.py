@@ -111,18 +111,18 @@ def table_width(context: int, k: int, block_size: int = BLOCK_SIZE) -> int:
 
 def verify_step(
     shape: VerifyShape,
-    context: int,
+    context: int | np.ndarray,
     block_size: int = BLOCK_SIZE,
     block_tables: np.ndarray | None = None,
 ) -> StepInputs:
     """The step's inputs as the scheduler lays a uniform verify step out: every row `context`
-    cached tokens and 1 + k new ones. Without `block_tables`, row i owns the consecutive
-    blocks [i w, (i + 1) w) of w = `table_width` each."""
+    cached tokens (one count, or one per row) and 1 + k new ones. Without `block_tables`, row i
+    owns the consecutive blocks [i w, (i + 1) w) of w = `table_width` each."""
     n = shape.rows
-    computed = np.full(n, context, dtype=np.int64)
+    computed = np.broadcast_to(np.asarray(context, dtype=np.int64), (n,)).copy()
     num_new = np.full(n, shape.queries, dtype=np.int64)
     if block_tables is None:
-        w = table_width(context, shape.k, block_size)
+        w = table_width(int(computed.max()), shape.k, block_size)
         block_tables = np.arange(n * w, dtype=np.int64).reshape(n, w)
     starts, positions, slots = flat_layout(computed, num_new, block_tables, block_size)
     return StepInputs(

@@ -227,3 +227,42 @@ def test_verify_rows_and_table() -> None:
     assert out[3].split() == ["1x4", "4", "4", "200.0", "100.0", "2.00", "30", "10", "215.0",
                               "129.0", "0.50", "0.30"]  # fmt: skip
     assert "verify" not in table({"rows": []})
+
+
+def test_run_verify_steps_the_layers_over_the_built_inputs(monkeypatch) -> None:
+    """The bench's verify loop on the CPU: the eager standard layer stands in for both paths
+    and one eager pass of the chained layers for the timed graph."""
+    pytest.importorskip("torch")
+    from agentab.kernels import bench, paths
+    from agentab.kernels.harness import layer_chain
+    from agentab.kernels.standard import StandardPath
+    from agentab.kernels.weights import init_weights
+
+    made: list[tuple[str, int, int | None]] = []
+
+    def make_path(name, cfg, w, context, batch, paged_slots=None):  # type: ignore[no-untyped-def]
+        made.append((name, batch, paged_slots))
+        return StandardPath(cfg, w, context)
+
+    def time_layers(p, states, x, iters, build_s, breakdown):  # type: ignore[no-untyped-def]
+        outs = layer_chain(x, p, states)()
+        touched = float(len({int(i) for o in outs for i in o.ids.flatten()}))
+        return {"us_per_layer": 50.0, "p10_us_per_layer": 49.0, "p90_us_per_layer": 51.0,
+                "kernels": 3, "kernel_names": ["a", "b", "c"], "touched_experts": touched,
+                "build_s": 0.0, "eager_kernel_breakdown": None}  # fmt: skip
+
+    monkeypatch.setattr(paths, "make_path", make_path)
+    monkeypatch.setattr(bench, "time_layers", time_layers)
+    weights = [init_weights(TINY, s) for s in (1, 2)]
+    shapes = parse_verify("2", "1,2")
+    rows = bench.run_verify(TINY, weights, shapes, 5, 5, 0, ("standard", "specialized"))
+    assert [(r["shape"], r["tokens"], r["graph_rows"]) for r in rows] == [
+        ("1x3", 3, 4),
+        ("2x3", 6, 8),
+    ]
+    slots = {s: (-(-(5 + 1 + 4) // 16) * s + 1) * 16 for s in (1, 2)}  # tables + scratch block
+    assert made == [(n, b, slots[r]) for r, b in ((1, 4), (2, 8)) for n in bench.VERIFY_PATHS
+                    for _ in weights]  # fmt: skip
+    for r in rows:
+        assert r["speedup"] == 1.0 and r["max_len"] == 16
+        assert r["bytes"] > r["bytes_distinct"] > 0

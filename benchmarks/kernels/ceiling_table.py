@@ -243,7 +243,11 @@ def render(ceiling: dict[str, Any], dec: list[dict[str, Any]], ver: list[dict[st
                 f"{r['specialized_us']:.1f} | {r['speedup_now']:.2f}x | {r['miss']:+.1%} |"
             )
     for rel in missing:
-        out.append(f"- missing: `{rel}` (not measured; `scripts/gpu/verify_shapes.sh`)")
+        folder, name = rel.split("/")
+        out.append(
+            f"- missing: {name.removesuffix('.json')} in {folder} (not measured; "
+            "scripts/gpu/verify_shapes.sh writes it)"
+        )
     return "\n".join(out) + "\n"
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from agentab.errors import AgentabError
 from agentab.kernels.config import HBM_ROOFLINE_BYTES_PER_S, LayerConfig, get_preset
-from agentab.kernels.paths import PATH_NAMES, STANDARD_PATHS, result_key
+from agentab.kernels.paths import PATH_NAMES, STANDARD_PATHS, check_path_names, result_key
 from agentab.kernels.verify import (
     DEFAULT_ROWS,
     VerifyShape,
@@ -392,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--standard-extra", default="", help="batch sizes timed for the standard path only"
     )
+    p.add_argument("--paths", default=",".join(PATH_NAMES), help="the paths timed")
     p.add_argument("--verify", default="", help=VERIFY_HELP)
     p.add_argument("--verify-rows", default="", help=VERIFY_ROWS_HELP)
     p.add_argument("--out", default="results.json")
@@ -401,13 +402,15 @@ def main(argv: list[str] | None = None) -> int:
 
     batches = [int(b) for b in a.batch.split(",") if b]
     extra = [int(b) for b in a.standard_extra.split(",") if b]
+    names = tuple(n for n in a.paths.split(",") if n)
     try:
         shapes = verify_shapes(a.verify, a.verify_rows)
+        check_path_names(names)
     except AgentabError as exc:
         print(f"{p.prog}: error: {exc}", file=sys.stderr)
         return 2
     res = run_bench(a.preset, batches, a.context, a.layers, a.iters, standard_extra=extra,
-                    verify=shapes)  # fmt: skip
+                    paths=names, verify=shapes)  # fmt: skip
     res["command"] = "python -m agentab.kernels.bench " + " ".join(argv or sys.argv[1:])
     Path(a.out).write_text(json.dumps(res, indent=1))
     if a.profile_out:

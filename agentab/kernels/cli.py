@@ -67,6 +67,9 @@ def check(preset: str, batch: str, context: int, paths: str, out: Path | None) -
 @click.option("--layers", default=4, show_default=True, type=click.IntRange(1))
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(5))
 @click.option("--standard-extra", default="", help="batch sizes timed for the standard path only")
+@click.option("--paths", default=",".join(PATH_NAMES), show_default=True,
+              help="the paths timed at the batch sizes (verify shapes: standard and "
+                   "specialized of these)")  # fmt: skip
 @click.option("--verify", default="", help=VERIFY_HELP)
 @click.option("--verify-rows", default="", help=VERIFY_ROWS_HELP)
 @click.option("-o", "--out", type=OutputPath(), default=Path("results.json"),
@@ -80,6 +83,7 @@ def bench(
     layers: int,
     iters: int,
     standard_extra: str,
+    paths: str,
     verify: str,
     verify_rows: str,
     out: Path,
@@ -99,12 +103,16 @@ def bench(
     batches = parse_batches(batch)
     extra = parse_batches(standard_extra) if standard_extra else []
     shapes = verify_shapes(verify, verify_rows)
+    names = tuple(p for p in paths.split(",") if p)
+    check_path_names(names)
     _need_cuda()
-    res = run_bench(preset, batches, context, layers, iters, standard_extra=extra, verify=shapes)
+    res = run_bench(preset, batches, context, layers, iters, standard_extra=extra, paths=names,
+                    verify=shapes)  # fmt: skip
     res["command"] = (
         f"agentab kernels bench --preset {preset} --batch {batch} --context {context} "
         f"--layers {layers} --iters {iters}"
         + (f" --standard-extra {standard_extra}" if standard_extra else "")
+        + (f" --paths {paths}" if names != PATH_NAMES else "")
         + (f" --verify {verify}" if verify else "")
         + (f" --verify-rows {verify_rows}" if verify_rows else "")
     )

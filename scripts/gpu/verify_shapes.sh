@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call for speculative decoding's verify shapes: `kernels bench` at each context of
-# CONTEXTS (default 4096 32768), the decode batch sizes BENCH_BATCHES (1,2,4,8,16,32,64) on every
-# path and the verify shapes --verify VERIFY (3,5,7: drafts per row) x --verify-rows VERIFY_ROWS
-# (1,2,4,8) on the compiled standard and the specialized path, all in one process per context
+# CONTEXTS (default 4096 32768): the decode batch sizes BENCH_BATCHES (1,2,4,8,16,32,64) and the
+# verify shapes --verify VERIFY (3,5,7: drafts per row) x --verify-rows VERIFY_ROWS (1,2,4,8), on
+# PATHS (standard,specialized: the compiled standard path and the decoder), one process a context
 # (docs/kernels.md, "Verify shapes"). JSON and logs under $OUT: verify-context-<C>.json / .log.
 # On the GPU machine, from the repo root:  source .gpu/setup.sh && bash scripts/gpu/verify_shapes.sh
 # Each context has its own limit (BENCH_TIMEOUT, 180 s); what a run printed before it stays in
@@ -19,6 +19,7 @@ for ctx in ${CONTEXTS:-4096 32768}; do
   start=$SECONDS
   timeout "${BENCH_TIMEOUT:-180}" python3 -m agentab.kernels.bench --preset k2-tp8-shard \
     --batch "${BENCH_BATCHES:-1,2,4,8,16,32,64}" --context "$ctx" \
+    --paths "${PATHS:-standard,specialized}" \
     --verify "${VERIFY:-3,5,7}" --verify-rows "${VERIFY_ROWS:-1,2,4,8}" \
     --out "$OUT/verify-context-$ctx.json" 2>&1 | tee "$OUT/verify-context-$ctx.log"
   step_rc=${PIPESTATUS[0]}

@@ -71,6 +71,10 @@ def test_the_cli_refuses_in_one_line_with_exit_2(capsys) -> None:
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("agentab: error: --verify") and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["kernels", "bench", "--verify", "3", "--paths", "standard,fast"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("agentab: error: --paths: unknown path 'fast'")
     out = subprocess.run(
         [sys.executable, "-m", "agentab.kernels.bench", "--verify", "3", "--verify-rows", "0"],
         capture_output=True, text=True, cwd=REPO,

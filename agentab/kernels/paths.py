@@ -26,8 +26,21 @@ def result_key(name: str) -> str:
     return name.replace("-", "_")
 
 
-def make_path(name: str, cfg: LayerConfig, weights: LayerWeights, context: int, batch: int) -> Any:
-    """A path object with `step(x, state) -> StepOut` for caches of `context + 1` tokens."""
+def make_path(
+    name: str,
+    cfg: LayerConfig,
+    weights: LayerWeights,
+    context: int,
+    batch: int,
+    paged_slots: int | None = None,
+) -> Any:
+    """A path object with `step(x, state) -> StepOut` for caches of `context + 1` tokens; with
+    `paged_slots`, for the local engine's paged cache of that many slots per layer, positions
+    up to `context` (built as `engine.local.cuda` builds its graphs' layers)."""
+    if paged_slots is not None and name == "specialized":
+        from agentab.kernels.specialized import SpecializedPath
+
+        return SpecializedPath(cfg, weights, context, batch, paged_slots, paged=True)
     if name == "standard-eager":
         from agentab.kernels.standard import StandardPath
 

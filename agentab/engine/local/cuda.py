@@ -129,6 +129,31 @@ class GraphInputs:
                          np.arange(n, dtype=np.int64), inputs.block_tables)  # fmt: skip
         self.fill_rows(rows, scratch_slot, scratch_block, split_len, pool_scratch)
 
+    def load(self, rows: TokenRows, max_context: int, scratch_slot: int, scratch_block: int,
+             pool_scratch: int) -> None:  # fmt: skip
+        """Token rows (a verify step's, a draft's) as `fill_rows` takes them, the split length
+        planned for this graph's padded size and `max_context`, the longest context any row
+        attends over."""
+        split = split_plan(self.b, max_context)[1]
+        self.fill_rows(rows, scratch_slot, scratch_block, split, pool_scratch)
+
+    def layer_state(self, cache: torch.Tensor, block_size: int, max_len: int,
+                    new_slots: torch.Tensor, pos_slots: torch.Tensor) -> DecodeState:  # fmt: skip
+        """What one layer's path steps over: its paged cache `cache` (slots, width) addressed
+        through this graph's block table and split length; `new_slots` where each row's entry
+        goes and `pos_slots` the (2, B) int32 positions and slots (the CuTe preparation's
+        form), both made on the device (from `pos_slots64`, or a drafter's own)."""
+        paged = PagedKV(
+            cache=cache,
+            block_table=self.block_table,
+            new_slots=new_slots,
+            positions_and_slots=pos_slots,
+            block_size=block_size,
+            max_len=max_len,
+            split_len=self.split_len,
+        )
+        return DecodeState(cache=paged.cache, positions=pos_slots[0], paged=paged)
+
     def fill_rows(self, rows: TokenRows | None, scratch_slot: int, scratch_block: int,
                   split_len: int, pool_scratch: int) -> None:  # fmt: skip
         """Token rows first; padding rows decode token 0 at position 0 into the scratch
@@ -177,6 +202,15 @@ class TokenRows:
     dest: np.ndarray  # (n,) where the sampled id goes in the pool
     block_tables: np.ndarray  # (n, blocks) the row's sequence's blocks
     drafts: np.ndarray | None = None  # (n,) a drafter graph's drafts per row
+
+
+def verify_token_rows(inputs: StepInputs, prev: np.ndarray, dest: np.ndarray) -> TokenRows:
+    """A step's every token as a graph row: a verify row of 1 + d tokens is 1 + d rows at
+    consecutive positions (`inputs.positions`), each writing its own slot and carrying its
+    row's block table; `prev` and `dest` as `TokenRows` takes them."""
+    row_of = np.repeat(np.arange(inputs.num_rows), np.diff(inputs.starts))
+    return TokenRows(inputs.token_ids, inputs.positions, inputs.slot_mapping, prev, dest,
+                     inputs.block_tables[row_of])  # fmt: skip
 
 
 class DecodeGraphs:
@@ -243,16 +277,8 @@ class DecodeGraphs:
             """The greedy ids after `tokens` at `pos_slots` (int32: positions, new slots)."""
             x = w.embed.index_select(0, tokens % cfg.vocab_rows)
             for layer in range(layers):
-                paged = PagedKV(
-                    cache=cache.layer(layer),
-                    block_table=st.block_table,
-                    new_slots=slots,
-                    positions_and_slots=pos_slots,
-                    block_size=cache.block_size,
-                    max_len=self.max_len,
-                    split_len=st.split_len,
-                )
-                state = DecodeState(cache=paged.cache, positions=pos_slots[0], paged=paged)
+                state = st.layer_state(cache.layer(layer), cache.block_size, self.max_len, slots,
+                                       pos_slots)  # fmt: skip
                 x = paths[layer % len(paths)].step(x, state).out
             return greedy_cuda(cfg, w, x) if x.is_cuda else greedy(cfg, w, x)
 
@@ -318,9 +344,8 @@ class DecodeGraphs:
     def load_rows(self, rows: TokenRows, b: int, max_context: int) -> None:
         """Copy token rows (a verify step's, a draft's) into the graph of padded size b;
         `max_context`: the longest context any row attends over."""
-        split = split_plan(b, max_context)[1]
-        self.static[b].fill_rows(rows, self.scratch_slot, self.scratch_block, split,
-                                 self.pool.scratch)  # fmt: skip
+        self.static[b].load(rows, max_context, self.scratch_slot, self.scratch_block,
+                            self.pool.scratch)  # fmt: skip
 
     def replay(self, b: int) -> torch.Tensor:
         graph = self.graphs[b]

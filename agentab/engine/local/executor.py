@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from agentab.engine.local.config import ModelConfig
-from agentab.engine.local.cuda import DecodeGraphs, TokenPool, TokenRows, greedy_cuda
+from agentab.engine.local.cuda import (
+    DecodeGraphs,
+    TokenPool,
+    TokenRows,
+    greedy_cuda,
+    verify_token_rows,
+)
 from agentab.engine.local.forward import (
     DeviceBatch,
     greedy,
@@ -347,14 +353,12 @@ class TorchExecutor:
         else:
             self._draft_s = time.perf_counter() - t0
         tokens = len(inputs.token_ids)
-        row_of = np.repeat(np.arange(n), np.diff(inputs.starts))
         prev = np.full(tokens, -1, dtype=np.int64)
         if inputs.prev_rows is not None:
             prev[:] = inputs.prev_rows
         prev[layout.draft_at] = pool.draft_base + layout.draft_at
         dest = np.full(tokens, pool.scratch, dtype=np.int64)  # gathered below instead
-        rows = TokenRows(inputs.token_ids, inputs.positions, inputs.slot_mapping, prev, dest,
-                         inputs.block_tables[row_of])  # fmt: skip
+        rows = verify_token_rows(inputs, prev, dest)
         graphs.load_rows(rows, size, int(inputs.context_lens.max()))
         target = graphs.replay(size)[:tokens]
         src = torch.cat([target, pool.data[pool.draft_base : pool.draft_base + tokens]])

@@ -71,21 +71,29 @@ def stat_exprs(column: str, name: str) -> list[pl.Expr]:
     return exprs
 
 
-def decode_busy(frame: pl.LazyFrame) -> pl.LazyFrame:
-    """Seconds during which at least one request was decoding (union of [first, last] chunks).
+def decode_busy_spans(frame: pl.LazyFrame) -> pl.LazyFrame:
+    """The disjoint periods during which at least one request was decoding (the union of the
+    requests' [first, last] chunk intervals), one `span` (seconds) each, in time order.
 
-    Sorting intervals by start and cutting where a start passes every earlier end gives the
-    disjoint busy periods without a Python loop.
+    Sorting intervals by start and cutting where a start passes every earlier end gives them
+    without a Python loop. Their total is `busy_seconds`: summed outside the lazy query, since
+    a group_by's result arrives in chunks that vary with the threads, and a float sum's last
+    digit follows how it is split.
     """
     return (
         frame.select(start="first_s", end="end_s")
         .sort("start")
         .with_columns(reach=pl.col("end").cum_max().shift(1))
         .with_columns(group=(pl.col("start") > pl.col("reach")).fill_null(True).cum_sum())
-        .group_by("group")
+        .group_by("group", maintain_order=True)
         .agg(span=pl.col("end").max() - pl.col("start").min())
-        .select(decode_busy_s=pl.col("span").sum())
+        .select("span")
     )
+
+
+def busy_seconds(spans: pl.DataFrame) -> float:
+    """Seconds of decode_busy_spans' periods, the same to the last digit on every run."""
+    return float(spans["span"].rechunk().sum())
 
 
 def series_deltas(metrics: pl.DataFrame, name: str, since_s: float | None) -> pl.DataFrame:
@@ -206,12 +214,12 @@ def summarize_requests(
     dist = [e for name, col in DISTRIBUTIONS.items() for e in stat_exprs(col, name)]
     lateness = stat_exprs("lateness_s", "dispatch_lateness_s")
     failed = ~pl.col("ok") & ~CANCELLED
-    head, dists, late, busy, errors, warmup_errors, examples, warnings = pl.collect_all(
+    head, dists, late, spans, errors, warmup_errors, examples, warnings = pl.collect_all(
         [
             lazy.select(aggregates),
             ok.select(dist),
             lazy.filter(_profiling).select(lateness),
-            decode_busy(ok.filter(pl.col("itl_s").is_not_null())),
+            decode_busy_spans(ok.filter(pl.col("itl_s").is_not_null())),
             lazy.filter(_profiling & ~pl.col("ok"))
             .group_by("error_class")
             .len()
@@ -253,7 +261,7 @@ def summarize_requests(
 
     start, end = h["phase_start_s"], h["phase_end_s"]
     wall = end - start if start is not None and end is not None else None
-    busy_s = busy.item() if busy.height else None
+    busy_s = busy_seconds(spans)
     values.update(
         {
             "phase_start_s": start,
@@ -368,7 +376,9 @@ def session_rollup(requests: pl.DataFrame) -> pl.DataFrame:
 
 def summarize_run(run: Run) -> RunSummary:
     """Load the request table of one run and compute its summary."""
-    requests = request_table(run.records).collect()
+    # one chunk whatever the record parts: where the writer flushed (the wall clock) must not
+    # change the order of a float sum, and so the last digit of a mean
+    requests = request_table(run.records).collect().rechunk()
     metrics = run.server_metrics.collect()
     values = summarize_requests(requests, gpu_count=run.gpu_count, server_metrics=metrics)
     values = {"run_dir": str(run.path), "arm": run.arm, **values}

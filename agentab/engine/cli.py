@@ -17,6 +17,7 @@ from typing import Any
 import click
 import orjson
 
+from agentab.engine.local.verify_bench import VERIFY_HELP, VERIFY_ROWS_HELP
 from agentab.engine.options import (
     DECODE_BACKENDS,
     SimulatorOptions,
@@ -26,6 +27,8 @@ from agentab.engine.options import (
     options_file_table,
 )
 from agentab.errors import AgentabError
+from agentab.kernels.paths import PATH_NAMES
+from agentab.outputs import OutputPath, output_help
 
 
 @click.group()
@@ -257,3 +260,64 @@ async def _trace(eng: Any, sessions: Any, closed: _ReaderGone) -> dict[str, Any]
         "metrics": eng.metrics(),
         "engine": eng.describe(),
     }
+
+
+@engine.command("verify-bench")
+@click.option("--preset", default="k2-tp8-shard", show_default=True)
+@click.option("--batch", default="1,2,4,8,16,32,64", show_default=True,
+              help="decode batch sizes timed first, as `kernels bench` times them")  # fmt: skip
+@click.option("--context", default=4096, show_default=True, type=click.IntRange(1))
+@click.option("--layers", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--iters", default=100, show_default=True, type=click.IntRange(5))
+@click.option("--paths", default=",".join(PATH_NAMES), show_default=True,
+              help="the paths timed at the batch sizes (verify shapes: standard and "
+                   "specialized of these)")  # fmt: skip
+@click.option("--verify", default="3,5,7", show_default=True, help=VERIFY_HELP)
+@click.option("--verify-rows", default="", help=VERIFY_ROWS_HELP)
+@click.option("-o", "--out", type=OutputPath(), default=Path("results.json"),
+              show_default=True, help=output_help("The results (JSON)."))  # fmt: skip
+def verify_bench(
+    preset: str,
+    batch: str,
+    context: int,
+    layers: int,
+    iters: int,
+    paths: str,
+    verify: str,
+    verify_rows: str,
+    out: Path,
+) -> None:
+    """Speculative decoding's verify shapes per layer on the local engine's decode paths (GPU).
+
+    Each shape is ROWS sequences of 1 + k query tokens over the engine's paged cache, built by
+    the engine's own functions as its decode graphs run a verify step (the row's queries share
+    its block table, at positions c..c+k; padded to the engine's graph size). The decode batch
+    sizes run first, as `agentab kernels bench` runs them, then every shape on the compiled
+    standard and the specialized path in the same process: two tables, `rows` and
+    `verify_rows` in the results. The verify rows' bytes count the cache entries as the
+    attention kernels read them (each query reads its row's entries) and each entry once."""
+    from agentab.engine.local.verify_bench import full_table, run_verify_bench, verify_shapes
+    from agentab.kernels.check import parse_batches
+    from agentab.kernels.paths import check_path_names
+
+    batches = parse_batches(batch)
+    shapes = verify_shapes(verify, verify_rows)
+    if shapes is None:
+        raise AgentabError("--verify: needs the drafts per row, e.g. 3,5,7")
+    names = tuple(p for p in paths.split(",") if p)
+    check_path_names(names)
+    from agentab.extras import require
+
+    require("torch", "agentab engine verify-bench", extra="gpu")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise AgentabError("engine verify-bench: needs a CUDA GPU (none visible to torch)")
+    res = run_verify_bench(preset, batches, shapes, context, layers, iters, paths=names)
+    res["command"] = (
+        f"agentab engine verify-bench --preset {preset} --batch {batch} --context {context} "
+        f"--layers {layers} --iters {iters} --paths {paths} --verify {verify}"
+        + (f" --verify-rows {verify_rows}" if verify_rows else "")
+    )
+    out.write_text(orjson.dumps(res, option=orjson.OPT_INDENT_2).decode())
+    click.echo(full_table(res))

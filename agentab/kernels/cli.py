@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 
 from agentab.errors import AgentabError
-from agentab.kernels.bench import VERIFY_HELP, VERIFY_ROWS_HELP
 from agentab.kernels.check import parse_batches
 from agentab.kernels.config import PRESETS, get_preset
 from agentab.kernels.paths import PATH_NAMES, check_path_names
@@ -68,10 +67,7 @@ def check(preset: str, batch: str, context: int, paths: str, out: Path | None) -
 @click.option("--iters", default=100, show_default=True, type=click.IntRange(5))
 @click.option("--standard-extra", default="", help="batch sizes timed for the standard path only")
 @click.option("--paths", default=",".join(PATH_NAMES), show_default=True,
-              help="the paths timed at the batch sizes (verify shapes: standard and "
-                   "specialized of these)")  # fmt: skip
-@click.option("--verify", default="", help=VERIFY_HELP)
-@click.option("--verify-rows", default="", help=VERIFY_ROWS_HELP)
+              help="the paths timed")  # fmt: skip
 @click.option("-o", "--out", type=OutputPath(), default=Path("results.json"),
               show_default=True, help=output_help("The results (JSON)."))  # fmt: skip
 @click.option("--profile-out", type=OutputPath(), default=None,
@@ -84,37 +80,28 @@ def bench(
     iters: int,
     standard_extra: str,
     paths: str,
-    verify: str,
-    verify_rows: str,
     out: Path,
     profile_out: Path | None,
 ) -> None:
     """Microseconds and kernels per layer for every path; writes results.json (and a profile).
 
     The specialized path's speedup is against the faster standard path at each batch size.
-    With --verify, speculative decoding's verify shapes follow (rows x (1 + k) query tokens,
-    built as the local engine's decode graphs run a verify step), on the compiled standard and
-    the specialized path: a second table, `verify_rows` in the results; their bytes count the
-    cache entries as the attention kernels read them (each query reads its row's entries) and
-    each entry once."""
-    from agentab.kernels.bench import run_bench, table, verify_shapes
+    Speculative decoding's verify shapes (rows of 1 + k query tokens over the local engine's
+    paged cache): `agentab engine verify-bench`."""
+    from agentab.kernels.bench import run_bench, table
     from agentab.kernels.profile_toml import write_profile
 
     batches = parse_batches(batch)
     extra = parse_batches(standard_extra) if standard_extra else []
-    shapes = verify_shapes(verify, verify_rows)
     names = tuple(p for p in paths.split(",") if p)
     check_path_names(names)
     _need_cuda()
-    res = run_bench(preset, batches, context, layers, iters, standard_extra=extra, paths=names,
-                    verify=shapes)  # fmt: skip
+    res = run_bench(preset, batches, context, layers, iters, standard_extra=extra, paths=names)
     res["command"] = (
         f"agentab kernels bench --preset {preset} --batch {batch} --context {context} "
         f"--layers {layers} --iters {iters}"
         + (f" --standard-extra {standard_extra}" if standard_extra else "")
         + (f" --paths {paths}" if names != PATH_NAMES else "")
-        + (f" --verify {verify}" if verify else "")
-        + (f" --verify-rows {verify_rows}" if verify_rows else "")
     )
     out.write_text(json.dumps(res, indent=1))
     if profile_out:

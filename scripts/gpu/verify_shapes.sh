@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for speculative decoding's verify shapes: `kernels bench` at each context of
+# One device call for speculative decoding's verify shapes: `agentab engine verify-bench` at each context of
 # CONTEXTS (default 4096 32768): the decode batch sizes BENCH_BATCHES (1,2,4,8,16,32,64) and the
 # verify shapes --verify VERIFY (3,5,7: drafts per row) x --verify-rows VERIFY_ROWS (1,2,4,8), on
 # PATHS (standard,specialized: the compiled standard path and the decoder), one process a context
@@ -17,7 +17,7 @@ source scripts/gpu/prologue.sh
 rc=0
 for ctx in ${CONTEXTS:-4096 32768}; do
   start=$SECONDS
-  timeout "${BENCH_TIMEOUT:-180}" python3 -m agentab.kernels.bench --preset k2-tp8-shard \
+  timeout "${BENCH_TIMEOUT:-180}" python3 -m agentab.engine.local.verify_bench --preset k2-tp8-shard \
     --batch "${BENCH_BATCHES:-1,2,4,8,16,32,64}" --context "$ctx" \
     --paths "${PATHS:-standard,specialized}" \
     --verify "${VERIFY:-3,5,7}" --verify-rows "${VERIFY_ROWS:-1,2,4,8}" \

@@ -1,5 +1,5 @@
-"""`kernels bench --verify`: verify shapes built as the local engine builds a verify step, their
-bytes as the attention kernels read them, the results rows and table, and the options' errors.
+"""`agentab engine verify-bench`: verify shapes built as the local engine builds a verify step,
+their bytes as the attention kernels read them, the results rows and table, the options' errors.
 
 The engine comparison drives the CPU engine through the GPU's graph step logic (replayed
 eagerly) and records what its verify steps hand the decode graphs; the bench's inputs for the
@@ -14,10 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agentab.errors import AgentabError
-from agentab.kernels.bench import finish_verify_row, table, verify_shapes
-from agentab.kernels.config import get_preset
-from agentab.kernels.verify import (
+from agentab.engine.local.verify_bench import finish_verify_row, full_table, verify_shapes
+from agentab.engine.local.verify_shapes import (
     VerifyShape,
     graph_inputs,
     kv_entries,
@@ -25,6 +23,9 @@ from agentab.kernels.verify import (
     step_bytes,
     verify_step,
 )
+from agentab.errors import AgentabError
+from agentab.kernels.bench import table
+from agentab.kernels.config import get_preset
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = get_preset("tiny")
@@ -64,19 +65,19 @@ def test_the_cli_refuses_in_one_line_with_exit_2(capsys) -> None:
     for args in (
         ["--verify", "9"],
         ["--verify", "3", "--verify-rows", "16,32"],
-        ["--verify-rows", "1"],
+        ["--verify", "", "--verify-rows", "1"],
     ):
         with pytest.raises(SystemExit) as exc:
-            main(["kernels", "bench", *args])
+            main(["engine", "verify-bench", *args])
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("agentab: error: --verify") and err.count("\n") == 1
     with pytest.raises(SystemExit) as exc:
-        main(["kernels", "bench", "--verify", "3", "--paths", "standard,fast"])
+        main(["engine", "verify-bench", "--verify", "3", "--paths", "standard,fast"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.startswith("agentab: error: --paths: unknown path 'fast'")
     out = subprocess.run(
-        [sys.executable, "-m", "agentab.kernels.bench", "--verify", "3", "--verify-rows", "0"],
+        [sys.executable, "-m", "agentab.engine.local.verify_bench", "--verify-rows", "0"],
         capture_output=True, text=True, cwd=REPO,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
@@ -190,8 +191,8 @@ def test_verify_inputs_are_the_engines_for_the_same_rows(monkeypatch) -> None:
 
 def test_build_gives_every_layer_the_graphs_inputs_and_its_own_cache() -> None:
     pytest.importorskip("torch")
+    from agentab.engine.local.verify_shapes import build, max_len_for
     from agentab.kernels.standard import StandardPath
-    from agentab.kernels.verify import build, max_len_for
     from agentab.kernels.weights import init_weights
 
     shape = VerifyShape(1, 2)
@@ -226,7 +227,7 @@ def test_verify_rows_and_table() -> None:
         0.25,
         0.15,
     )
-    out = table({"rows": [], "verify_rows": [row]}).splitlines()
+    out = full_table({"rows": [], "verify_rows": [row]}).splitlines()
     assert out[2].split()[:3] == ["verify", "tokens", "graph"]
     assert out[3].split() == ["1x4", "4", "4", "200.0", "100.0", "2.00", "30", "10", "215.0",
                               "129.0", "0.50", "0.30"]  # fmt: skip
@@ -237,7 +238,8 @@ def test_run_verify_steps_the_layers_over_the_built_inputs(monkeypatch) -> None:
     """The bench's verify loop on the CPU: the eager standard layer stands in for both paths
     and one eager pass of the chained layers for the timed graph."""
     pytest.importorskip("torch")
-    from agentab.kernels import bench, paths
+    from agentab.engine.local import verify_bench
+    from agentab.kernels import paths
     from agentab.kernels.harness import layer_chain
     from agentab.kernels.standard import StandardPath
     from agentab.kernels.weights import init_weights
@@ -256,16 +258,16 @@ def test_run_verify_steps_the_layers_over_the_built_inputs(monkeypatch) -> None:
                 "build_s": 0.0, "eager_kernel_breakdown": None}  # fmt: skip
 
     monkeypatch.setattr(paths, "make_path", make_path)
-    monkeypatch.setattr(bench, "time_layers", time_layers)
+    monkeypatch.setattr(verify_bench, "time_layers", time_layers)
     weights = [init_weights(TINY, s) for s in (1, 2)]
     shapes = parse_verify("2", "1,2")
-    rows = bench.run_verify(TINY, weights, shapes, 5, 5, 0, ("standard", "specialized"))
+    rows = verify_bench.run_verify(TINY, weights, shapes, 5, 5, 0, ("standard", "specialized"))
     assert [(r["shape"], r["tokens"], r["graph_rows"]) for r in rows] == [
         ("1x3", 3, 4),
         ("2x3", 6, 8),
     ]
     slots = {s: (-(-(5 + 1 + 4) // 16) * s + 1) * 16 for s in (1, 2)}  # tables + scratch block
-    assert made == [(n, b, slots[r]) for r, b in ((1, 4), (2, 8)) for n in bench.VERIFY_PATHS
+    assert made == [(n, b, slots[r]) for r, b in ((1, 4), (2, 8)) for n in verify_bench.VERIFY_PATHS
                     for _ in weights]  # fmt: skip
     for r in rows:
         assert r["speedup"] == 1.0 and r["max_len"] == 16

@@ -1,5 +1,5 @@
-"""Speculative decoding's verify shapes for `kernels bench --verify`, built as the local engine
-builds a verify step on the GPU.
+"""Speculative decoding's verify shapes for `agentab engine verify-bench`, built as the local
+engine builds a verify step on the GPU.
 
 A verify row of a sequence with c cached tokens is 1 + k query tokens at positions c..c+k. The
 engine's decode graphs run it as 1 + k token rows that share the row's block table, each

@@ -12,7 +12,7 @@ import datetime
 import json
 import math
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -64,6 +64,10 @@ class CalibrateRequest:
     allow_assumed: tuple[str, ...]
     model: str | None
     command: str
+    # local engine: time only these servers (standard, specialized, drafter) and write their
+    # measurements without a fit, so a calibration longer than one sitting (one device call)
+    # runs in parts that `--refit A.fit.json --refit B.fit.json` fits together
+    only: tuple[str, ...] | None = None
 
 
 def calibrate(
@@ -120,7 +124,55 @@ def calibrate(
     described = {p: load.describe() for p, load in loads.items()}
     if DRAFTER in described:  # its verify steps' query length, for the fit (and --refit)
         described[DRAFTER]["draft_tokens"] = _draft_tokens(req)
+    if req.only is not None:
+        report = _report_skeleton(_provenance(req, facts, timing), facts, described, timing)
+        kept = write_report(req.out, _with_measurements(report, measured, None))
+        return (
+            kept,
+            kept,
+            f"measurements of {', '.join(measured)} only, no profile: fit the parts together "
+            f"with `agentab calibrate --refit {kept} --refit OTHER.fit.json -o PROFILE.toml`",
+        )
     return fit_and_write(req, measured, facts, described, timing)
+
+
+def _provenance(
+    req: CalibrateRequest,
+    facts: dict[str, EngineFacts],
+    timing: str,
+    refit_of: dict[str, Any] | None = None,
+) -> Provenance:
+    std = facts.get("standard") or next(iter(facts.values()))
+    return Provenance(
+        engine=std.engine,
+        version=std.version,
+        device=std.device,
+        model=std.model,
+        url=std.url,
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        command=req.command
+        if refit_of is None
+        else f"{req.command}  # refit of the measurements of {refit_of.get('date')}: "
+        f"{refit_of.get('command')}",
+        timing=timing,
+        urls={p: f.url for p, f in facts.items()},
+        engine_source=std.engine_source,
+    )
+
+
+def _report_skeleton(
+    provenance: Provenance,
+    facts: dict[str, EngineFacts],
+    loads: dict[str, dict[str, Any]],
+    timing: str,
+) -> dict[str, Any]:
+    """What --refit reads back (provenance, facts, load, clock); a fit's parts join it."""
+    return {
+        "provenance": asdict(provenance),
+        "engine": {path: f.to_dict() for path, f in facts.items()},
+        "load": loads,
+        "timing": timing,
+    }
 
 
 def fit_and_write(
@@ -136,28 +188,8 @@ def fit_and_write(
     std = facts["standard"]
     if "specialized" in measured:  # prefill and KV come from the standard server only
         measured["specialized"] = replace(measured["specialized"], prefill=[])
-    provenance = Provenance(
-        engine=std.engine,
-        version=std.version,
-        device=std.device,
-        model=std.model,
-        url=std.url,
-        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        command=req.command
-        if refit_of is None
-        else f"{req.command}  # refit of the measurements of {refit_of.get('date')}: "
-        f"{refit_of.get('command')}",
-        timing=timing,
-        urls={p: f.url for p, f in facts.items()},
-        engine_source=std.engine_source,
-    )
-    # what --refit reads back; the fit's parts join it once they exist
-    report: dict[str, Any] = {
-        "provenance": asdict(provenance),
-        "engine": {path: f.to_dict() for path, f in facts.items()},
-        "load": loads,
-        "timing": timing,
-    }
+    provenance = _provenance(req, facts, timing, refit_of)
+    report = _report_skeleton(provenance, facts, loads, timing)
     try:
         fit = fit_all(
             measured,
@@ -212,9 +244,44 @@ def _with_measurements(
     return report
 
 
-def refit(req: CalibrateRequest, report_path: Path) -> tuple[Path, Path, str]:
-    """Fit a fit report's recorded measurements again (after the fit or the model changed),
-    without timing anything: the facts, load and clock are the report's."""
+def refit(req: CalibrateRequest, report_paths: Sequence[Path]) -> tuple[Path, Path, str]:
+    """Fit fit reports' recorded measurements again (after the fit or the model changed),
+    without timing anything: the facts, load and clock are the reports'. Several reports are
+    parts of one calibration (`--only`, e.g. one device call each): each path's measurements
+    come from one of them, and all must have timed the same engine code on the same clock."""
+    measured: dict[str, Measurements] = {}
+    facts: dict[str, EngineFacts] = {}
+    loads: dict[str, Any] = {}
+    timings: set[str] = set()
+    provenance: dict[str, Any] = {}
+    for report_path in report_paths:
+        part = _read_report(report_path)
+        for path in part["measured"]:
+            if path in measured:
+                raise AgentabError(
+                    f"--refit {report_path}: the {path} path is measured in an earlier report too; "
+                    "give each path's measurements once"
+                )
+            _check_same_engine(path, part["facts"][path], facts)
+        measured.update(part["measured"])
+        facts.update(part["facts"])
+        loads.update(part["loads"])
+        timings.add(part["timing"])
+        provenance = provenance or part["provenance"]
+    if len(timings) > 1:
+        raise AgentabError(f"--refit: the reports timed on different clocks ({sorted(timings)})")
+    if "standard" not in measured or "standard" not in facts:
+        raise AgentabError(
+            f"--refit {', '.join(map(str, report_paths))}: no standard-path measurements"
+        )
+    refit_of = {"report": str(report_paths[0]), **provenance}
+    if len(report_paths) > 1:
+        refit_of["parts"] = [str(p) for p in report_paths]
+    return fit_and_write(req, measured, facts, loads, timings.pop(), refit_of=refit_of)
+
+
+def _read_report(report_path: Path) -> dict[str, Any]:
+    """A fit report's measurements, facts, load, clock and provenance."""
     from agentab.calibrate.client import DecodeMeasurement, MixedMeasurement, PrefillMeasurement
 
     try:
@@ -230,13 +297,15 @@ def refit(req: CalibrateRequest, report_path: Path) -> tuple[Path, Path, str]:
         facts = {path: EngineFacts(**f) for path, f in report["engine"].items()}
         for f in facts.values():
             local_engine_schedules_ahead(f)
-        timing, loads, provenance = report["timing"], report["load"], report["provenance"]
+        return {
+            "measured": measured,
+            "facts": facts,
+            "loads": report["load"],
+            "timing": report["timing"],
+            "provenance": report["provenance"],
+        }
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise AgentabError(f"--refit {report_path}: not a calibration fit report ({exc})") from None
-    if "standard" not in measured or "standard" not in facts:
-        raise AgentabError(f"--refit {report_path}: no standard-path measurements")
-    refit_of = {"report": str(report_path), **provenance}
-    return fit_and_write(req, measured, facts, loads, timing, refit_of=refit_of)
 
 
 def _servers(req: CalibrateRequest) -> Iterator[tuple[str, str]]:
@@ -258,6 +327,8 @@ def _servers(req: CalibrateRequest) -> Iterator[tuple[str, str]]:
     if drafting and plain.get("max_num_seqs"):
         plain["max_num_seqs"] = int(plain["max_num_seqs"]) * (1 + _draft_tokens(req))
     for path in (*req.local_paths, *((DRAFTER,) if drafting else ())):
+        if req.only is not None and path not in req.only:
+            continue
         backend = backend_timing(path)
         options = req.local if path == DRAFTER else plain
         with (

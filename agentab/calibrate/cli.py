@@ -22,6 +22,27 @@ def _ints(value: str, flag: str) -> tuple[int, ...]:
         raise AgentabError(f"{flag} {value!r}: expected comma-separated integers") from None
 
 
+def _only(
+    value: str | None, local: dict[str, Any] | None, local_paths: tuple[str, ...]
+) -> tuple[str, ...] | None:
+    """--only's servers, each one this calibration would launch."""
+    if value is None:
+        return None
+    if local is None:
+        raise AgentabError("--only: the local engine's servers; add --engine local")
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    launched = (*local_paths, *(("drafter",) if local.get("speculative_config") else ()))
+    for name in names:
+        if name not in ("standard", "specialized", "drafter"):
+            raise AgentabError(f"--only: unknown server {name!r} (standard, specialized, drafter)")
+        if name not in launched:
+            need = "--specialized" if name == "specialized" else "a speculative_config"
+            raise AgentabError(f"--only {name}: this calibration has no {name} server ({need})")
+    if not names:
+        raise AgentabError("--only: name at least one server (standard, specialized, drafter)")
+    return names
+
+
 def _command_line(ctx: click.Context) -> str:
     """The command as it was given (every option that differs from its default)."""
     words = ctx.command_path.split()
@@ -91,9 +112,17 @@ def _engine_options(path: Path) -> dict[str, Any]:
     "--refit",
     "refit_report",
     type=click.Path(path_type=Path, dir_okay=False, exists=True),
-    default=None,
+    multiple=True,
     help="Time nothing: fit the measurements recorded in this fit report (NAME.fit.json) "
-    "again, e.g. after the step-time model gained a term. Facts and clock are the report's.",
+    "again, e.g. after the step-time model gained a term. Facts and clock are the report's. "
+    "Repeated: the parts of one calibration timed with --only, fitted together.",
+)
+@click.option(
+    "--only",
+    default=None,
+    help="Local engine: time only these of its servers (standard, specialized, drafter; "
+    "comma-separated) and write their measurements (NAME.fit.json) without a profile, for a "
+    "calibration split over sittings; --refit A.fit.json --refit B.fit.json fits the parts.",
 )
 @click.option("--preset", default=None, help="Local engine preset (tiny: CPU).")
 @click.option("--device", default=None, help="Local engine device (cpu, cuda).")
@@ -160,8 +189,10 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
 
     local = None
     urls: dict[str, str] = {}
-    if kw["refit_report"] is not None:
-        clash = [k for k in ("url", "specialized_url", "engine_kind", "engine_config") if kw[k]]
+    if kw["refit_report"]:
+        clash = [
+            k for k in ("url", "specialized_url", "engine_kind", "engine_config", "only") if kw[k]
+        ]
         if clash:
             raise AgentabError("--refit times nothing; drop the server options")
     elif kw["engine_config"] is not None:
@@ -182,7 +213,7 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
             local = {"preset": kw["preset"]}
             if kw["device"]:
                 local["device"] = kw["device"]
-    elif kw["refit_report"] is None:
+    elif not kw["refit_report"]:
         if not kw["url"]:
             raise AgentabError("give --url (a running server) or --engine local --preset NAME")
         if kw["preset"] or kw["device"] or kw["specialized"]:
@@ -195,6 +226,8 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
     contexts = _ints(kw["contexts"], "--contexts") if kw["contexts"] else None
     if contexts is not None and len(contexts) != 2:
         raise AgentabError(f"--contexts {kw['contexts']}: expected SHORT,LONG")
+    local_paths = ("standard", "specialized") if kw["specialized"] else ("standard",)
+    only = _only(kw["only"], local, local_paths)
     out: Path = kw["out"]
     if out.suffix != ".toml":
         raise AgentabError(f"-o {out}: a profile is a .toml file")
@@ -203,7 +236,7 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
         name=kw["name"] or out.stem,
         urls=urls,
         local=local,
-        local_paths=("standard", "specialized") if kw["specialized"] else ("standard",),
+        local_paths=local_paths,
         timing=kw["timing"],
         batches=_ints(kw["batches"], "--batches"),
         contexts=contexts,  # type: ignore[arg-type]
@@ -215,19 +248,23 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
         allow_assumed=tuple(kw["allow_assumed"]),
         model=kw["model"],
         command=_command_line(ctx),
+        only=only,
     )
     echo = (lambda s: None) if kw["quiet"] else (lambda s: click.echo(s, err=True))
 
     def warn(message: str) -> None:
         click.echo(f"agentab: warning: {message}", err=True)
 
-    if kw["refit_report"] is not None:
+    if kw["refit_report"]:
         from agentab.calibrate.calibrate import refit
 
         profile, report, summary = refit(req, kw["refit_report"])
     else:
         profile, report, summary = run(req, echo, warn)
-    click.echo(f"wrote {profile} and {report}: {summary}")
+    if only is not None:
+        click.echo(f"wrote {report}: {summary}")
+    else:
+        click.echo(f"wrote {profile} and {report}: {summary}")
 
 
 # the fidelity flags that are replay options (ReplayOptions fields of the same names)

@@ -33,11 +33,15 @@ if [ "${1:-}" = calibrate ]; then
   # ENGINE_CONFIG with a speculative_config also times its drafter (no drafter assumption
   # then: ALLOW=none), e.g. ENGINE_CONFIG=examples/local-k2-h200-c8-spec.toml
   # BATCHES=1,2,4,8,16,32,64 (the draft-free servers reach the verify steps' token counts)
+  # ONLY=standard (then ONLY=specialized,drafter in a second call) splits a calibration that
+  # would outlast one call: each part writes its measurements (h200-local-k2-tp8-shard-<ONLY>.fit.json)
+  # and `agentab calibrate --refit A.fit.json --refit B.fit.json -o PROFILE.toml` fits them here
   allow=${ALLOW:-spec_decode.drafter_step_us}
+  name=h200-local-k2-tp8-shard${ONLY:+-${ONLY//,/-}}
   timeout "${AB_TIMEOUT:-580}" python3 -m agentab calibrate --engine-config "${ENGINE_CONFIG:-examples/local-k2-h200.toml}" \
     --specialized --contexts "${CONTEXTS:-256,8192}" ${BATCHES:+--batches "$BATCHES"} \
-    $([ "$allow" = none ] || echo --allow-assumed "$allow") \
-    -o "$OUT/h200-local-k2-tp8-shard.toml" 2>&1 | tee "$OUT/calibrate.log"
+    $([ "$allow" = none ] || [ -n "${ONLY:-}" ] || echo --allow-assumed "$allow") ${ONLY:+--only "$ONLY"} \
+    -o "$OUT/$name.toml" 2>&1 | tee "$OUT/calibrate${ONLY:+-${ONLY//,/-}}.log"
   exit "${PIPESTATUS[0]}"
 fi
 c=${CONCURRENCY:-1}

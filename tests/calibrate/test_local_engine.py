@@ -180,3 +180,52 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     q = load_profile(refit)
     assert (q.drafter_step_us, q.drafter_row_us) == (p.drafter_step_us, p.drafter_row_us)
     assert q.verify_context_token_us == p.verify_context_token_us
+
+
+@pytest.mark.slow
+def test_a_calibration_in_parts_fits_as_one(tmp_path: Path, capsys) -> None:
+    """`--only` times some of the servers and keeps their measurements without a profile (a
+    calibration longer than one sitting); `--refit A --refit B` fits the parts together, each
+    path's measurements as its part recorded them."""
+    experiment = tmp_path / "experiment.toml"
+    experiment.write_text(SPEC_EXPERIMENT)
+    load = ["--batches", "1,4", "--steps", "16", "--prefill-repeats", "1", "--contexts", "64,256"]
+    parts = {}
+    for only in ("standard", "drafter"):
+        out = tmp_path / f"{only}.toml"
+        main(["calibrate", "--engine-config", str(experiment), *load, "--only", only,
+              "-o", str(out), "--quiet"])  # fmt: skip
+        assert not out.exists()  # measurements only: no profile
+        parts[only] = json.loads(out.with_suffix(".fit.json").read_text())
+        assert list(parts[only]["measurements"]) == [only]
+        assert list(parts[only]["engine"]) == [only]
+        assert f"wrote {out.with_suffix('.fit.json')}: measurements of {only} only" in (
+            capsys.readouterr().out
+        )
+    merged = tmp_path / "merged.toml"
+    reports = [str(tmp_path / f"{only}.fit.json") for only in ("standard", "drafter")]
+    main(["calibrate", "--refit", reports[0], "--refit", reports[1], "-o", str(merged),
+          "--allow-assumed", "decode.specialized"])  # fmt: skip
+    report = json.loads(merged.with_suffix(".fit.json").read_text())
+    assert report["measurements"] == {
+        "standard": parts["standard"]["measurements"]["standard"],
+        "drafter": parts["drafter"]["measurements"]["drafter"],
+    }
+    assert report["refit_of"]["parts"] == reports
+    assert report["load"]["drafter"]["draft_tokens"] == 3
+    p = load_profile(merged)
+    assert p.drafter_step_us == pytest.approx(report["drafter"]["step_us"]["value"], rel=1e-5)
+    assert p.verify_context_token_us == pytest.approx(
+        report["drafter"]["verify_context_us"]["value"], rel=1e-5
+    )
+    # one path measured twice, or a server the calibration does not launch: one line each
+    for args, message in (
+        (["--refit", reports[0], "--refit", reports[0]], "the standard path is measured in an"),
+        (["--engine-config", str(experiment), "--only", "specialized"], "--only specialized: "),
+        (["--url", "http://127.0.0.1:9", "--only", "standard"], "--only: the local engine's"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(["calibrate", *args, "-o", str(tmp_path / "x.toml")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err

@@ -51,6 +51,8 @@ HUGE = "huge"  # one chunk, then one data line of `huge_bytes` (n - 1 more and u
 # n chunks with token ids, each event's JSON split over data lines (CRLF line ends, an `id:`
 # field and a comment inside the event), usage n, [DONE]: what the SSE spec lets a server send
 MULTILINE = "multiline"
+# n chunks, usage n, and `data: [DONE]` with no line end at all before the server closes
+UNTERMINATED = "unterminated"
 _NODE = re.compile(r"N(\d+)$")
 
 
@@ -242,6 +244,13 @@ class FaultServer:
             return resp
         if mode in SERVER_FAULT_MODES:
             await self._server_fault(resp, mode, n, prompt)
+            return resp
+        if mode == UNTERMINATED:
+            for i in range(n):
+                await resp.write(chunk(i))
+            await resp.write(usage_chunk(prompt, n, None))
+            await resp.write(b"data: [DONE]")
+            await resp.write_eof()
             return resp
         if mode == MULTILINE:
             for i in range(n):

@@ -23,7 +23,7 @@ from agentab.replay.targets.sse import (
 from agentab.rundir import scan_records
 from agentab.workloads.model import Request, Session, Workload
 
-from .fault_server import HUGE, HUGE_ERROR, MULTILINE, FaultServer
+from .fault_server import HUGE, HUGE_ERROR, MULTILINE, UNTERMINATED, FaultServer
 
 
 def test_lines_are_the_same_however_the_body_is_cut() -> None:
@@ -176,5 +176,29 @@ def test_a_stream_of_multi_line_events_is_read_as_its_chunks(tmp_path: Path) -> 
     df = scan_records(run).collect()
     assert df["error_class"].to_list() == [None]
     assert df["warning_class"].to_list() == [None]
+    assert df["chunk_times_s"].list.len().to_list() == [12]
+    assert df["completion_tokens"].to_list() == [12]
+
+
+def test_a_last_line_without_a_line_end_is_read_when_the_body_ends(tmp_path: Path) -> None:
+    splitter = LineSplitter()
+    assert splitter.feed(b'data: {"a": 1}\n\ndata: [DO') == [b'data: {"a": 1}', b""]
+    assert splitter.feed(b"NE]") == []
+    assert splitter.end() == [b"data: [DONE]"] and splitter.pending_bytes == 0
+    assert splitter.end() == []
+    # over HTTP: a server that closes right after `data: [DONE]` with no line end
+    request = Request(t=0.0, in_tokens=40, out_tokens=12, hash_ids=(1,), api_time=0.0)
+    opts = ReplayOptions(concurrency=1, passes=1, duration_s=None, start_window=(0.0, 0.0),
+                         warmup_requests=0, request_timeout_s=10.0, max_error_rate=1.0)  # fmt: skip
+    with FaultServer(lambda rid: UNTERMINATED) as srv:
+        run = replay_to_dir(
+            Workload((Session("s0", 16, (request,)),)),
+            url=srv.url,
+            replay=opts,
+            out_dir=tmp_path / "r",
+            progress=False,
+        )
+    df = scan_records(run).collect()
+    assert df["error_class"].to_list() == [None]
     assert df["chunk_times_s"].list.len().to_list() == [12]
     assert df["completion_tokens"].to_list() == [12]

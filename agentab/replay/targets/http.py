@@ -295,7 +295,8 @@ class HttpTarget:
                     events, saw_data = assembler.feed(splitter.feed(data))
                 else:
                     ended = True
-                    events, saw_data = assembler.end(), False
+                    events, saw_data = assembler.feed(splitter.end())
+                    events += assembler.end()
             except LineTooLong as exc:
                 out.fail("line_too_long", f"{exc} (limit: {MAX_LINE_ENV})")
                 out.end = loop.time()

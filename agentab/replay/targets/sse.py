@@ -93,6 +93,16 @@ class LineSplitter:
         return lines
 
 
+    def end(self) -> list[bytes]:
+        """At the end of the body: its last line when the server closed without a line end
+        after it (a stream's `data: [DONE]` so sent still ends the stream)."""
+        if not self._pending:
+            return []
+        line = b"".join(self._pending)
+        self._pending, self._size = [], 0
+        return [line]
+
+
 class EventTooLong(LineTooLong):
     """An SSE event's data lines together passed the limit (each line alone was within it)."""
 

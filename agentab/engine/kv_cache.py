@@ -28,9 +28,14 @@ without numba; tests/engine/test_loops_numba.py checks the two give the same poo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from agentab.engine import loops_numba
+from agentab.engine import loops_numba, transitions_numba
+
+if TYPE_CHECKING:
+    from agentab.engine.slots import SlotState
 
 
 class BlockPool:
@@ -197,6 +202,57 @@ class BlockPool:
         self._next_gen += added
         self._entries += added
         self.num_free += added
+
+    def free_rows(self, st: SlotState, slots: np.ndarray) -> None:
+        """`free` of each row's blocks, tail first, rows in order (one kernel call for a step's
+        finishes); the rows then hold no blocks."""
+        args = (slots, st.block_table, st.nblocks, st.ncached, self.ref, self.gen)
+        added = transitions_numba.release_rows(
+            *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
+        )
+        if added < 0:  # (room for them all after it: the rows hold at most every block)
+            self._compact()
+            added = transitions_numba.release_rows(
+                *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
+            )
+        self._next_gen += added
+        self._entries += added
+        self.num_free += added
+
+    def admit_row(
+        self,
+        st: SlotState,
+        slot: int,
+        hits: np.ndarray,
+        hashes: np.ndarray,
+        request: tuple[int, int, int, int, np.uint64],
+        fresh: int,
+        full: int,
+        bs: int,
+    ) -> bool:
+        """A request admitted into row `slot` in one kernel call: its hit blocks `hits`
+        touched, the row written (`hashes`; `request`: tokens known, output so far,
+        max_tokens, verify steps so far, key), `fresh` blocks appended and its blocks up to
+        `full` registered. False: the prefix table must be rebuilt before they are
+        registered, which the caller then does (`register_rows`)."""
+        tail = self._head + self._entries
+        touched, head, evicted, used = transitions_numba.admit_row(
+            slot, hits, hashes, *request, fresh, full, bs,
+            st.computed, st.ntokens, st.output, st.maxtok, st.spec_idx, st.keys, st.in_decode,
+            st.nblocks, st.ncached, st.nhashed, st.block_table, st.hash_table,
+            self._qids[:tail], self._qgens[:tail], self._head, self.num_free,
+            self.ref, self.gen, self.hash, self._tkey, self._tblk, self._mask,
+            self._table_size // 4 - self._used,
+        )  # fmt: skip
+        self.num_free -= touched
+        if head < 0:
+            raise RuntimeError(f"allocate({fresh}) with only {self.num_free} free blocks")
+        if fresh:
+            self._took(head, evicted, fresh)
+        if used < 0:
+            return False
+        self._used += used
+        return True
 
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""

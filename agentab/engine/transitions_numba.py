@@ -59,6 +59,7 @@ def admit_row(
     tblk: np.ndarray,
     mask: np.uint64,
     room: int,
+    shared: np.ndarray,
 ) -> tuple[int, int, int, int]:
     """A waiting request into row `slot` (Scheduler._admit_one): its prefix hit's blocks
     `hits` referenced, the row's state written, `fresh` blocks taken from the free queue
@@ -99,7 +100,9 @@ def admit_row(
         )
     upto = np.empty(1, dtype=np.int64)
     upto[0] = full
-    used = register_full(block_table, hash_table, ncached, one, upto, tkey, tblk, held, mask, room)
+    used = register_full(
+        block_table, hash_table, ncached, one, upto, tkey, tblk, held, mask, room, shared
+    )
     return touched, head, evicted, used
 
 

@@ -30,7 +30,7 @@ from tests.engine.kernels import KERNELS, TRANSITION_KERNELS, plain_python
 
 SLOT_ARRAYS = ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached", "nhashed")
 SLOT_ARRAYS += ("spec_idx", "keys", "in_decode", "block_table", "hash_table")
-POOL_ARRAYS = ("ref", "hash", "gen", "_tkey", "_tblk")
+POOL_ARRAYS = ("ref", "hash", "gen", "_tkey", "_tblk", "shared")
 POOL_SCALARS = ("_head", "_entries", "num_free", "evictions", "_used", "_next_gen")
 
 

@@ -43,9 +43,6 @@ if TYPE_CHECKING:
     from agentab.engine.slots import SlotState
 
 
-_KNOWN_ROWS = 1024  # rows remembered for `lookup_free`'s guesses, the oldest dropped first
-
-
 class BlockPool:
     """`num_blocks` KV blocks, their reference counts, hashes and the LRU free queue."""
 
@@ -60,6 +57,7 @@ class BlockPool:
         # the cached blocks a row held when it left its slot, by its first block's key: the
         # guesses for the next lookup of a prompt that starts the same (`lookup_free`)
         self._known: dict[int, np.ndarray] = {}
+        self._known_ids = 0  # block ids held there, at most num_blocks (as much as `hash`)
         self.gen = np.arange(num_blocks, dtype=np.int64)
         self._next_gen = num_blocks
         size = 3 * num_blocks + 4096
@@ -243,10 +241,11 @@ class BlockPool:
             n = int(st.ncached[s])
             if n:
                 key = int(st.hash_table[s, 0])
-                known.pop(key, None)
+                old = known.pop(key, None)
+                self._known_ids += n - (0 if old is None else len(old))
                 known[key] = st.block_table[s, :n].copy()
-                if len(known) > _KNOWN_ROWS:
-                    del known[next(iter(known))]
+                while self._known_ids > self.num_blocks:  # the oldest rows go first
+                    self._known_ids -= len(known.pop(next(iter(known))))
         args = (slots, st.block_table, st.nblocks, st.ncached, self.ref, self.gen)
         added = transitions_numba.release_rows(
             *args, self._next_gen, self._qids, self._qgens, self._head + self._entries

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from agentab.engine import price_numba
 from agentab.engine.noise import StepNoise
 from agentab.engine.outputs import StepInputs, StepOutput, StepPlan, WindowPlan, synthetic_outcome
 from agentab.engine.profile import HardwareProfile
@@ -154,42 +155,33 @@ class SimExecutor:
     def step_seconds(self, plan: StepPlan) -> float:
         if plan.total_tokens == 0:
             return 0.0
-        dec = plan.is_decode
-        ctx = plan.decode_context_tokens
-        if dec.all():
+        # the rows' sums in one pass (price_numba): decoding rows and their context, rows
+        # with drafts and the verify rows' drafts x context, the prefill rows' terms
+        dec_rows, ctx, drafted, verify, pre_tokens, pairs, pre_c0, pre_rows = price_numba.step_sums(
+            plan.num_sched, plan.computed_before, plan.is_decode, plan.drafts
+        )
+        if pre_rows == 0:
             us = self.decode_base_us(plan.path, plan.padded_tokens) + self.kv_us * ctx
             if self.drafter_row_us:  # only profiles that price it
-                us += self.drafter_row_us * int(np.count_nonzero(plan.drafts))
+                us += self.drafter_row_us * drafted
             if self.verify_ctx_us:  # only profiles that price it
-                us += self.verify_ctx_us * self._verify_context(plan)
+                us += self.verify_ctx_us * float(verify)
             return us * 1e-6
         table = self.profile.standard
         t = min(plan.total_tokens, table.max_tokens)
         us = table.step_fixed_us + self.profile.num_layers * table.layer_us(t)
-        if self.k and dec.any():
+        if self.k and dec_rows:
             us += self.profile.drafter_step_us
-            us += self.drafter_row_us * int(np.count_nonzero(plan.drafts))
-        pre = ~dec
-        n = plan.num_sched[pre].astype(np.float64)
-        c0 = plan.computed_before[pre].astype(np.float64)
-        pairs = float((n * c0 + n * (n + 1) / 2).sum())
-        us += self.kv_us * ctx + self.prefill_us_per_token * float(n.sum())
-        us += self.attn_us_per_pair * pairs
+            us += self.drafter_row_us * drafted
+        us += self.kv_us * ctx + self.prefill_us_per_token * float(pre_tokens)
+        us += self.attn_us_per_pair * float(pairs)
         if self.prefill_ctx_us:  # only profiles that price it
-            us += self.prefill_ctx_us * float(c0.sum())
+            us += self.prefill_ctx_us * float(pre_c0)
         if self.mixed_row_us:  # only profiles that price it
-            us += self.mixed_row_us * int(np.count_nonzero(dec))
+            us += self.mixed_row_us * dec_rows
         if self.verify_ctx_us:  # only profiles that price it
-            us += self.verify_ctx_us * self._verify_context(plan)
+            us += self.verify_ctx_us * float(verify)
         return us * 1e-6
-
-    @staticmethod
-    def _verify_context(plan: StepPlan) -> float:
-        """Sum over the verify rows of drafts x context tokens: the KV an attention that
-        reads a row once per query token reads beyond the decode row's one pass."""
-        d = plan.is_decode & (plan.drafts > 0)
-        ctx = plan.computed_before[d] + plan.num_sched[d]
-        return float((plan.drafts[d].astype(np.float64) * ctx).sum())
 
     def window_seconds(self, w: WindowPlan) -> np.ndarray:
         """Durations of each step of a pure-decode window (same formula as step_seconds)."""

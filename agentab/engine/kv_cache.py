@@ -21,16 +21,26 @@ columns): a probe of a table much larger than the CPU caches then costs one cach
 two. Entries are never deleted on
 eviction: an entry is live only while its block still holds its key, and dead slots are reused
 by insertion; the table is rebuilt from the live blocks when a quarter of its slots have been
-used (linear probing clusters: a sparse table keeps the longest probe chain short). Each
+used (linear probing clusters: a sparse table keeps the longest probe chain short). A lookup
+first checks guesses (the blocks the last row with the same first block held: a new turn of a
+conversation finds nearly every block of its context there): a guessed block that holds the
+key, and whose key no other block held at the same time (`shared`, marked by the insert), is
+the block the probe would find, so the table, whose probes are cache misses, is probed only
+for the rest. Each
 operation's loop is a kernel in agentab.engine.loops_numba, the one implementation (plain Python
 without numba; tests/engine/test_loops_numba.py checks the two give the same pool).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from agentab.engine import loops_numba
+from agentab.engine import loops_numba, transitions_numba
+
+if TYPE_CHECKING:
+    from agentab.engine.slots import SlotState
 
 
 class BlockPool:
@@ -42,6 +52,12 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.ref = np.zeros(num_blocks, dtype=np.int32)
         self.hash = np.zeros(num_blocks, dtype=np.uint64)  # 0 = holds no cached prefix
+        # 1: another block held this block's key at the same time (loops_numba.insert)
+        self.shared = np.zeros(num_blocks, dtype=np.uint8)
+        # the cached blocks a row held when it left its slot, by its first block's key: the
+        # guesses for the next lookup of a prompt that starts the same (`lookup_free`)
+        self._known: dict[int, np.ndarray] = {}
+        self._known_ids = 0  # block ids held there, at most num_blocks (as much as `hash`)
         self.gen = np.arange(num_blocks, dtype=np.int64)
         self._next_gen = num_blocks
         size = 3 * num_blocks + 4096
@@ -70,17 +86,33 @@ class BlockPool:
         """Block ids of the longest run of leading `hashes` that are cached (stops at a miss)."""
         return self.lookup_free(hashes)[0]
 
-    def lookup_free(self, hashes: np.ndarray) -> tuple[np.ndarray, int]:
+    def lookup_free(
+        self, hashes: np.ndarray, known: np.ndarray | None = None
+    ) -> tuple[np.ndarray, int]:
         """`lookup`, and how many of the hit blocks sit in the free queue (they count as free
-        space for an admission: vLLM's rule), read in the same pass over the blocks."""
+        space for an admission: vLLM's rule), read in the same pass over the blocks.
+
+        `known`: a guess of the blocks holding the leading hashes (-1: none); by default the
+        blocks the last row whose prompt started with the same block held when it left its
+        slot (`free_rows`), e.g. the previous turn of the same conversation. A right guess
+        spares probing the table, a wrong one costs only its check, and the result is the
+        same (loops_numba.lookup_known)."""
         n = len(hashes)
         if n == 0:
             return np.zeros(0, dtype=np.int64), 0
         keys = np.ascontiguousarray(hashes, dtype=np.uint64)
         out = np.empty(n, dtype=np.int64)
-        hit, free = loops_numba.lookup_into(
-            keys, out, self._tkey, self._tblk, self.hash, self._mask, self.ref
-        )
+        if known is None:
+            known = self._known.get(int(keys[0]))
+        if known is not None and len(known):
+            hit, free = loops_numba.lookup_known(
+                keys, known, out, self._tkey, self._tblk, self.hash, self._mask, self.ref,
+                self.shared,
+            )  # fmt: skip
+        else:
+            hit, free = loops_numba.lookup_into(
+                keys, out, self._tkey, self._tblk, self.hash, self._mask, self.ref
+            )
         return out[:hit], int(free)
 
     def register(self, ids: np.ndarray, hashes: np.ndarray) -> None:
@@ -108,7 +140,7 @@ class BlockPool:
         room = self._table_size // 4 - self._used
         used = loops_numba.register_full(
             block_table, hash_table, ncached, slots, full,
-            self._tkey, self._tblk, self.hash, self._mask, room,
+            self._tkey, self._tblk, self.hash, self._mask, room, self.shared,
         )  # fmt: skip
         if used >= 0:
             self._used += used
@@ -131,7 +163,9 @@ class BlockPool:
         (loops_numba.insert): a slot is free if never used, dead (its block no longer holds its
         key) or holding the same key; of the keys that contest one slot in a round the last
         write stays, the others probe on."""
-        self._used += loops_numba.insert(ids, keys, self._tkey, self._tblk, self.hash, self._mask)
+        self._used += loops_numba.insert(
+            ids, keys, self._tkey, self._tblk, self.hash, self._mask, self.shared
+        )
 
     # -- reference counts -----------------------------------------------------------------
     def touch(self, ids: np.ndarray) -> None:
@@ -197,6 +231,68 @@ class BlockPool:
         self._next_gen += added
         self._entries += added
         self.num_free += added
+
+    def free_rows(self, st: SlotState, slots: np.ndarray) -> None:
+        """`free` of each row's blocks, tail first, rows in order (one kernel call for a step's
+        finishes); the rows then hold no blocks. Their cached blocks are remembered as the
+        guesses for a later lookup (`lookup_free`)."""
+        known = self._known
+        for s in slots.tolist():
+            n = int(st.ncached[s])
+            if n:
+                key = int(st.hash_table[s, 0])
+                old = known.pop(key, None)
+                self._known_ids += n - (0 if old is None else len(old))
+                known[key] = st.block_table[s, :n].copy()
+                while self._known_ids > self.num_blocks:  # the oldest rows go first
+                    self._known_ids -= len(known.pop(next(iter(known))))
+        args = (slots, st.block_table, st.nblocks, st.ncached, self.ref, self.gen)
+        added = transitions_numba.release_rows(
+            *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
+        )
+        if added < 0:  # (room for them all after it: the rows hold at most every block)
+            self._compact()
+            added = transitions_numba.release_rows(
+                *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
+            )
+        self._next_gen += added
+        self._entries += added
+        self.num_free += added
+
+    def admit_row(
+        self,
+        st: SlotState,
+        slot: int,
+        hits: np.ndarray,
+        hashes: np.ndarray,
+        request: tuple[int, int, int, int, np.uint64],
+        fresh: int,
+        full: int,
+        bs: int,
+    ) -> bool:
+        """A request admitted into row `slot` in one kernel call: its hit blocks `hits`
+        touched, the row written (`hashes`; `request`: tokens known, output so far,
+        max_tokens, verify steps so far, key), `fresh` blocks appended and its blocks up to
+        `full` registered. False: the prefix table must be rebuilt before they are
+        registered, which the caller then does (`register_rows`)."""
+        tail = self._head + self._entries
+        touched, head, evicted, used = transitions_numba.admit_row(
+            slot, hits, hashes, *request, fresh, full, bs,
+            st.computed, st.ntokens, st.output, st.maxtok, st.spec_idx, st.keys, st.in_decode,
+            st.nblocks, st.ncached, st.nhashed, st.block_table, st.hash_table,
+            self._qids[:tail], self._qgens[:tail], self._head, self.num_free,
+            self.ref, self.gen, self.hash, self._tkey, self._tblk, self._mask,
+            self._table_size // 4 - self._used, self.shared,
+        )  # fmt: skip
+        self.num_free -= touched
+        if head < 0:
+            raise RuntimeError(f"allocate({fresh}) with only {self.num_free} free blocks")
+        if fresh:
+            self._took(head, evicted, fresh)
+        if used < 0:
+            return False
+        self._used += used
+        return True
 
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""

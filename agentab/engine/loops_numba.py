@@ -69,14 +69,22 @@ def insert(
     tblk: np.ndarray,
     held: np.ndarray,
     mask: np.uint64,
+    shared: np.ndarray,
 ) -> int:
     """Mark blocks `ids` as holding `keys` (`held`), then BlockPool._insert's rounds, element by
     element in the same order (so the table ends up the same); returns how many never-used
-    slots were taken."""
+    slots were taken.
+
+    `shared` (per block) marks the blocks whose key another block held at the same time: an
+    inserted block starts unmarked; a block whose live entry an insert of its key overwrites
+    is marked with the inserted one, and so is every other live holder of an inserted key
+    found on its probe chain after the rounds, with the inserted one. So an unmarked block
+    that holds a key is the one a lookup of that key finds (`lookup_known` relies on it)."""
     m = np.int64(mask)
     n = len(keys)
     for i in range(n):
         held[ids[i]] = keys[i]
+        shared[ids[i]] = 0
     pos = np.empty(n, dtype=np.int64)
     for i in range(n):
         pos[i] = np.int64(keys[i] & mask)
@@ -93,8 +101,13 @@ def insert(
         for j in range(n):  # writes in order: the last write to a slot stays
             if free[j]:
                 i = cur[j]
-                tkey[pos[i]] = keys[i]
-                tblk[pos[i]] = ids[i]
+                p = pos[i]
+                old = tblk[p]
+                if tkey[p] == keys[i] and old != ids[i] and old >= 0 and held[old] == keys[i]:
+                    shared[old] = 1  # a live holder of the same key loses its entry
+                    shared[ids[i]] = 1
+                tkey[p] = keys[i]
+                tblk[p] = ids[i]
         rest = 0
         for j in range(n):
             i = cur[j]
@@ -107,7 +120,61 @@ def insert(
             cur[rest] = i
             rest += 1
         n = rest
+    for i in range(len(keys)):  # other live holders of an inserted key on its chain
+        q = keys[i]
+        p = np.int64(q & mask)
+        while tkey[p] != 0:
+            b = tblk[p]
+            if tkey[p] == q and b != ids[i] and held[b] == q:
+                shared[b] = 1
+                shared[ids[i]] = 1
+            p = (p + 1) & m
     return used
+
+
+@jit
+def lookup_known(
+    keys: np.ndarray,
+    known: np.ndarray,
+    out: np.ndarray,
+    tkey: np.ndarray,
+    tblk: np.ndarray,
+    held: np.ndarray,
+    mask: np.uint64,
+    ref: np.ndarray,
+    shared: np.ndarray,
+) -> tuple[int, int]:
+    """`lookup_into`, with a guess for the leading keys: known[i] (-1: none) is a block that
+    may hold keys[i] (e.g. the block that held it for the previous turn of the conversation).
+    A guess that holds the key and is not marked `shared` (see `insert`) is the block the
+    table's probe would find, so it is taken without probing the table (a cache miss a key
+    in a table much larger than the CPU's caches); any other key is probed as usual. The
+    results are `lookup_into`'s exactly."""
+    m = np.int64(mask)
+    free = 0
+    nk = len(known)
+    for i in range(len(keys)):
+        q = keys[i]
+        found = -1
+        c = known[i] if i < nk else -1
+        if c >= 0 and held[c] == q and shared[c] == 0:
+            found = c
+        else:
+            pos = np.int64(q & mask)
+            while True:
+                k = tkey[pos]
+                if k == 0:
+                    break
+                b = tblk[pos]
+                if k == q and held[b] == q:
+                    found = b
+                    break
+                pos = (pos + 1) & m
+        if found < 0:
+            return i, free
+        out[i] = found
+        free += int(ref[found] == 0)
+    return len(keys), free
 
 
 @jit
@@ -224,6 +291,7 @@ def register_full(
     held: np.ndarray,
     mask: np.uint64,
     room: int,
+    shared: np.ndarray,
 ) -> int:
     """`newly_full` then `insert` (BlockPool.register_rows): the rows' blocks from ncached up
     to `full` registered; returns the never-used table slots taken, or -1, changing nothing,
@@ -238,7 +306,7 @@ def register_full(
     if total == 0:
         return 0
     ids, keys = newly_full(block_table, hash_table, ncached, slots, full)
-    return insert(ids, keys, tkey, tblk, held, mask)
+    return insert(ids, keys, tkey, tblk, held, mask, shared)
 
 
 # -- block hashes and synthetic output (agentab.engine.hashing) ---------------------------------

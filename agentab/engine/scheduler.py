@@ -141,19 +141,23 @@ class Scheduler:
     def _leave_slot(self, req: Request) -> None:
         """Copy a running request's progress back to it, free its blocks (tail first) and its
         slot. The caller takes the slot out of `run` and sets the new status."""
-        slot = req.slot
+        self._leave_slots([req], np.array([req.slot], dtype=_I64))
+
+    def _leave_slots(self, reqs: list[Request], slots: np.ndarray) -> None:
+        """`_leave_slot` of each of these requests (in `slots`), in order."""
         st = self.state
         if self.log is not None:
-            req.chunk_parts.append(self.span(req))
-        req.num_output = int(st.output[slot])
-        req.spec_index = int(st.spec_idx[slot])
-        n = int(st.nblocks[slot])
-        self.pool.free(st.block_table[slot, :n][::-1])
-        st.nblocks[slot] = 0
-        st.ncached[slot] = 0
-        self.slot_req[slot] = None
-        self._free_slots.append(slot)
-        req.slot = -1
+            for req in reqs:
+                req.chunk_parts.append(self.span(req))
+        self.pool.free_rows(st, slots)
+        outputs, spec = st.output[slots].tolist(), st.spec_idx[slots].tolist()
+        slot_req, free_slots = self.slot_req, self._free_slots
+        for req, slot, out, idx in zip(reqs, slots.tolist(), outputs, spec, strict=True):
+            req.num_output = out
+            req.spec_index = idx
+            slot_req[slot] = None
+            free_slots.append(slot)
+            req.slot = -1
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -219,10 +223,9 @@ class Scheduler:
         `hits` (block ids) and `n` tokens scheduled in this step."""
         self.waiting.popleft()
         req.move_to(RequestStatus.RUNNING)
-        bs, st = self.bs, self.state
+        bs = self.bs
         ntok = req.prompt_len + req.num_output
         hit_tokens = len(hits) * bs
-        self.pool.touch(hits)
         c = self.counters
         if req.num_preemptions == 0:
             req.cached_tokens = hit_tokens
@@ -235,24 +238,14 @@ class Scheduler:
         st = self.state  # (taking a slot may have grown the arrays)
         if self.log is not None:
             req.since = self.log.n
-        nh = len(req.hashes)
-        st.hash_table[slot, :nh] = req.hashes
-        st.block_table[slot, : len(hits)] = hits
-        st.nblocks[slot] = len(hits)
-        st.ncached[slot] = len(hits)
-        st.nhashed[slot] = nh
-        st.computed[slot] = hit_tokens
-        st.ntokens[slot] = ntok
-        st.output[slot] = req.num_output
-        st.maxtok[slot] = req.max_tokens
-        st.spec_idx[slot] = req.spec_index
-        st.keys[slot] = np.uint64(req.key)
-        st.in_decode[slot] = False
-        one = np.array([slot], dtype=_I64)
         fresh = self._blocks_for(hit_tokens + n + self.k) - len(hits)
-        self.alloc_rows(one, np.array([fresh], dtype=_I64), fresh)
-        self.register_rows(one, np.array([min(hit_tokens + n, ntok) // bs], dtype=_I64))
-        self.run = np.concatenate((self.run, one))
+        full = min(hit_tokens + n, ntok) // bs
+        if not self.cfg.synthetic_output:
+            full = min(full, len(req.hashes))
+        fields = (ntok, req.num_output, req.max_tokens, req.spec_index, np.uint64(req.key))
+        if not self.pool.admit_row(st, slot, hits, req.hashes, fields, fresh, full, bs):
+            self.register_rows(np.array([slot], dtype=_I64), np.array([full], dtype=_I64))
+        self.run = np.concatenate((self.run, np.array([slot], dtype=_I64)))
 
     def _preempt_last(self) -> Request:
         """RUNNING -> PREEMPTED: the most recently admitted running request, blocks freed
@@ -271,8 +264,8 @@ class Scheduler:
     def finish(self, slots: np.ndarray) -> list[Request]:
         """RUNNING -> FINISHED_LENGTH for the requests in `slots` (they generated max_tokens)."""
         out = self.requests_of(slots)
+        self._leave_slots(out, slots)
         for req in out:
-            self._leave_slot(req)
             req.move_to(RequestStatus.FINISHED_LENGTH)
             del self.requests[req.id]
         gone = np.zeros(self.state.capacity, dtype=np.bool_)

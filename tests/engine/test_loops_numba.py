@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _state(pool: BlockPool) -> tuple:
     tail = pool._head + pool._entries  # the free queue's buffer up to its tail
     queue = (pool._qids[:tail].tolist(), pool._qgens[:tail].tolist())
-    arrays = (pool.ref, pool.hash, pool.gen, pool._tkey, pool._tblk)
+    arrays = (pool.ref, pool.hash, pool.gen, pool._tkey, pool._tblk, pool.shared)
     scalars = (pool._head, pool._entries, pool.num_free, pool.evictions, pool._used)
     return (*(a.tobytes() for a in arrays), scalars, queue, pool._table_size)
 
@@ -70,8 +70,24 @@ def test_pool_kernels_leave_the_same_state_compiled_and_plain(monkeypatch, seed:
             _both(monkeypatch, pools, "register", ids, keys)
         elif action == 2:
             keys = keyspace[rng.permutation(len(keyspace))[: int(rng.integers(1, 60))]]
+            cached = [pools[0].hash[ids] for ids in held]
+            cached = [k[: np.argmin(k != 0)] if (k == 0).any() else k for k in cached]
+            cached = [k for k in cached if len(k)]
+            if cached and rng.random() < 0.7:  # a held row's keys: leading hits
+                keys = np.concatenate([cached[int(rng.integers(len(cached)))], keys[:3]])
             a, b = _both(monkeypatch, pools, "lookup", keys)
             assert a.tolist() == b.tolist()
+            # guessed blocks (a holder of the key, shared or not; any block; none) change
+            # nothing: the same hits and free count as probing every key
+            want = pools[0].lookup_free(keys, np.zeros(0, dtype=np.int64))
+            holders = [np.flatnonzero(pools[0].hash == key) for key in keys]
+            for _ in range(3):
+                guess = rng.integers(-1, 300, size=int(rng.integers(1, len(keys) + 3)))
+                for i in range(min(len(keys), len(guess))):
+                    if len(holders[i]) and rng.random() < 0.8:
+                        guess[i] = rng.choice(holders[i])
+                for got in _both(monkeypatch, pools, "lookup_free", keys, guess):
+                    assert (got[0].tolist(), got[1]) == (want[0].tolist(), want[1])
         elif held:
             ids = held.pop(int(rng.integers(len(held))))
             _both(monkeypatch, pools, "free", ids[::-1])

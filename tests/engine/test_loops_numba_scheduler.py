@@ -26,11 +26,11 @@ from agentab.engine.hashing import (
 from agentab.engine.options import DecodeBackend
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
-from tests.engine.kernels import KERNELS, plain_python
+from tests.engine.kernels import KERNELS, TRANSITION_KERNELS, plain_python
 
 SLOT_ARRAYS = ("computed", "ntokens", "output", "maxtok", "nblocks", "ncached", "nhashed")
 SLOT_ARRAYS += ("spec_idx", "keys", "in_decode", "block_table", "hash_table")
-POOL_ARRAYS = ("ref", "hash", "gen", "_tkey", "_tblk")
+POOL_ARRAYS = ("ref", "hash", "gen", "_tkey", "_tblk", "shared")
 POOL_SCALARS = ("_head", "_entries", "num_free", "evictions", "_used", "_next_gen")
 
 
@@ -168,6 +168,7 @@ def test_compiled_kernels_match_their_plain_python_op_by_op(
 @pytest.mark.skipif(not loops_numba.ENABLED, reason="numba not in use")
 def test_every_kernel_is_compiled() -> None:
     assert len(KERNELS) >= 20
+    assert {"admit_row", "release_rows"} <= set(TRANSITION_KERNELS)
 
 
 def test_hash_kernels_match_the_numpy_functions() -> None:

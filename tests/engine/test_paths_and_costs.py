@@ -232,3 +232,37 @@ def test_profile_keys_of_the_mixed_row_cost_and_async_scheduling(tmp_path):
     path.write_text(text + "\n[engine]\nasync = true\n")
     with pytest.raises(AgentabError, match=r"engine\.async: unknown key"):
         load_profile(path)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_price_sums_pass_matches_numpy_compiled_and_plain(seed: int) -> None:
+    """price_numba.step_sums (compiled, and its plain-Python function) gives the sums the
+    price formula used to take with numpy masks, for mixed, decode-only and prefill-only
+    rows (drafts only on decoding rows, as the scheduler plans them)."""
+    from agentab.engine import price_numba
+
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n = int(rng.integers(1, 80))
+        sched = rng.integers(1, 9000, size=n).astype(np.int64)
+        comp = rng.integers(0, 300_000, size=n).astype(np.int64)
+        dec = rng.random(n) < [0.0, 0.5, 1.0][int(rng.integers(3))]
+        drafts = np.where(dec, rng.integers(0, 8, size=n), 0).astype(np.int64)
+        pre = ~dec
+        nf, cf = sched[pre].astype(np.float64), comp[pre].astype(np.float64)
+        v = dec & (drafts > 0)
+        want = (
+            int(np.count_nonzero(dec)),
+            int((comp[dec] + sched[dec]).sum()),
+            int(np.count_nonzero(drafts)),
+            float((drafts[v].astype(np.float64) * (comp[v] + sched[v])).sum()),
+            float(nf.sum()),
+            float((nf * cf + nf * (nf + 1) / 2).sum()),
+            float(cf.sum()),
+            int(np.count_nonzero(pre)),
+        )
+        for fn in (price_numba.step_sums, getattr(price_numba.step_sums, "py_func", None)):
+            if fn is None:
+                continue
+            got = fn(sched, comp, dec, drafts)
+            assert tuple(type(w)(g) for w, g in zip(want, got, strict=True)) == want

@@ -1,0 +1,141 @@
+"""Compiled kernels (numba) for two of the scheduler's transitions: a waiting request taking
+its slot, and finished requests giving their slots' blocks back.
+
+Why: at AgentX scale every request is admitted once and finishes once, and each of these was a
+dozen Python-level operations around the block pool's kernels (scalar writes into the slot
+arrays, one-element index arrays, three kernel calls with their wrappers): ~30 us an
+admission, more than the work itself. Here each is one call that composes the pool's kernels
+(agentab.engine.loops_numba: `touch`, `take_into_rows`, `register_full`, `release`) in the
+order the Python did, so the blocks, the free queue and the prefix table end up exactly as
+before. Like every kernel they run as plain Python without numba; tests/engine compares the
+two (test_loops_numba_scheduler.py runs a random stream of requests, steps, windows and
+aborts both ways).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentab import numba_jit
+from agentab.engine.loops_numba import register_full, release, take_into_rows, touch
+from agentab.numba_jit import jit
+
+ENABLED = numba_jit.ENABLED  # this module's switch: a test may turn off its kernels alone
+
+
+@jit
+def admit_row(
+    slot: int,
+    hits: np.ndarray,
+    hashes: np.ndarray,
+    ntok: int,
+    num_output: int,
+    max_tokens: int,
+    spec_index: int,
+    key: np.uint64,
+    fresh: int,
+    full: int,
+    bs: int,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    output: np.ndarray,
+    maxtok: np.ndarray,
+    spec_idx: np.ndarray,
+    keys: np.ndarray,
+    in_decode: np.ndarray,
+    nblocks: np.ndarray,
+    ncached: np.ndarray,
+    nhashed: np.ndarray,
+    block_table: np.ndarray,
+    hash_table: np.ndarray,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    head: int,
+    num_free: int,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    held: np.ndarray,
+    tkey: np.ndarray,
+    tblk: np.ndarray,
+    mask: np.uint64,
+    room: int,
+    shared: np.ndarray,
+) -> tuple[int, int, int, int]:
+    """A waiting request into row `slot` (Scheduler._admit_one): its prefix hit's blocks
+    `hits` referenced, the row's state written, `fresh` blocks taken from the free queue
+    (`qids`/`qgens` up to its tail, from `head`) and its blocks up to `full` registered.
+
+    Returns (hit blocks that were free, the queue's new head, blocks evicted, table slots
+    used); the slots used are -1 when registering needs a table rebuild first (nothing
+    registered then: the caller registers). The head is -1, with only the hits touched, when
+    the pool's `num_free` free blocks cannot hold `fresh` more (the admission rule rules it
+    out)."""
+    one = np.empty(1, dtype=np.int64)
+    one[0] = slot
+    touched = touch(hits, ref)
+    nh = len(hashes)
+    for j in range(nh):
+        hash_table[slot, j] = hashes[j]
+    nhit = len(hits)
+    for j in range(nhit):
+        block_table[slot, j] = hits[j]
+    nblocks[slot] = nhit
+    ncached[slot] = nhit
+    nhashed[slot] = nh
+    computed[slot] = nhit * bs
+    ntokens[slot] = ntok
+    output[slot] = num_output
+    maxtok[slot] = max_tokens
+    spec_idx[slot] = spec_index
+    keys[slot] = key
+    in_decode[slot] = False
+    evicted = 0
+    if fresh:
+        if fresh > num_free - touched:
+            return touched, -1, 0, 0
+        need = np.empty(1, dtype=np.int64)
+        need[0] = fresh
+        head, evicted = take_into_rows(
+            qids, qgens, head, ref, gen, held, fresh, block_table, nblocks, one, need
+        )
+    upto = np.empty(1, dtype=np.int64)
+    upto[0] = full
+    used = register_full(
+        block_table, hash_table, ncached, one, upto, tkey, tblk, held, mask, room, shared
+    )
+    return touched, head, evicted, used
+
+
+@jit
+def release_rows(
+    slots: np.ndarray,
+    block_table: np.ndarray,
+    nblocks: np.ndarray,
+    ncached: np.ndarray,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    next_gen: int,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    tail: int,
+) -> int:
+    """`BlockPool.free` of each row's blocks, tail first, rows in order (Scheduler.finish):
+    the blocks whose count drops to zero join the free queue at `tail` with the generations
+    from `next_gen` on; the rows then hold none. Returns how many joined, or -1, changing
+    nothing, when the queue's buffer has no room for every block the rows hold (the caller
+    compacts it first)."""
+    total = 0
+    for i in range(len(slots)):
+        total += nblocks[slots[i]]
+    if tail + total > len(qids):
+        return -1
+    added = 0
+    for i in range(len(slots)):
+        s = slots[i]
+        n = nblocks[s]
+        if n:
+            ids = block_table[s, :n][::-1]
+            added += release(ids, ref, gen, next_gen + added, qids, qgens, tail + added)
+        nblocks[s] = 0
+        ncached[s] = 0
+    return added

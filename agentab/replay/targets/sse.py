@@ -92,7 +92,6 @@ class LineSplitter:
             self._size = len(rest)
         return lines
 
-
     def end(self) -> list[bytes]:
         """At the end of the body: its last line when the server closed without a line end
         after it (a stream's `data: [DONE]` so sent still ends the stream)."""

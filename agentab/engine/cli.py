@@ -298,6 +298,7 @@ def verify_bench(
     attention kernels read them (each query reads its row's entries) and each entry once."""
     from agentab.engine.local.verify_bench import full_table, run_verify_bench, verify_shapes
     from agentab.kernels.check import parse_batches
+    from agentab.kernels.cli import need_cuda
     from agentab.kernels.paths import check_path_names
 
     batches = parse_batches(batch)
@@ -306,13 +307,7 @@ def verify_bench(
         raise AgentabError("--verify: needs the drafts per row, e.g. 3,5,7")
     names = tuple(p for p in paths.split(",") if p)
     check_path_names(names)
-    from agentab.extras import require
-
-    require("torch", "agentab engine verify-bench", extra="gpu")
-    import torch
-
-    if not torch.cuda.is_available():
-        raise AgentabError("engine verify-bench: needs a CUDA GPU (none visible to torch)")
+    need_cuda("agentab engine verify-bench")
     res = run_verify_bench(preset, batches, shapes, context, layers, iters, paths=names)
     res["command"] = (
         f"agentab engine verify-bench --preset {preset} --batch {batch} --context {context} "

@@ -39,26 +39,32 @@ def lookup_into(
     queue). A key is found at the first slot of its probe chain that holds it while its block
     still does; an empty slot ends the chain (a miss). The free count is read in the same pass
     (an admission needs both), while each block's line is being fetched anyway."""
-    m = np.int64(mask)
     free = 0
     for i in range(len(keys)):
-        q = keys[i]
-        pos = np.int64(q & mask)
-        found = -1
-        while True:
-            k = tkey[pos]
-            if k == 0:
-                break
-            b = tblk[pos]
-            if k == q and held[b] == q:
-                found = b
-                break
-            pos = (pos + 1) & m
+        found = probe(keys[i], tkey, tblk, held, mask)
         if found < 0:
             return i, free
         out[i] = found
         free += int(ref[found] == 0)  # (no branch: a mispredicted one stalls the probes)
     return len(keys), free
+
+
+@jit
+def probe(
+    q: np.uint64, tkey: np.ndarray, tblk: np.ndarray, held: np.ndarray, mask: np.uint64
+) -> int:
+    """The block holding key `q` (-1: none): the first slot of its probe chain that holds it
+    while its block still does; an empty slot ends the chain."""
+    m = np.int64(mask)
+    pos = np.int64(q & mask)
+    while True:
+        k = tkey[pos]
+        if k == 0:
+            return -1
+        b = tblk[pos]
+        if k == q and held[b] == q:
+            return b
+        pos = (pos + 1) & m
 
 
 @jit
@@ -145,31 +151,20 @@ def lookup_known(
     shared: np.ndarray,
 ) -> tuple[int, int]:
     """`lookup_into`, with a guess for the leading keys: known[i] (-1: none) is a block that
-    may hold keys[i] (e.g. the block that held it for the previous turn of the conversation).
+    may hold keys[i] (e.g. the block an earlier request whose prompt began the same way held).
     A guess that holds the key and is not marked `shared` (see `insert`) is the block the
     table's probe would find, so it is taken without probing the table (a cache miss a key
     in a table much larger than the CPU's caches); any other key is probed as usual. The
     results are `lookup_into`'s exactly."""
-    m = np.int64(mask)
     free = 0
     nk = len(known)
     for i in range(len(keys)):
         q = keys[i]
-        found = -1
         c = known[i] if i < nk else -1
         if c >= 0 and held[c] == q and shared[c] == 0:
             found = c
         else:
-            pos = np.int64(q & mask)
-            while True:
-                k = tkey[pos]
-                if k == 0:
-                    break
-                b = tblk[pos]
-                if k == q and held[b] == q:
-                    found = b
-                    break
-                pos = (pos + 1) & m
+            found = probe(q, tkey, tblk, held, mask)
         if found < 0:
             return i, free
         out[i] = found

@@ -21,7 +21,8 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +137,34 @@ def finish_row(
     return row
 
 
+def time_each_path(
+    row: dict[str, Any],
+    paths: Iterable[str],
+    measure: Callable[[str], dict[str, Any]],
+    label: str,
+) -> dict[str, Any]:
+    """`measure` each path into `row` (`<path>_us` and `<path>_kernels`, or `<path>_error`:
+    a failing path must not hide the other paths' figures), a progress line each; returns
+    the per-path results."""
+    detail: dict[str, Any] = {}
+    for name in paths:
+        try:
+            r = measure(name)
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            row[f"{result_key(name)}_error"] = f"{type(exc).__name__}: {exc}"[:500]
+            continue
+        row[f"{result_key(name)}_us"] = round(r["us_per_layer"], 2)
+        row[f"{result_key(name)}_kernels"] = r["kernels"]
+        detail[name] = r
+        _log(f"  {label} {name:14s} {r['us_per_layer']:9.1f} us/layer "
+             f"(p10 {r['p10_us_per_layer']:.1f}, p90 {r['p90_us_per_layer']:.1f}) "
+             f"{r['kernels']} kernels, build {r['build_s']:.1f}s")  # fmt: skip
+    return detail
+
+
 def run_bench(
     preset: str,
     batches: list[int],
@@ -160,22 +189,10 @@ def run_bench(
     rows, extra_rows = [], []
     for b in batches:
         row: dict[str, Any] = {"batch": b}
-        detail: dict[str, Any] = {}
-        for name in paths:
-            try:
-                r = bench_path(name, cfg, weights, b, context, iters, seed)
-            except Exception as exc:  # a failing path must not hide the other path's figures
-                import traceback
-
-                traceback.print_exc()
-                row[f"{result_key(name)}_error"] = f"{type(exc).__name__}: {exc}"[:500]
-                continue
-            row[f"{result_key(name)}_us"] = round(r["us_per_layer"], 2)
-            row[f"{result_key(name)}_kernels"] = r["kernels"]
-            detail[name] = r
-            _log(f"  batch {b:3d} {name:14s} {r['us_per_layer']:9.1f} us/layer "
-                 f"(p10 {r['p10_us_per_layer']:.1f}, p90 {r['p90_us_per_layer']:.1f}) "
-                 f"{r['kernels']} kernels, build {r['build_s']:.1f}s")  # fmt: skip
+        measure = partial(
+            bench_path, cfg=cfg, layers=weights, batch=b, context=context, iters=iters, seed=seed
+        )
+        detail = time_each_path(row, paths, measure, f"batch {b:3d}")
         rows.append(finish_row(cfg, context, row, detail))
     for b in standard_extra or []:
         r = bench_path("standard", cfg, weights, b, context, max(20, iters // 4), seed)

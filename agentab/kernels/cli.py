@@ -18,14 +18,17 @@ from agentab.kernels.paths import PATH_NAMES, check_path_names
 from agentab.outputs import OutputPath, output_help
 
 
-def _need_cuda() -> None:
+def need_cuda(command: str = "agentab kernels") -> None:
+    """torch installed (the gpu extra) and a CUDA GPU visible, or one line saying which not."""
     from agentab.extras import require
 
-    require("torch", "agentab kernels", extra="gpu")
+    require("torch", command, extra="gpu")
     import torch
 
     if not torch.cuda.is_available():
-        raise AgentabError("kernels: needs a CUDA GPU (none visible to torch)")
+        raise AgentabError(
+            f"{command.removeprefix('agentab ')}: needs a CUDA GPU (none visible to torch)"
+        )
 
 
 @click.group()
@@ -49,7 +52,7 @@ def check(preset: str, batch: str, context: int, paths: str, out: Path | None) -
     get_preset(preset)
     names = tuple(p for p in paths.split(",") if p)
     check_path_names(names)
-    _need_cuda()
+    need_cuda()
     res = run_check(preset, batches, context, paths=names)
     if out:
         out.write_text(json.dumps(res, indent=1))
@@ -95,7 +98,7 @@ def bench(
     extra = parse_batches(standard_extra) if standard_extra else []
     names = tuple(p for p in paths.split(",") if p)
     check_path_names(names)
-    _need_cuda()
+    need_cuda()
     res = run_bench(preset, batches, context, layers, iters, standard_extra=extra, paths=names)
     res["command"] = (
         f"agentab kernels bench --preset {preset} --batch {batch} --context {context} "

@@ -31,8 +31,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-ROOFLINE = 4.3e12  # bytes/s, agentab.kernels.config.HBM_ROOFLINE_BYTES_PER_S
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from agentab.kernels.config import HBM_ROOFLINE_BYTES_PER_S as ROOFLINE  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
 DECODE = {4096: "kernels-h200.json", 32768: "kernels-h200-context-32k.json"}
 # later 4k runs of the same standard layer (the routed rows summed pointwise, 2026-12-01 on)
 STANDARD_4K = (
@@ -108,6 +112,34 @@ def judge(tb_s: float, graph_rows: int, ceiling: dict[str, Any]) -> str:
     return "within the fastest read (43-kernel ceiling not measured)"
 
 
+def shape_row(
+    context: int,
+    shape: str,
+    tokens: int,
+    graph_rows: int,
+    nbytes: float,
+    std: float,
+    spec: float,
+    ceiling: dict[str, Any],
+    rel: str,
+) -> dict[str, Any]:
+    """One shape's row: its bytes, the time its target requires, and how that compares with
+    the measured read ceiling and with the specialized layer's time now."""
+    need = required(tokens, nbytes, std)
+    tb_s = nbytes / need / 1e6
+    return {
+        "context": context, "shape": shape, "tokens": tokens, "graph_rows": graph_rows,
+        "mb": nbytes / 1e6, "roofline_us": nbytes / ROOFLINE * 1e6,
+        "standard_us": std, "target": target(tokens), "required_us": need,
+        "required_share": tb_s / (ROOFLINE / 1e12),
+        "required_tb_s": tb_s, "of_fastest_read": tb_s / ceiling["plain"]["tb_s"],
+        "floor_us": nbytes / ceiling["plain"]["tb_s"] / 1e6,
+        "verdict": judge(tb_s, graph_rows, ceiling),
+        "specialized_us": spec, "speedup_now": std / spec, "miss": spec / need - 1,
+        "file": rel,
+    }  # fmt: skip
+
+
 def decode_rows(ceiling: dict[str, Any]) -> list[dict[str, Any]]:
     fast = fastest_standard_4k()
     rows = []
@@ -115,19 +147,7 @@ def decode_rows(ceiling: dict[str, Any]) -> list[dict[str, Any]]:
         doc = load(rel)
         for r in doc["rows"] if doc else []:
             b, nbytes, std, spec = r["batch"], r["bytes"], r["standard_us"], r["specialized_us"]
-            need = required(b, nbytes, std)
-            tb_s = nbytes / need / 1e6
-            row = {
-                "context": context, "shape": str(b), "tokens": b, "graph_rows": b,
-                "mb": nbytes / 1e6, "roofline_us": nbytes / ROOFLINE * 1e6,
-                "standard_us": std, "target": target(b), "required_us": need,
-                "required_share": nbytes / need / 1e6 / (ROOFLINE / 1e12),
-                "required_tb_s": tb_s, "of_fastest_read": tb_s / ceiling["plain"]["tb_s"],
-                "floor_us": nbytes / ceiling["plain"]["tb_s"] / 1e6,
-                "verdict": judge(tb_s, b, ceiling),
-                "specialized_us": spec, "speedup_now": std / spec, "miss": spec / need - 1,
-                "file": rel,
-            }  # fmt: skip
+            row = shape_row(context, str(b), b, b, nbytes, std, spec, ceiling, rel)
             if context == 4096 and b in fast and fast[b][0] < std:
                 strict = required(b, nbytes, fast[b][0])
                 row["fastest_standard_us"], row["fastest_standard_file"] = fast[b]
@@ -151,22 +171,11 @@ def verify_rows(ceiling: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str
         for r in doc.get("verify_rows", []):
             if "standard_us" not in r or "specialized_us" not in r:
                 continue
-            t, std, spec = r["tokens"], r["standard_us"], r["specialized_us"]
-            need = required(t, r["bytes_distinct"], std)
-            tb_s = r["bytes_distinct"] / need / 1e6
-            rows.append({
-                "context": context, "shape": r["shape"], "tokens": t,
-                "graph_rows": r["graph_rows"], "mb": r["bytes_distinct"] / 1e6,
-                "mb_read": r["bytes"] / 1e6, "roofline_us": r["bytes_distinct"] / ROOFLINE * 1e6,
-                "standard_us": std, "target": target(t), "required_us": need,
-                "required_share": tb_s / (ROOFLINE / 1e12),
-                "required_share_read": r["bytes"] / need / 1e6 / (ROOFLINE / 1e12),
-                "required_tb_s": tb_s, "of_fastest_read": tb_s / ceiling["plain"]["tb_s"],
-                "floor_us": r["bytes_distinct"] / ceiling["plain"]["tb_s"] / 1e6,
-                "verdict": judge(tb_s, r["graph_rows"], ceiling),
-                "specialized_us": spec, "speedup_now": std / spec, "miss": spec / need - 1,
-                "file": rel,
-            })  # fmt: skip
+            row = shape_row(context, r["shape"], r["tokens"], r["graph_rows"], r["bytes_distinct"],
+                            r["standard_us"], r["specialized_us"], ceiling, rel)  # fmt: skip
+            row["mb_read"] = r["bytes"] / 1e6
+            row["required_share_read"] = r["bytes"] / row["required_us"] / 1e6 / (ROOFLINE / 1e12)
+            rows.append(row)
     return rows, missing
 
 

@@ -245,18 +245,11 @@ class FaultServer:
         if mode in SERVER_FAULT_MODES:
             await self._server_fault(resp, mode, n, prompt)
             return resp
-        if mode == UNTERMINATED:
+        if mode in (MULTILINE, UNTERMINATED):
             for i in range(n):
-                await resp.write(chunk(i))
+                await resp.write(split_chunk(i) if mode == MULTILINE else chunk(i))
             await resp.write(usage_chunk(prompt, n, None))
-            await resp.write(b"data: [DONE]")
-            await resp.write_eof()
-            return resp
-        if mode == MULTILINE:
-            for i in range(n):
-                await resp.write(split_chunk(i))
-            await resp.write(usage_chunk(prompt, n, None))
-            await resp.write(b"data: [DONE]\r\n\r\n")
+            await resp.write(b"data: [DONE]\r\n\r\n" if mode == MULTILINE else b"data: [DONE]")
             await resp.write_eof()
             return resp
         if mode == HUGE:

@@ -151,10 +151,8 @@ def test_an_event_over_the_limit_is_refused_however_short_its_lines() -> None:
     assert str(exc.value) == "an SSE event passed 10 bytes (12 bytes of it read)"
 
 
-def test_a_stream_of_multi_line_events_is_read_as_its_chunks(tmp_path: Path) -> None:
-    # Every chunk's JSON split over three data lines, CRLF line ends, an id field and a comment
-    # inside each event (tests/replay/fault_server.py, split_chunk): read line by line, each
-    # half is undecodable and the request fails as malformed_stream.
+def _one_request_of_12_tokens(tmp_path: Path, mode: str) -> pl.DataFrame:
+    """The records of one 12-token request replayed against a FaultServer in `mode`."""
     request = Request(t=0.0, in_tokens=40, out_tokens=12, hash_ids=(1,), api_time=0.0)
     opts = ReplayOptions(
         concurrency=1,
@@ -165,7 +163,7 @@ def test_a_stream_of_multi_line_events_is_read_as_its_chunks(tmp_path: Path) -> 
         request_timeout_s=10.0,
         max_error_rate=1.0,
     )
-    with FaultServer(lambda rid: MULTILINE) as srv:
+    with FaultServer(lambda rid: mode) as srv:
         run = replay_to_dir(
             Workload((Session("s0", 16, (request,)),)),
             url=srv.url,
@@ -173,7 +171,14 @@ def test_a_stream_of_multi_line_events_is_read_as_its_chunks(tmp_path: Path) -> 
             out_dir=tmp_path / "r",
             progress=False,
         )
-    df = scan_records(run).collect()
+    return scan_records(run).collect()
+
+
+def test_a_stream_of_multi_line_events_is_read_as_its_chunks(tmp_path: Path) -> None:
+    # Every chunk's JSON split over three data lines, CRLF line ends, an id field and a comment
+    # inside each event (tests/replay/fault_server.py, split_chunk): read line by line, each
+    # half is undecodable and the request fails as malformed_stream.
+    df = _one_request_of_12_tokens(tmp_path, MULTILINE)
     assert df["error_class"].to_list() == [None]
     assert df["warning_class"].to_list() == [None]
     assert df["chunk_times_s"].list.len().to_list() == [12]
@@ -187,18 +192,7 @@ def test_a_last_line_without_a_line_end_is_read_when_the_body_ends(tmp_path: Pat
     assert splitter.end() == [b"data: [DONE]"] and splitter.pending_bytes == 0
     assert splitter.end() == []
     # over HTTP: a server that closes right after `data: [DONE]` with no line end
-    request = Request(t=0.0, in_tokens=40, out_tokens=12, hash_ids=(1,), api_time=0.0)
-    opts = ReplayOptions(concurrency=1, passes=1, duration_s=None, start_window=(0.0, 0.0),
-                         warmup_requests=0, request_timeout_s=10.0, max_error_rate=1.0)  # fmt: skip
-    with FaultServer(lambda rid: UNTERMINATED) as srv:
-        run = replay_to_dir(
-            Workload((Session("s0", 16, (request,)),)),
-            url=srv.url,
-            replay=opts,
-            out_dir=tmp_path / "r",
-            progress=False,
-        )
-    df = scan_records(run).collect()
+    df = _one_request_of_12_tokens(tmp_path, UNTERMINATED)
     assert df["error_class"].to_list() == [None]
     assert df["chunk_times_s"].list.len().to_list() == [12]
     assert df["completion_tokens"].to_list() == [12]

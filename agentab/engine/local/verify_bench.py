@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,9 @@ from agentab.engine.local.verify_shapes import (
     step_bytes,
 )
 from agentab.errors import AgentabError
-from agentab.kernels.bench import DEFAULT_BATCHES, run_bench, table, time_layers
+from agentab.kernels.bench import DEFAULT_BATCHES, run_bench, table, time_each_path, time_layers
 from agentab.kernels.config import HBM_ROOFLINE_BYTES_PER_S, LayerConfig
-from agentab.kernels.paths import PATH_NAMES, check_path_names, result_key
+from agentab.kernels.paths import PATH_NAMES, check_path_names
 
 VERIFY_HELP = (
     "speculative decoding's verify shapes: drafts per row k, e.g. 3,5,7; each row is 1 + k "
@@ -55,10 +56,6 @@ def verify_shapes(verify: str, rows: str) -> list[VerifyShape] | None:
             raise AgentabError("--verify-rows: needs --verify (the drafts per row)")
         return None
     return parse_verify(verify, rows if rows.strip() else ",".join(map(str, DEFAULT_ROWS)))
-
-
-def _log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def bench_verify(
@@ -144,23 +141,13 @@ def run_verify(
             "query_tokens": shape.queries, "tokens": shape.tokens,
             "graph_rows": shape.graph_rows, "context": context, "max_len": max_len,
         }  # fmt: skip
-        detail: dict[str, Any] = {}
-        for name in (p for p in VERIFY_PATHS if p in paths):
-            try:
-                r = bench_verify(name, cfg, weights, shape, context, max_len, iters, seed)
-            except Exception as exc:  # a failing path must not hide the other path's figures
-                import traceback
-
-                traceback.print_exc()
-                row[f"{result_key(name)}_error"] = f"{type(exc).__name__}: {exc}"[:500]
-                continue
-            row[f"{result_key(name)}_us"] = round(r["us_per_layer"], 2)
-            row[f"{result_key(name)}_kernels"] = r["kernels"]
-            detail[name] = r
-            _log(f"  verify {shape.label:>5} ({shape.graph_rows:2d} rows) {name:11s} "
-                 f"{r['us_per_layer']:9.1f} us/layer (p10 {r['p10_us_per_layer']:.1f}, "
-                 f"p90 {r['p90_us_per_layer']:.1f}) {r['kernels']} kernels, "
-                 f"build {r['build_s']:.1f}s")  # fmt: skip
+        measure = partial(
+            bench_verify, cfg=cfg, layers=weights, shape=shape, context=context,
+            max_len=max_len, iters=iters, seed=seed,
+        )  # fmt: skip
+        label = f"verify {shape.label:>5} ({shape.graph_rows:2d} rows)"
+        paths_here = [p for p in VERIFY_PATHS if p in paths]
+        detail = time_each_path(row, paths_here, measure, label)
         rows.append(finish_verify_row(row, detail))
     return rows
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -236,11 +235,11 @@ def test_two_sigints_in_a_row_still_finish_the_run_dir(tmp_path: Path, gap_s: fl
 
 class _SignalAtTheLastAnswer(RecordedTarget):
     """Recorded timing; raises SIGINT in this thread as the last request's answer is handed
-    back, so the signal is handled after the run has finished but before it has returned.
-    `raise_signal`, not `os.kill`: a process-directed signal may land on the record writer's
-    thread, and Python then runs the handler in the main thread at a later instruction, which
-    can fall after the run gave the handlers back; the case tested is the loop's last
-    iteration, not that race."""
+    back, so the signal is handled in the run's last loop iteration, before it has returned.
+    Raised there and then, not scheduled with `call_soon` (the loop may end before running
+    the callback, and no signal comes at all) nor sent with `os.kill` (a process-directed
+    signal may land on the record writer's thread, and Python then runs the handler at a
+    later instruction, which can fall after the run gave the handlers back)."""
 
     def __init__(self, requests: int) -> None:
         super().__init__()
@@ -250,7 +249,7 @@ class _SignalAtTheLastAnswer(RecordedTarget):
         await super().send(spec, out)
         self.left -= 1
         if self.left == 0:
-            asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
 
 
 def test_a_signal_as_the_run_ends_is_not_lost(tmp_path: Path) -> None:

@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentab.engine import loops_numba
+from agentab.engine import hashing_numba, loops_numba
 
 if TYPE_CHECKING:
     from agentab.engine.types import PromptPrefix
 
 _MASK = (1 << 64) - 1
+_ZERO = np.uint64(0)
 _P = int(loops_numba.HASH_BASE)  # odd base of the within-block polynomial (a Python int: pow())
 _TOK_ADD, _TOK_MUL, _GOLDEN = loops_numba.TOK_ADD, loops_numba.TOK_MUL, loops_numba.GOLDEN
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -152,23 +153,80 @@ class PrefixHashes:
         n_full = len(prompt) // bs
         if n_full == 0:
             return chain_hashes_raw(prompt, bs)
-        tag = prompt[:bs].tobytes()
-        same, base = self._shared_blocks(prompt, n_full, tag, prefix)
         keys = np.empty(n_full, dtype=np.uint64)
         raw = np.empty(n_full, dtype=np.uint64)
-        prev = np.uint64(0)
-        if same:
-            assert base is not None
-            keys[:same] = base[0][:same]
-            raw[:same] = base[1][:same]
-            prev = raw[same - 1]
+        same, prev, tag = self._start(prompt, n_full, prefix, keys, raw)
         loops_numba.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
+        self._keep(tag, prompt, n_full, keep, prefix, keys, raw)
+        return keys, raw
+
+    def with_output(
+        self,
+        prompt: np.ndarray,
+        out: np.ndarray,
+        head: int,
+        vocab_size: int,
+        prefix: PromptPrefix | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """The keys of every full block of the prompt followed by its synthetic output, and
+        the raw value after the last one: `hashes`' keys, then those of the output's blocks.
+
+        `out` (int64) receives positions head.. of prompt and output: the prompt's ids from
+        `head` on, then the output's (`head`: whole blocks the caller keeps as the prompt's
+        own array, which must not change afterwards). One compiled call hashes the blocks
+        after the known ones, writes the output and hashes its blocks
+        (hashing_numba.request_keys); the prompt's keys are remembered as by `hashes`."""
+        bs = self.block_size
+        n_full = len(prompt) // bs
+        total = (head + len(out)) // bs
+        keys = np.empty(total, dtype=np.uint64)
+        raw = np.empty(total, dtype=np.uint64)
+        same, prev, tag = (0, _ZERO, b"")
+        if n_full:
+            same, prev, tag = self._start(prompt, n_full, prefix, keys, raw)
+        last = hashing_numba.request_keys(prompt, same, prev, out, head, bs, vocab_size, keys, raw)
+        if n_full:
+            keep = prompt[:head] if head else out
+            self._keep(tag, prompt, n_full, keep, prefix, keys[:n_full], raw[:n_full])
+        return keys, int(last)
+
+    def _start(
+        self,
+        prompt: np.ndarray,
+        n_full: int,
+        prefix: PromptPrefix | None,
+        keys: np.ndarray,
+        raw: np.ndarray,
+    ) -> tuple[int, np.uint64, bytes]:
+        """Copy the keys and raw values of the leading blocks known from an earlier prompt into
+        `keys` and `raw`; returns how many, the raw value after them and the prompt's tag."""
+        tag = prompt[: self.block_size].tobytes()
+        same, base = self._shared_blocks(prompt, n_full, tag, prefix)
+        if not same:
+            return 0, _ZERO, tag
+        assert base is not None
+        keys[:same] = base[0][:same]
+        raw[:same] = base[1][:same]
+        return same, raw[same - 1], tag
+
+    def _keep(
+        self,
+        tag: bytes,
+        prompt: np.ndarray,
+        n_full: int,
+        keep: np.ndarray | None,
+        prefix: PromptPrefix | None,
+        keys: np.ndarray,
+        raw: np.ndarray,
+    ) -> None:
+        """Remember the prompt's full blocks' keys under its tag (and its name, if told)."""
         # the caller's prompt may change after this call; `keep` will not
-        tokens = keep[: n_full * bs] if keep is not None else prompt[: n_full * bs].copy()
+        tokens = keep[: n_full * self.block_size] if keep is not None else None
+        if tokens is None:
+            tokens = prompt[: n_full * self.block_size].copy()
         _remember(self._memo, tag, (tokens, keys, raw), self.max_entries)
         if prefix is not None:
             _remember(self._by_key, prefix.key, (keys, raw), self.max_entries)
-        return keys, raw
 
     def _shared_blocks(
         self, prompt: np.ndarray, n_full: int, tag: bytes, prefix: PromptPrefix | None
@@ -221,22 +279,6 @@ def output_ids_from_seed(seed: int, n: int, vocab_size: int = 32000) -> np.ndarr
     with np.errstate(over="ignore"):
         z = mix64(pos + np.uint64(seed))
     return (z % np.uint64(vocab_size - 1)).astype(np.int64) + 1
-
-
-def synthetic_output_keys(
-    tokens: np.ndarray, prompt_len: int, keys: np.ndarray, raw: int, bs: int, vocab_size: int
-) -> tuple[np.ndarray, int]:
-    """Fill tokens[prompt_len:] with the synthetic output ids of the prompt tokens[:prompt_len]
-    (whose full blocks' keys are `keys`, raw value `raw` after them) and hash the blocks after
-    the prompt's full ones; returns every full block's keys and the raw value after them."""
-    n_full = prompt_len // bs
-    loops_numba.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab_size)
-    total = len(tokens) // bs
-    out = np.empty(total, dtype=np.uint64)
-    out[:n_full] = keys
-    raws = np.empty(total - n_full, dtype=np.uint64)
-    last = loops_numba.chain_into(tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws)
-    return out, int(last)
 
 
 def synthetic_output_ids(

@@ -202,10 +202,10 @@ class Scheduler:
             # request's own buffer holds only the ids after them and the output
             head = stable_head(prefix, p, self.bs)
             tokens = np.empty(p - head + max_tokens, dtype=_I64)
-            keys, raw = self._prefix_hashes.with_output(
-                prompt, tokens, head, self.cfg.vocab_size, prefix
-            )
             req = Request(request_id, tokens, p, max_tokens, draw_id)
+            keys, raw = self._prefix_hashes.with_output(
+                prompt, tokens, head, self.cfg.vocab_size, prefix, req
+            )
             if head:
                 req.defer_prompt(prompt[:head])
         else:  # room for the output the executor will sample (and k drafts past it)

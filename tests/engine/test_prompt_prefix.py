@@ -98,9 +98,12 @@ def test_told_prefix_gives_the_compared_state(monkeypatch, use_compiled, block_s
     memo_a, memo_b = told._prefix_hashes._memo, compared._prefix_hashes._memo
     assert list(memo_a) == list(memo_b)
     for tag in memo_a:  # the told one keeps the client's int32 prompt, not a copy: same ids
-        (tokens_a, *rest_a), (tokens_b, *rest_b) = memo_a[tag], memo_b[tag]
+        (tokens_a, known_a), (tokens_b, known_b) = memo_a[tag], memo_b[tag]
         assert np.array_equal(tokens_a, tokens_b) and len(tokens_a) == len(tokens_b)
-        assert [x.tobytes() for x in rest_a] == [x.tobytes() for x in rest_b]
+        n = known_a.valid
+        assert n == known_b.valid
+        assert known_a.keys[:n].tobytes() == known_b.keys[:n].tobytes()
+        assert known_a.raws[:n].tobytes() == known_b.raws[:n].tobytes()
     assert shared > 0
     assert 0 < told_calls < compared_calls
 

@@ -149,6 +149,8 @@ class PromptTokens:
     after a prompt's last hash-id block (its tail) may then be overwritten by its agent's
     next prompt; the first `stable_tokens` (its blocks) never are. A caller that keeps a
     prompt beyond the next `build` of its agent reads only those, or copies it.
+    `dtype`: the ids' integer type (int32, as `prompt_token_ids`; the in-process target
+    takes uint16 where the vocabulary fits, halving the memory each new context touches).
     """
 
     def __init__(

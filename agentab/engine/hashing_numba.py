@@ -7,7 +7,8 @@ Python around them, the allocations and the copies of the keys cost several time
 arithmetic. This kernel does all of it in one pass over arrays the caller allocates once. It
 computes what hashing.chain_hashes_raw, prompt_seed and output_ids_from_seed define (the same
 recurrence as loops_numba.chain_into and synthetic_output), which
-tests/engine/test_profile_and_hashing.py checks; without numba it runs as plain Python.
+tests/engine/test_prompt_prefix.py checks compiled and as plain Python; without numba, or with
+AGENTAB_NUMBA=0, it runs as plain Python.
 """
 
 from __future__ import annotations

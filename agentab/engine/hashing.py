@@ -269,7 +269,8 @@ class _Rows:
     """A buffer of block keys and raw values that a chain of prompts extends in place.
 
     `last` is the prompt written last and `owner` its request, whose output keys follow that
-    prompt's; `frozen`: how many leading keys an earlier prompt still reads as its own."""
+    prompt's (kept alive while an entry of the memos holds the buffer: 2 * max_entries at
+    most); `frozen`: how many leading keys an earlier prompt still reads as its own."""
 
     __slots__ = ("frozen", "keys", "last", "owner", "raws")
 

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentab.engine import loops_numba
+from agentab.engine import hashing_numba, loops_numba
 
 if TYPE_CHECKING:
+    from agentab.engine.request import Request
     from agentab.engine.types import PromptPrefix
 
 _MASK = (1 << 64) - 1
+_ZERO = np.uint64(0)
 _P = int(loops_numba.HASH_BASE)  # odd base of the within-block polynomial (a Python int: pow())
 _TOK_ADD, _TOK_MUL, _GOLDEN = loops_numba.TOK_ADD, loops_numba.TOK_MUL, loops_numba.GOLDEN
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -127,13 +129,19 @@ class PrefixHashes:
     The keys are those of `chain_hashes` exactly (the chain is resumed from the raw value where
     the prefixes part), whichever way the shared part was found. Entries are evicted least
     recently used first.
+
+    `with_output` (the simulator's requests) goes further: a request that extends the last
+    prompt written into a key buffer (`_Rows`) after that prompt's request finished writes its
+    keys into the same buffer, after the blocks it shares, instead of copying them (an agent's
+    next turn: the O(context) copy and a fresh allocation a request, not the hashing, were
+    most of what remained). Entries say how many leading keys are still theirs (`_Known`).
     """
 
     def __init__(self, block_size: int, max_entries: int = 256) -> None:
         self.block_size = block_size
         self.max_entries = max_entries
-        self._memo: OrderedDict[bytes, tuple[np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
-        self._by_key: OrderedDict[object, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._memo: OrderedDict[bytes, tuple[np.ndarray, _Known]] = OrderedDict()
+        self._by_key: OrderedDict[object, _Known] = OrderedDict()
 
     def hashes(
         self,
@@ -156,35 +164,136 @@ class PrefixHashes:
         same, base = self._shared_blocks(prompt, n_full, tag, prefix)
         keys = np.empty(n_full, dtype=np.uint64)
         raw = np.empty(n_full, dtype=np.uint64)
-        prev = np.uint64(0)
+        prev = _ZERO
         if same:
             assert base is not None
-            keys[:same] = base[0][:same]
-            raw[:same] = base[1][:same]
+            keys[:same] = base.keys[:same]
+            raw[:same] = base.raws[:same]
             prev = raw[same - 1]
         loops_numba.chain_into(prompt, same, n_full, bs, prev, keys[same:], raw[same:])
-        # the caller's prompt may change after this call; `keep` will not
-        tokens = keep[: n_full * bs] if keep is not None else prompt[: n_full * bs].copy()
-        _remember(self._memo, tag, (tokens, keys, raw), self.max_entries)
-        if prefix is not None:
-            _remember(self._by_key, prefix.key, (keys, raw), self.max_entries)
+        self._keep(tag, prompt, keep, prefix, _Known(keys, raw, n_full, None))
         return keys, raw
+
+    def with_output(
+        self,
+        prompt: np.ndarray,
+        out: np.ndarray,
+        head: int,
+        vocab_size: int,
+        prefix: PromptPrefix | None = None,
+        owner: Request | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """The keys of every full block of the prompt followed by its synthetic output, and
+        the raw value after the last one: `hashes`' keys, then those of the output's blocks.
+
+        `out` (int64) receives positions head.. of prompt and output: the prompt's ids from
+        `head` on, then the output's (`head`: whole blocks the caller keeps as the prompt's
+        own array, which must not change afterwards). One compiled call hashes the blocks
+        after the known ones, writes the output and hashes its blocks
+        (hashing_numba.request_keys); the prompt's keys are remembered as by `hashes`.
+        `owner`: the request that holds the keys returned; a later prompt writes its keys
+        over the ones after the blocks it shares with this prompt once `owner` has finished
+        (without an owner, never)."""
+        bs = self.block_size
+        n_full = len(prompt) // bs
+        total = (head + len(out)) // bs
+        same, base, tag = 0, None, b""
+        if n_full:
+            tag = prompt[:bs].tobytes()
+            same, base = self._shared_blocks(prompt, n_full, tag, prefix)
+        rows = base.rows if base is not None else None
+        if base is not None and rows is not None and rows.writable(base, same, total):
+            base.valid = min(base.valid, same)  # its keys after `same` are about to change
+            rows.frozen = max(rows.frozen, base.valid)
+        else:
+            rows = _Rows(total + total // 2)
+            if same:
+                assert base is not None
+                rows.keys[:same] = base.keys[:same]
+                rows.raws[:same] = base.raws[:same]
+        keys, raws = rows.keys[:total], rows.raws[:total]
+        prev = raws[same - 1] if same else _ZERO
+        last = hashing_numba.request_keys(prompt, same, prev, out, head, bs, vocab_size, keys, raws)
+        if n_full:
+            known = _Known(keys, raws, n_full, rows)
+            rows.last, rows.owner = known, owner
+            self._keep(tag, prompt, prompt[:head] if head else out, prefix, known)
+        return keys, int(last)
+
+    def _keep(
+        self,
+        tag: bytes,
+        prompt: np.ndarray,
+        keep: np.ndarray | None,
+        prefix: PromptPrefix | None,
+        known: _Known,
+    ) -> None:
+        """Remember the prompt's full blocks' keys under its tag (and its name, if told)."""
+        n = known.valid * self.block_size
+        # the caller's prompt may change after this call; `keep` will not
+        tokens = keep[:n] if keep is not None else prompt[:n].copy()
+        _remember(self._memo, tag, (tokens, known), self.max_entries)
+        if prefix is not None:
+            _remember(self._by_key, prefix.key, known, self.max_entries)
 
     def _shared_blocks(
         self, prompt: np.ndarray, n_full: int, tag: bytes, prefix: PromptPrefix | None
-    ) -> tuple[int, tuple[np.ndarray, np.ndarray] | None]:
-        """(full blocks whose keys are known, the (keys, raw values) holding them)."""
+    ) -> tuple[int, _Known | None]:
+        """(full blocks whose keys are known, the entry holding them)."""
         if prefix is not None and prefix.base is not None:
             known = self._by_key.get(prefix.base)
             if known is not None:  # the client's word: no comparison
-                return min(prefix.shared_tokens // self.block_size, len(known[0]), n_full), known
+                return min(prefix.shared_tokens // self.block_size, known.valid, n_full), known
         entry = self._memo.get(tag)
         if entry is None:
             return 0, None
-        old_tokens, old_keys, old_raw = entry
-        n = min(len(old_tokens) // self.block_size, n_full) * self.block_size
+        old_tokens, known = entry
+        n = min(len(old_tokens) // self.block_size, known.valid, n_full) * self.block_size
         same = int(loops_numba.first_diff(old_tokens, prompt, n)) // self.block_size
-        return same, (old_keys, old_raw)
+        return same, known
+
+
+class _Known:
+    """A remembered prompt's block keys and raw values: the first `valid` are its own.
+
+    `valid` starts at the prompt's full blocks and shrinks when a later prompt that shares
+    only part of them writes its keys over the rest (in the same `_Rows`)."""
+
+    __slots__ = ("keys", "raws", "rows", "valid")
+
+    def __init__(self, keys: np.ndarray, raws: np.ndarray, valid: int, rows: _Rows | None):
+        self.keys, self.raws, self.valid, self.rows = keys, raws, valid, rows
+
+
+class _Rows:
+    """A buffer of block keys and raw values that a chain of prompts extends in place.
+
+    `last` is the prompt written last and `owner` its request, whose output keys follow that
+    prompt's (kept alive while an entry of the memos holds the buffer: 2 * max_entries at
+    most); `frozen`: how many leading keys an earlier prompt still reads as its own."""
+
+    __slots__ = ("frozen", "keys", "last", "owner", "raws")
+
+    def __init__(self, room: int) -> None:
+        both = np.empty((2, room), dtype=np.uint64)
+        self.keys, self.raws = both[0], both[1]
+        self.frozen = 0
+        self.last: _Known | None = None
+        self.owner: Request | None = None
+
+    def writable(self, base: _Known, same: int, total: int) -> bool:
+        """Whether a prompt that shares `same` blocks with `base` may write the keys of its
+        blocks same..total-1 here: `base` was written last and its request has finished
+        (nothing reads the keys after `same` any more), no earlier prompt still reads them,
+        and they fit."""
+        owner = self.owner
+        return (
+            self.last is base
+            and owner is not None
+            and owner.status.is_finished
+            and self.frozen <= same
+            and total <= len(self.keys)
+        )
 
 
 def _remember(memo: OrderedDict, key: object, value: object, max_entries: int) -> None:
@@ -221,22 +330,6 @@ def output_ids_from_seed(seed: int, n: int, vocab_size: int = 32000) -> np.ndarr
     with np.errstate(over="ignore"):
         z = mix64(pos + np.uint64(seed))
     return (z % np.uint64(vocab_size - 1)).astype(np.int64) + 1
-
-
-def synthetic_output_keys(
-    tokens: np.ndarray, prompt_len: int, keys: np.ndarray, raw: int, bs: int, vocab_size: int
-) -> tuple[np.ndarray, int]:
-    """Fill tokens[prompt_len:] with the synthetic output ids of the prompt tokens[:prompt_len]
-    (whose full blocks' keys are `keys`, raw value `raw` after them) and hash the blocks after
-    the prompt's full ones; returns every full block's keys and the raw value after them."""
-    n_full = prompt_len // bs
-    loops_numba.synthetic_output(tokens, prompt_len, n_full * bs, np.uint64(raw), vocab_size)
-    total = len(tokens) // bs
-    out = np.empty(total, dtype=np.uint64)
-    out[:n_full] = keys
-    raws = np.empty(total - n_full, dtype=np.uint64)
-    last = loops_numba.chain_into(tokens, n_full, total, bs, np.uint64(raw), out[n_full:], raws)
-    return out, int(last)
 
 
 def synthetic_output_ids(

@@ -114,7 +114,7 @@ class Request:
         self.key = request_key(request_id if draw_id is None else draw_id)
         self.status = RequestStatus.WAITING
         self._tokens = tokens  # prompt, then the output (synthetic ids, or as sampled)
-        self._head: np.ndarray | None = None  # the prompt, while not yet copied (defer_prompt)
+        self._head: np.ndarray | None = None  # the prompt's first ids, kept apart (defer_prompt)
         self.hashes: np.ndarray = np.zeros(0, dtype=np.uint64)  # keys of the full blocks known
         self.raw_hash = 0  # the chained hash value after the last hashed block
         self.prompt_len = prompt_len
@@ -137,21 +137,27 @@ class Request:
         head = self._head
         if head is not None:
             self._head = None
-            self._tokens[: len(head)] = head
+            rest = self._tokens
+            tokens = np.empty(len(head) + len(rest), dtype=rest.dtype)
+            tokens[: len(head)] = head
+            tokens[len(head) :] = rest
+            self._tokens = tokens
         return self._tokens
 
     @property
     def capacity(self) -> int:
         """len(tokens), without filling in a deferred prompt."""
-        return len(self._tokens)
+        head = self._head
+        return len(self._tokens) if head is None else len(head) + len(self._tokens)
 
     def defer_prompt(self, head: np.ndarray) -> None:
-        """`tokens` copies the prompt's first ids (`head`, its full blocks; the buffer holds
-        the rest) into its buffer only when first read.
+        """The request's ids are the prompt's first ids (`head`, its full blocks), then those
+        of the buffer it was made with; `tokens` joins the two only when first read.
 
         Why: in the simulator nothing reads a request's prompt ids back once its block keys
-        and synthetic output are computed (only a streamed client reads the output ids), and
-        the copy of a ~30k-token prompt into the int64 buffer was ~3% of a simulated hour.
+        and synthetic output are computed (only a streamed client reads the output ids), so
+        the buffer holds only the ids after `head` (the prompt's last few, then the output)
+        instead of the whole ~30k-token context: no O(context) copy or allocation a request.
         `head` must not change afterwards (engine.types.PromptPrefix's contract)."""
         self._head = head
 

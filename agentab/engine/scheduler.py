@@ -32,7 +32,7 @@ import numpy as np
 
 from agentab.engine import emissions, loops_numba, model_io, window
 from agentab.engine.emissions import EmissionLog
-from agentab.engine.hashing import PrefixHashes, synthetic_output_keys
+from agentab.engine.hashing import PrefixHashes
 from agentab.engine.kv_cache import BlockPool
 from agentab.engine.options import DecodeBackend
 from agentab.engine.outputs import (
@@ -197,20 +197,23 @@ class Scheduler:
                 f"need {need} KV blocks; the cache has {self.cfg.num_blocks}"
             )
         p = len(prompt)
-        # the whole blocks a client leaves unchanged are kept, not copied (PromptPrefix)
-        head = stable_head(prefix, p, self.bs) if self.cfg.synthetic_output else 0
         if self.cfg.synthetic_output:
-            tokens = np.empty(p + max_tokens, dtype=_I64)
+            # the whole blocks a client leaves unchanged stay its array (PromptPrefix); the
+            # request's own buffer holds only the ids after them and the output
+            head = stable_head(prefix, p, self.bs)
+            tokens = np.empty(p - head + max_tokens, dtype=_I64)
+            req = Request(request_id, tokens, p, max_tokens, draw_id)
+            keys, raw = self._prefix_hashes.with_output(
+                prompt, tokens, head, self.cfg.vocab_size, prefix, req
+            )
+            if head:
+                req.defer_prompt(prompt[:head])
         else:  # room for the output the executor will sample (and k drafts past it)
             tokens = np.zeros(p + max_tokens + self.k, dtype=_I64)
-        tokens[head:p] = prompt[head:]
-        keys, raws = self._prefix_hashes.hashes(prompt, prompt[:head] if head else tokens, prefix)
-        raw = int(raws[-1]) if len(raws) else 0
-        if self.cfg.synthetic_output:
-            keys, raw = synthetic_output_keys(tokens, p, keys, raw, self.bs, self.cfg.vocab_size)
-        req = Request(request_id, tokens, len(prompt), max_tokens, draw_id)
-        if head:
-            req.defer_prompt(prompt[:head])
+            tokens[:p] = prompt
+            keys, raws = self._prefix_hashes.hashes(prompt, tokens, prefix)
+            raw = int(raws[-1]) if len(raws) else 0
+            req = Request(request_id, tokens, p, max_tokens, draw_id)
         req.hashes = keys
         req.raw_hash = raw
         self.requests[request_id] = req

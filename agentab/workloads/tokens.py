@@ -96,11 +96,12 @@ def _salt_head(salt: int, vocab_size: int) -> np.ndarray:
     return digits
 
 
-def _apply_salt(out: np.ndarray, salt: int | None, vocab_size: int) -> None:
-    if salt is not None and len(out):
-        digits = _salt_head(salt, vocab_size)
-        k = min(len(digits), len(out))
-        out[:k] = digits[:k]
+_NO_SALT = np.zeros(0, dtype=np.int32)
+
+
+def _salt_ids(salt: int | None, vocab_size: int) -> np.ndarray:
+    """The ids a salt writes over a prompt's first ones (none without a salt)."""
+    return _NO_SALT if salt is None else _salt_head(salt, vocab_size)
 
 
 def prompt_token_ids(
@@ -118,8 +119,10 @@ def prompt_token_ids(
     n_blocks = min(len(request.hash_ids), n // bs)
     out = np.empty(n, dtype=np.int32)
     ids = np.fromiter(request.hash_ids[:n_blocks], dtype=np.uint64, count=n_blocks)
-    _fill_from(out, 0, ids, request.hash_ids, n_blocks, bs, session_key(session), vocab_size)
-    _apply_salt(out, salt, vocab_size)
+    key = session_key(session)
+    _fill_from(
+        out, 0, ids, request.hash_ids, n_blocks, bs, key, vocab_size, _salt_ids(salt, vocab_size)
+    )
     return out
 
 
@@ -146,16 +149,26 @@ class PromptTokens:
     after a prompt's last hash-id block (its tail) may then be overwritten by its agent's
     next prompt; the first `stable_tokens` (its blocks) never are. A caller that keeps a
     prompt beyond the next `build` of its agent reads only those, or copies it.
+    `dtype`: the ids' integer type (int32, as `prompt_token_ids`; the in-process target
+    takes uint16 where the vocabulary fits, halving the memory each new context touches).
     """
 
     def __init__(
-        self, vocab_size: int = 32000, max_entries: int = 256, *, extend: bool = False
+        self,
+        vocab_size: int = 32000,
+        max_entries: int = 256,
+        *,
+        extend: bool = False,
+        dtype: type[np.integer] = np.int32,
     ) -> None:
         if vocab_size < 3:
             raise ValueError("vocab_size must be at least 3")
+        if np.iinfo(dtype).max < vocab_size - 1:
+            raise ValueError(f"{np.dtype(dtype).name} cannot hold every id below {vocab_size}")
         from collections import OrderedDict
 
         self.vocab_size = vocab_size
+        self.dtype = np.dtype(dtype)
         self.max_entries = max_entries
         self.extend = extend
         # chain -> (hash ids of its last prompt's blocks, that prompt, its name, its buffer)
@@ -188,14 +201,14 @@ class PromptTokens:
             buf = own[3]  # the blocks of the agent's previous prompt stay: write after them
             out = buf[:n]
         else:
-            buf = np.empty(n + n // 2 if self.extend else n, dtype=np.int32)
+            buf = np.empty(n + n // 2 if self.extend else n, dtype=self.dtype)
             out = buf[:n] if self.extend else buf
             if same:
                 assert entry is not None
                 out[: same * bs] = entry[1][: same * bs]
         rest = np.fromiter(ids[same:], dtype=np.uint64, count=n_blocks - same)
-        _fill_from(out, same, rest, hash_ids, n_blocks, bs, key, self.vocab_size)
-        _apply_salt(out, salt, self.vocab_size)
+        salted = _salt_ids(salt, self.vocab_size)
+        _fill_from(out, same, rest, hash_ids, n_blocks, bs, key, self.vocab_size, salted)
         name = object()
         memo[chain] = (ids, out, name, buf)
         memo.move_to_end(chain)
@@ -245,8 +258,10 @@ def _fill_from(
     bs: int,
     key: np.uint64,
     vocab_size: int,
+    salted: np.ndarray,
 ) -> None:
-    """`out` from block `lo` on: blocks lo..n_blocks-1 (`ids`: their hash ids) and the tail.
+    """`out` from block `lo` on: blocks lo..n_blocks-1 (`ids`: their hash ids) and the tail;
+    then the salt's ids (`salted`) over the first ones, wherever the fill began.
 
     Block token j of block h is mix(seed(h) + (j + 1) * golden) and tail token p is
     mix(seed(last id) + (p + 1) * golden): both are one mix of (seed + position term), so the
@@ -254,28 +269,29 @@ def _fill_from(
     predecessor by a few blocks: the number of numpy calls, not the tokens, is the cost)."""
     n = len(out)
     start = lo * bs
-    if start >= n:
-        return
     if tokens_numba.ENABLED:
         last = np.uint64(hash_ids[n_blocks - 1]) if n_blocks else _NO_BLOCK
-        tokens_numba.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size)
+        tokens_numba.fill_from(out, lo, ids, n_blocks, bs, key, last, vocab_size, salted)
         return
-    z = np.empty(n - start, dtype=np.uint64)
-    nb = n_blocks - lo
-    if nb:
-        seeds = _mix(_mix(ids + _BLOCK_C) ^ key)
-        np.add(seeds[:, None], _block_positions(bs), out=z[: nb * bs].reshape(nb, bs))
-    tail = n_blocks * bs
-    if tail < n:
-        last_id = hash_ids[n_blocks - 1] if n_blocks else _NO_BLOCK_INT
-        seed = _mix_int(last_id ^ _TAIL_C_INT) ^ int(key)
-        t = z[tail - start :]
-        np.multiply(np.arange(tail + 1, n + 1, dtype=np.uint64), _GOLDEN, out=t)
-        t += np.uint64(seed)
-    _mix(z)
-    np.remainder(z, np.uint64(vocab_size - 1), out=z)
-    out[start:] = z
-    out[start:] += 1
+    if start < n:
+        z = np.empty(n - start, dtype=np.uint64)
+        nb = n_blocks - lo
+        if nb:
+            seeds = _mix(_mix(ids + _BLOCK_C) ^ key)
+            np.add(seeds[:, None], _block_positions(bs), out=z[: nb * bs].reshape(nb, bs))
+        tail = n_blocks * bs
+        if tail < n:
+            last_id = hash_ids[n_blocks - 1] if n_blocks else _NO_BLOCK_INT
+            seed = _mix_int(last_id ^ _TAIL_C_INT) ^ int(key)
+            t = z[tail - start :]
+            np.multiply(np.arange(tail + 1, n + 1, dtype=np.uint64), _GOLDEN, out=t)
+            t += np.uint64(seed)
+        _mix(z)
+        np.remainder(z, np.uint64(vocab_size - 1), out=z)
+        out[start:] = z
+        out[start:] += 1
+    k = min(len(salted), n)
+    out[:k] = salted[:k]
 
 
 _MASK = (1 << 64) - 1

@@ -30,9 +30,11 @@ def fill_from(
     key: np.uint64,
     last: np.uint64,
     vocab_size: int,
+    salted: np.ndarray,
 ) -> None:
-    """`tokens._fill_from`: blocks lo..n_blocks-1 (hash ids `ids`) and the tail after them;
-    `last` is the last full block's hash id (or tokens._NO_BLOCK when there is none)."""
+    """`tokens._fill_from`: blocks lo..n_blocks-1 (hash ids `ids`) and the tail after them,
+    then the salt's ids `salted` over the first ones; `last` is the last full block's hash
+    id (or tokens._NO_BLOCK when there is none)."""
     golden = np.uint64(0x9E3779B97F4A7C15)
     m = np.uint64(vocab_size - 1)
     for b in range(n_blocks - lo):
@@ -43,3 +45,5 @@ def fill_from(
     seed = splitmix64(last ^ np.uint64(0x8CB92BA72F3D8DD7)) ^ key
     for p in range(n_blocks * bs, len(out)):
         out[p] = np.int32(splitmix64(seed + np.uint64(p + 1) * golden) % m) + 1
+    for i in range(min(len(salted), len(out))):
+        out[i] = salted[i]

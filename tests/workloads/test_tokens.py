@@ -210,3 +210,23 @@ def test_compiled_fill_equals_the_numpy_code(monkeypatch, vocab: int) -> None:
                 got.append(prompt_token_ids(session, r, salt=7, vocab_size=vocab))
             assert got[0].dtype == got[1].dtype == np.int32
             assert np.array_equal(got[0], got[1])
+
+
+def test_prompt_tokens_in_a_narrower_dtype_hold_the_same_ids() -> None:
+    """A builder that stores ids as uint16 (the in-process target, for vocabularies that fit)
+    gives the values `prompt_token_ids` gives, salted or not, extended in place or not; a
+    dtype that cannot hold every id of the vocabulary is refused."""
+    from agentab.workloads.tokens import PromptTokens
+
+    wl = generate(load_config("agentx-coding"), 3, 5)
+    for vocab in (32000, 1 << 16):
+        builder = PromptTokens(vocab_size=vocab, max_entries=4, extend=True, dtype=np.uint16)
+        for s in wl.sessions:
+            for r in s.all_requests():
+                for salt in (None, 3):
+                    got = builder.token_ids(s, r, salt)
+                    assert got.dtype == np.uint16
+                    want = prompt_token_ids(s, r, salt=salt, vocab_size=vocab)
+                    assert np.array_equal(got, want)
+    with pytest.raises(ValueError, match="uint16"):
+        PromptTokens(vocab_size=(1 << 16) + 1, dtype=np.uint16)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
+
 from agentab.engine.core import Timeline
 from agentab.engine.types import EngineRequest, PromptPrefix
 from agentab.replay.metrics import engine_samples
@@ -46,7 +48,9 @@ class EngineTarget:
         self.output_s = output_s
         # an agent's prompts are built in place, one after the other: the engine keeps only
         # a prompt's stable blocks, which the next prompt of its agent does not change
-        self._prompts = PromptTokens(vocab_size, extend=True)
+        # ids as uint16 where the vocabulary allows: half the memory each new context touches
+        narrow = np.uint16 if vocab_size <= 1 << 16 else np.int32
+        self._prompts = PromptTokens(vocab_size, extend=True, dtype=narrow)
 
     async def start(self) -> None:
         if self.manage:

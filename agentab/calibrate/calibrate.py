@@ -401,8 +401,11 @@ def _load_for(
         seed=req.seed,
         one_prefill_step=one_prefill_step,
         # vLLM's histograms cannot single out the one step a mixed phase times: its /metrics
-        # answers late while it streams, so the prompt cannot be sent between two reads
-        with_mixed=not one_prefill_step and path != DRAFTER,
+        # answers late while it streams, so the prompt cannot be sent between two reads.
+        # The drafter's mixed phases time verify rows beside a prompt (fit.fit_mixed_verify)
+        with_mixed=not one_prefill_step,
+        mixed_repeats=req.prefill_repeats if path == DRAFTER else None,
+        draft_tokens=_draft_tokens(req) if path == DRAFTER else 0,
     )
     if f.kv_blocks and f.block_size:
         need = max(p.batch * math.ceil((p.context + p.steps) / f.block_size) for p in load.decode)
@@ -473,6 +476,12 @@ def _summary(fit: Any) -> str:
             worst = max(abs(r["error"]) for r in d.verify_residuals)
             parts.append(
                 f"verify: {d.verify_context_us.value:.4g} us per context token per draft token, "
+                f"max |residual| {worst:.1%}"
+            )
+        if d.mixed_verify is not None:
+            worst = max(abs(r["error"]) for r in d.mixed_verify.residuals)
+            parts.append(
+                f"mixed verify: {d.mixed_verify.us_per_decode_row.value:.4g} us per verify row, "
                 f"max |residual| {worst:.1%}"
             )
     return "; ".join(parts)

@@ -159,8 +159,14 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     assert report["engine"]["drafter"]["max_num_seqs"] == 32
     assert report["engine"]["standard"]["max_num_seqs"] == 32 * 4
     assert report["measurements"]["drafter"]["prefill"] == []
-    assert report["measurements"]["drafter"]["mixed"] == []
+    # its mixed phases: a prompt beside 1, 2 and 4 verify rows, each step on the engine's clock
+    mixed = report["measurements"]["drafter"]["mixed"]
+    assert [r["rows"] for r in mixed] == [1, 2, 4]
+    assert all(r["engine_s"] > 0 and r["decode_step_s"] > 0 for r in mixed)
+    print("mixed verify steps", [(r["rows"], round(r["engine_s"] * 1e3, 2)) for r in mixed], "ms")
     fit = report["drafter"]
+    assert [r["rows"] for r in fit["mixed_verify"]["residuals"]] == [1, 2, 4]
+    assert p_mixed_verify(fit) >= 0.0
     assert [r["batch"] for r in fit["residuals"]] == [1, 1, 4, 4]
     p = load_profile(out)
     assert p.drafter_step_us == pytest.approx(fit["step_us"]["value"], rel=1e-5)
@@ -171,7 +177,9 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     assert fit["verify_context_us"]["value"] >= 0.0
     assert [r["batch"] for r in fit["verify_residuals"]] == [1, 1, 4, 4]
     assert p.verify_context_token_us == pytest.approx(fit["verify_context_us"]["value"], rel=1e-5)
+    assert p.mixed_verify_row_us == pytest.approx(p_mixed_verify(fit), rel=1e-5)
     text = out.read_text()
+    assert "# [C]" in text.split("mixed_verify_row_us = ")[1].splitlines()[0]
     assert "drafter_step_us = " in text and "# [C]" in text.split("drafter_step_us = ")[1]
     print(f"drafter: {p.drafter_step_us:.0f} us per step + {p.drafter_row_us:.0f} us per row")
     # refit: the drafter's measurements travel with the report
@@ -180,6 +188,12 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     q = load_profile(refit)
     assert (q.drafter_step_us, q.drafter_row_us) == (p.drafter_step_us, p.drafter_row_us)
     assert q.verify_context_token_us == p.verify_context_token_us
+    assert q.mixed_verify_row_us == p.mixed_verify_row_us
+
+
+def p_mixed_verify(fit: dict) -> float:
+    """The fitted cost per verify row of a mixed step, as the report records it."""
+    return float(fit["mixed_verify"]["us_per_decode_row"]["value"])
 
 
 @pytest.mark.slow
@@ -218,6 +232,7 @@ def test_a_calibration_in_parts_fits_as_one(tmp_path: Path, capsys) -> None:
     assert p.verify_context_token_us == pytest.approx(
         report["drafter"]["verify_context_us"]["value"], rel=1e-5
     )
+    assert p.mixed_verify_row_us == pytest.approx(p_mixed_verify(report["drafter"]), rel=1e-5)
     # one path measured twice, or a server the calibration does not launch: one line each
     for args, message in (
         (["--refit", reports[0], "--refit", reports[0]], "the standard path is measured in an"),

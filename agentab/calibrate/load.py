@@ -29,6 +29,11 @@ import numpy as np
 from agentab.errors import AgentabError
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
+# Verify steps a mixed phase's rows are sure to run on a server that drafts (each emits up to
+# 1 + k tokens a step): the client's lead and window before the prompt, its step, and slack for
+# the prompt's way in. Its decode phases' (1 + k) x --steps tokens would run several times as
+# many steps, which the mixed phase only waits out.
+MIXED_VERIFY_STEPS = 24
 
 
 @dataclass(frozen=True)
@@ -136,9 +141,10 @@ def build_load(
     rows = sorted({max(1, top // 4), max(1, top // 2), top})
     new = min(news[1], budget - batches[-1] * (1 + draft_tokens))
     repeats = prefill_repeats if mixed_repeats is None else mixed_repeats
+    tokens = min(steps, MIXED_VERIFY_STEPS * (1 + draft_tokens)) if draft_tokens else steps
     mixed: tuple[MixedPhase, ...] = ()
     if with_mixed:
-        mixed = tuple(MixedPhase(b, lo, new, steps, r) for r in range(repeats) for b in rows)
+        mixed = tuple(MixedPhase(b, lo, new, tokens, r) for r in range(repeats) for b in rows)
     return CalibrationLoad(decode, prefill, seed, mixed)
 
 

@@ -273,6 +273,22 @@ def test_the_load_fits_the_engine() -> None:
     )
     assert all(p.batch * p.context <= 2047 for p in one.decode)
     assert build_load(**sized, with_mixed=False).mixed == ()  # vLLM's clock times no mixed step
+    # a server that drafts k = 7 (the drafter's load): its mixed phases run verify rows of
+    # 8 tokens beside a prompt shortened to fit them in the step, for 24 verify steps at least
+    # (not its decode phases' 8 x 96 tokens), repeated as asked
+    drafter = build_load(max_model_len=4096, block_size=16, max_num_batched_tokens=512,
+                         steps=768, batches=(1, 2, 4, 8), max_num_seqs=8, prefill_repeats=0,
+                         mixed_repeats=2, draft_tokens=7)  # fmt: skip
+    assert drafter.prefill == ()
+    assert [(p.rows, p.new, p.steps) for p in drafter.mixed if p.repeat == 0] == [
+        (1, 32, 192), (3, 32, 192), (7, 32, 192),
+    ]  # fmt: skip
+    assert len(drafter.mixed) == 6
+    tight = build_load(max_model_len=4096, block_size=16, max_num_batched_tokens=72,
+                       steps=768, batches=(1, 2, 4, 8), prefill_repeats=0, mixed_repeats=1,
+                       draft_tokens=7)  # fmt: skip
+    # the second prefill length (18) shortened to what 8 verify rows of 8 tokens leave
+    assert {p.new for p in tight.mixed} == {72 - 8 * 8}
     with pytest.raises(AgentabError, match="--contexts 10,5000"):
         build_load(
             max_model_len=2048, block_size=16, max_num_batched_tokens=None, contexts=(10, 5000)

@@ -380,7 +380,7 @@ def _load_for(
     batches = req.batches
     steps = req.steps
     if path == "specialized":  # only the batches the path serves (pure decode, q = 1)
-        batches = tuple(b for b in batches if b <= SPECIALIZED_MAX_PADDED)
+        batches = tuple(b for b in batches if b <= specialized_limit(f))
     if path == DRAFTER:  # every step emits up to 1 + k tokens a row: as many steps need more
         steps = req.steps * (1 + _draft_tokens(req))
         if f.max_num_seqs is not None:
@@ -415,6 +415,17 @@ def _load_for(
                 "lower --batches or --contexts"
             )
     return load
+
+
+def specialized_limit(f: EngineFacts) -> int:
+    """The largest step the server's specialized path serves: the path's own limit, or the
+    engine's `specialized_max_tokens` below it, above which the engine runs a step on the
+    standard path (a decode phase there would time the standard path into the specialized
+    table). The simulator routes those steps standard by the same option."""
+    stated = f.raw.get("specialized_max_tokens")
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated >= 1:
+        return min(SPECIALIZED_MAX_PADDED, stated)
+    return SPECIALIZED_MAX_PADDED
 
 
 def _loaded_draft_tokens(loads: dict[str, dict[str, Any]]) -> int:

@@ -519,3 +519,14 @@ def test_the_verify_rows_cost_in_a_mixed_step_is_recovered_from_a_simulator_that
     assert SimExecutor(truth).step_seconds(plan) == SimExecutor(before).step_seconds(plan)
     without = SimExecutor(before, num_draft_tokens=k).step_seconds(plan)
     assert sim.step_seconds(plan) - without == pytest.approx(4 * truth_us * 1e-6, rel=1e-9)
+
+
+def test_the_specialized_path_is_timed_up_to_the_engines_own_limit() -> None:
+    """A local engine with `specialized_max_tokens` runs wider steps on the standard path
+    (as the simulator does with the same option): the specialized server's decode phases stop
+    there, so no standard-path step is fitted into the specialized table."""
+    from agentab.calibrate.calibrate import specialized_limit
+
+    assert specialized_limit(facts()) == 64  # vLLM states no such limit: the path's own
+    assert specialized_limit(facts(raw={"specialized_max_tokens": 16})) == 16
+    assert specialized_limit(facts(raw={"specialized_max_tokens": 128})) == 64

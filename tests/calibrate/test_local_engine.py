@@ -244,3 +244,22 @@ def test_a_calibration_in_parts_fits_as_one(tmp_path: Path, capsys) -> None:
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_the_specialized_server_is_timed_up_to_its_specialized_max_tokens(tmp_path: Path) -> None:
+    """An engine whose `specialized_max_tokens` is 2 runs a decode step of 4 rows on the
+    standard path: the specialized server's load stops at batch 2, and every phase it timed
+    ran on the specialized path."""
+    experiment = tmp_path / "experiment.toml"
+    experiment.write_text(EXPERIMENT.replace("kv_blocks = 2048", "kv_blocks = 2048\n"
+                                             "specialized_max_tokens = 2"))  # fmt: skip
+    out = tmp_path / "specialized.toml"
+    main(["calibrate", "--engine-config", str(experiment), "--specialized", "--only",
+          "specialized", "--batches", "1,2,4", "--steps", "16", "--contexts", "64,256",
+          "-o", str(out), "--quiet"])  # fmt: skip
+    report = json.loads(out.with_suffix(".fit.json").read_text())
+    decode = report["measurements"]["specialized"]["decode"]
+    assert [(r["batch"], r["engine_path"]) for r in decode] == [
+        (1, "specialized"), (1, "specialized"), (2, "specialized"), (2, "specialized"),
+    ]  # fmt: skip

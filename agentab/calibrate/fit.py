@@ -37,8 +37,8 @@ What a timed load identifies, and what it cannot:
   at T = new + rows * (1 + k), the KV read of each row's context and drafts, the prompt's
   rates, the drafter, `mixed_decode_row_us` and `verify_context_token_us` per row) is fitted
   as `offset + rows * per_row` as above; the slope is `mixed_verify_row_us`, what a verify row
-  costs beside a prompt's chunk beyond a decode row there (an engine that attends a mixed
-  step's rows one by one runs each verify row's 1 + k queries as a small prefill).
+  costs beside a prompt's chunk beyond what the pure verify steps and a mixed step's one-token
+  rows price (a mixed step runs outside the decode graphs that time the verify steps).
 - frontend: with the engine's clock the steps are timed without anything outside them, so
   each prefill request's client TTFT less its step time is what the request cost outside the
   engine. Where the server splits its own part (agentab's per-request histograms: intake,

@@ -142,6 +142,11 @@ def build_load(
     new = min(news[1], budget - batches[-1] * (1 + draft_tokens))
     repeats = prefill_repeats if mixed_repeats is None else mixed_repeats
     tokens = min(steps, MIXED_VERIFY_STEPS * (1 + draft_tokens)) if draft_tokens else steps
+    if draft_tokens and (new < 1 or len(rows) < 2):
+        # the verify rows leave the prompt no room, or one row count cannot give a slope: the
+        # drafter's part runs without them (a verify row of a mixed step is then priced as a
+        # decode row there), as it did before it had any
+        with_mixed = False
     mixed: tuple[MixedPhase, ...] = ()
     if with_mixed:
         mixed = tuple(MixedPhase(b, lo, new, tokens, r) for r in range(repeats) for b in rows)

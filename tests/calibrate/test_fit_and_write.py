@@ -289,6 +289,12 @@ def test_the_load_fits_the_engine() -> None:
                        draft_tokens=7)  # fmt: skip
     # the second prefill length (18) shortened to what 8 verify rows of 8 tokens leave
     assert {p.new for p in tight.mixed} == {72 - 8 * 8}
+    # no room for the prompt beside the verify rows, or one row count only: no such phase
+    full = dict(max_model_len=4096, block_size=16, steps=768, batches=(1, 2, 4, 8),
+                prefill_repeats=0, mixed_repeats=1, draft_tokens=7)  # fmt: skip
+    assert build_load(**full, max_num_batched_tokens=64).mixed == ()
+    assert build_load(**full, max_num_batched_tokens=512, max_num_seqs=2).mixed == ()
+    assert len(build_load(**full, max_num_batched_tokens=512, max_num_seqs=3).mixed) == 2
     with pytest.raises(AgentabError, match="--contexts 10,5000"):
         build_load(
             max_model_len=2048, block_size=16, max_num_batched_tokens=None, contexts=(10, 5000)

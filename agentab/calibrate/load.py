@@ -145,7 +145,7 @@ def build_load(
     if draft_tokens and (new < 1 or len(rows) < 2):
         # the verify rows leave the prompt no room, or one row count cannot give a slope: the
         # drafter's part runs without them (a verify row of a mixed step is then priced as a
-        # decode row there), as it did before it had any
+        # decode row there)
         with_mixed = False
     mixed: tuple[MixedPhase, ...] = ()
     if with_mixed:

@@ -380,7 +380,7 @@ def _load_for(
     batches = req.batches
     steps = req.steps
     if path == "specialized":  # only the batches the path serves (pure decode, q = 1)
-        batches = tuple(b for b in batches if b <= SPECIALIZED_MAX_PADDED)
+        batches = tuple(b for b in batches if b <= specialized_limit(f))
     if path == DRAFTER:  # every step emits up to 1 + k tokens a row: as many steps need more
         steps = req.steps * (1 + _draft_tokens(req))
         if f.max_num_seqs is not None:
@@ -401,8 +401,11 @@ def _load_for(
         seed=req.seed,
         one_prefill_step=one_prefill_step,
         # vLLM's histograms cannot single out the one step a mixed phase times: its /metrics
-        # answers late while it streams, so the prompt cannot be sent between two reads
-        with_mixed=not one_prefill_step and path != DRAFTER,
+        # answers late while it streams, so the prompt cannot be sent between two reads.
+        # The drafter's mixed phases time verify rows beside a prompt (fit.fit_mixed_verify)
+        with_mixed=not one_prefill_step,
+        mixed_repeats=req.prefill_repeats if path == DRAFTER else None,
+        draft_tokens=_draft_tokens(req) if path == DRAFTER else 0,
     )
     if f.kv_blocks and f.block_size:
         need = max(p.batch * math.ceil((p.context + p.steps) / f.block_size) for p in load.decode)
@@ -412,6 +415,17 @@ def _load_for(
                 "lower --batches or --contexts"
             )
     return load
+
+
+def specialized_limit(f: EngineFacts) -> int:
+    """The largest step the server's specialized path serves: the path's own limit, or the
+    engine's `specialized_max_tokens` below it, above which the engine runs a step on the
+    standard path (a decode phase there would time the standard path into the specialized
+    table). The simulator routes those steps standard by the same option."""
+    stated = f.raw.get("specialized_max_tokens")
+    if isinstance(stated, int) and not isinstance(stated, bool) and stated >= 1:
+        return min(SPECIALIZED_MAX_PADDED, stated)
+    return SPECIALIZED_MAX_PADDED
 
 
 def _loaded_draft_tokens(loads: dict[str, dict[str, Any]]) -> int:
@@ -473,6 +487,12 @@ def _summary(fit: Any) -> str:
             worst = max(abs(r["error"]) for r in d.verify_residuals)
             parts.append(
                 f"verify: {d.verify_context_us.value:.4g} us per context token per draft token, "
+                f"max |residual| {worst:.1%}"
+            )
+        if d.mixed_verify is not None:
+            worst = max(abs(r["error"]) for r in d.mixed_verify.residuals)
+            parts.append(
+                f"mixed verify: {d.mixed_verify.us_per_decode_row.value:.4g} us per verify row, "
                 f"max |residual| {worst:.1%}"
             )
     return "; ".join(parts)

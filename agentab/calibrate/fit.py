@@ -32,6 +32,13 @@ What a timed load identifies, and what it cannot:
   the profile, the offset (what the priced terms miss for this prompt, and client-side the
   request latency that the table's last point holds and a step between two chunks does not) is
   reported beside the residuals, which are those of the profile's price (without the offset).
+- mixed verify (a server that drafts, k drafts a row): its mixed phases run the prompt beside
+  `rows` verify rows of 1 + k tokens. The step less what the profile prices for it (the table
+  at T = new + rows * (1 + k), the KV read of each row's context and drafts, the prompt's
+  rates, the drafter, `mixed_decode_row_us` and `verify_context_token_us` per row) is fitted
+  as `offset + rows * per_row` as above; the slope is `mixed_verify_row_us`, what a verify row
+  costs beside a prompt's chunk beyond what the pure verify steps and a mixed step's one-token
+  rows price (a mixed step runs outside the decode graphs that time the verify steps).
 - frontend: with the engine's clock the steps are timed without anything outside them, so
   each prefill request's client TTFT less its step time is what the request cost outside the
   engine. Where the server splits its own part (agentab's per-request histograms: intake,
@@ -127,6 +134,9 @@ class DrafterFit:
     # one context only (the verify steps' price then has no such term)
     verify_context_us: Coefficient | None = None
     verify_residuals: list[dict[str, float]] = field(default_factory=list)  # whole verify steps
+    # per verify row of a step with prefill tokens (`mixed_verify_row_us`); None: the server
+    # that drafts ran no mixed phase (or k unknown, or client timing)
+    mixed_verify: MixedFit | None = None
 
 
 @dataclass
@@ -302,21 +312,44 @@ def fit_mixed(
     """The cost per decode row of a mixed step (module docstring); None without mixed steps."""
     if not rows:
         return None
+    return _fit_per_row(rows, standard, prefill, timing=timing, what="decode")
+
+
+def _fit_per_row(
+    rows: list[MixedMeasurement],
+    standard: DecodeFit,
+    prefill: PrefillFit,
+    *,
+    timing: str,
+    what: str,
+    draft_tokens: int = 0,
+    step_us: float = 0.0,
+    row_us: float = 0.0,
+    verify_context_us: float = 0.0,
+) -> MixedFit:
+    """The measured mixed steps less what the profile already prices for them, fitted as
+    `offset + rows * per_row`. With `draft_tokens` k the rows are verify rows of 1 + k tokens
+    (each attends its context and its k drafts), and the profile also prices `step_us` per
+    step and `row_us` per row (the drafter, `mixed_decode_row_us`) and `verify_context_us`
+    per context token per draft token."""
     by: dict[tuple[int, int], list[MixedMeasurement]] = {}
     for r in rows:
         by.setdefault((r.rows, r.new), []).append(r)
     if len({n for n, _ in by}) < 2:
-        raise AgentabError("mixed: the load must vary the decode rows beside the prompt")
+        raise AgentabError(f"mixed: the load must vary the {what} rows beside the prompt")
     table_t = np.array([*standard.batch_tokens, prefill.tail_tokens], dtype=np.float64)
     table_us = np.array([*standard.step_us, prefill.tail_us.value])
     kv = standard.kv_us
+    q = 1 + draft_tokens
     points, priced, x = [], [], []
     for (n, new), group in sorted(by.items()):
         times = [_mixed_time(r, timing) for r in group]
         measured_us = float(np.median(times)) * 1e6
-        context = float(np.mean([r.context_tokens for r in group]))
-        us = float(np.interp(n + new, table_t, table_us)) + kv * context
+        # a row attends its computed tokens and the 1 + k it runs in that step
+        context = float(np.mean([r.context_tokens for r in group])) + n * draft_tokens
+        us = float(np.interp(n * q + new, table_t, table_us)) + kv * context
         us += prefill.us_per_token.value * new + prefill.us_per_pair.value * new * (new + 1) / 2
+        us += step_us + row_us * n + verify_context_us * draft_tokens * context
         points.append((n, new, context, measured_us))
         priced.append(us)
         x.append([float(n), 1.0])
@@ -340,6 +373,23 @@ def fit_mixed(
     return MixedFit(
         us_per_decode_row=per_row, offset_us=_coef(coef, stderr, 1), residuals=residuals
     )
+
+
+def fit_mixed_verify(rows: list[MixedMeasurement], fit: Fit, draft_tokens: int) -> MixedFit | None:
+    """The cost per verify row of a mixed step (module docstring), from the mixed phases of
+    the server that drafts; None without them. Needs the standard path, prefill, mixed and
+    drafter fits, which price the rest of those steps."""
+    if not rows:
+        return None
+    assert fit.prefill is not None and fit.drafter is not None
+    d = fit.drafter
+    mixed_row = fit.mixed.us_per_decode_row.value if fit.mixed is not None else 0.0
+    verify = d.verify_context_us.value if d.verify_context_us is not None else 0.0
+    return _fit_per_row(
+        rows, fit.decode["standard"], fit.prefill, timing="engine", what="verify",
+        draft_tokens=draft_tokens, step_us=d.step_us.value, row_us=d.row_us.value + mixed_row,
+        verify_context_us=verify,
+    )  # fmt: skip
 
 
 def _mixed_time(r: MixedMeasurement, timing: str) -> float:
@@ -380,6 +430,8 @@ def fit_all(
     fit.mixed = fit_mixed(
         measured["standard"].mixed, fit.decode["standard"], fit.prefill, timing=timing
     )
+    if fit.drafter is not None and timing == "engine" and draft_tokens > 0:
+        fit.drafter.mixed_verify = fit_mixed_verify(measured[DRAFTER].mixed, fit, draft_tokens)
     if timing == "engine":
         fit.frontend = fit_frontend(measured["standard"].prefill)
     return fit

@@ -14,7 +14,9 @@ model"), so a least-squares fit can separate them:
 - a mixed phase starts `rows` decode requests (as a decode phase) and, once they decode
   steadily, sends one request of `new` prompt tokens that fits one step: that step carries the
   prompt beside `rows` decode rows. Its time less what the prefill and decode terms already
-  price, over several `rows`, gives the cost per decode row of a mixed step.
+  price, over several `rows`, gives the cost per decode row of a mixed step. On a server that
+  drafts (k drafts a row) the same phase runs verify rows of 1 + k tokens beside the prompt,
+  and gives the cost per verify row of a mixed step instead.
 Prompts are random token ids from a seeded generator, so no two phases share a block by chance.
 """
 
@@ -27,6 +29,11 @@ import numpy as np
 from agentab.errors import AgentabError
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
+# Verify steps a mixed phase's rows are sure to run on a server that drafts (each emits up to
+# 1 + k tokens a step): the client's lead and window before the prompt, its step, and slack for
+# the prompt's way in. Its decode phases' (1 + k) x --steps tokens would run several times as
+# many steps, which the mixed phase only waits out.
+MIXED_VERIFY_STEPS = 24
 
 
 @dataclass(frozen=True)
@@ -82,11 +89,16 @@ def build_load(
     seed: int = 0,
     one_prefill_step: bool = False,
     with_mixed: bool = True,
+    mixed_repeats: int | None = None,
+    draft_tokens: int = 0,
 ) -> CalibrationLoad:
     """A load sized to the engine: contexts and prefill lengths fit `max_model_len`, and each
     prefill request fits one step's token budget (so it is one step, as the fit assumes).
     `with_mixed`: add the mixed phases (the clock that times the load can single out a step
-    while other requests stream)."""
+    while other requests stream); `mixed_repeats`: their repetitions (default
+    `prefill_repeats`); `draft_tokens`: k of a server that drafts, whose decode rows in the
+    mixed step are verify rows of 1 + k tokens (the prompt is shortened so that they fit the
+    step's budget beside it)."""
     if not batches or any(b < 1 for b in batches) or list(batches) != sorted(set(batches)):
         raise AgentabError(f"--batches {batches}: need increasing batch sizes >= 1")
     if steps < 16:
@@ -127,12 +139,17 @@ def build_load(
     # its own, else it waits in the queue until the decode rows end and no mixed step is run
     top = batches[-1] if max_num_seqs is None else min(batches[-1], max_num_seqs - 1)
     rows = sorted({max(1, top // 4), max(1, top // 2), top})
-    new = min(news[1], budget - batches[-1])
+    new = min(news[1], budget - batches[-1] * (1 + draft_tokens))
+    repeats = prefill_repeats if mixed_repeats is None else mixed_repeats
+    tokens = min(steps, MIXED_VERIFY_STEPS * (1 + draft_tokens)) if draft_tokens else steps
+    if draft_tokens and (new < 1 or len(rows) < 2):
+        # the verify rows leave the prompt no room, or one row count cannot give a slope: the
+        # drafter's part runs without them (a verify row of a mixed step is then priced as a
+        # decode row there)
+        with_mixed = False
     mixed: tuple[MixedPhase, ...] = ()
     if with_mixed:
-        mixed = tuple(
-            MixedPhase(b, lo, new, steps, r) for r in range(prefill_repeats) for b in rows
-        )
+        mixed = tuple(MixedPhase(b, lo, new, tokens, r) for r in range(repeats) for b in rows)
     return CalibrationLoad(decode, prefill, seed, mixed)
 
 

@@ -146,6 +146,20 @@ def _drafter_lines(fit: Fit) -> list[str]:
         f"drafter_row_us = {_num(d.row_us.value)}  # [C] {_pm(d.row_us, unit=' us')} per row "
         "drafted for",
         *_verify_lines(d),
+        *_mixed_verify_lines(d),
+    ]
+
+
+def _mixed_verify_lines(d: DrafterFit) -> list[str]:
+    """The verify rows' cost in a step with prefill, where the server that drafts ran mixed
+    phases (else the key is left out: such a row is priced as any decode row of a mixed step)."""
+    m = d.mixed_verify
+    if m is None:
+        return []
+    return [
+        f"mixed_verify_row_us = {_num(m.us_per_decode_row.value)}  # [C] "
+        f"{_pm(m.us_per_decode_row, unit=' us')} per verify row of a step with prefill, from "
+        "the drafter's mixed phases less what the rest of the profile prices"
     ]
 
 

@@ -18,9 +18,11 @@ Steps with prefill tokens run the standard path, and the mixed-step rule is addi
 part priced as above at the step's total token count (clipped at the table's end, unpadded), plus
 compute-bound prefill (tokens / (tokens_per_s_per_gpu * gpu_count)) plus causal attention FLOPs of
 the prefill chunks over their context, plus `mixed_decode_row_us` per decode row (what an engine
-that attends a mixed step's decode rows one by one pays beyond that). The drafter's cost is
-added to every step that has a decoding row when speculative decoding is on, and so is the
-verify rows' extra KV read (`verify_context_token_us`, 0 unless the profile prices it).
+that attends a mixed step's decode rows one by one pays beyond that), plus `mixed_verify_row_us`
+per verify row of a mixed step (its 1 + k query tokens beside the prompt's chunk; 0 unless the
+profile prices it). The drafter's cost is added to every step that has a decoding row when
+speculative decoding is on, and so is the verify rows' extra KV read (`verify_context_token_us`,
+0 unless the profile prices it).
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class SimExecutor:
         self.mixed_row_us = profile.mixed_decode_row_us
         self.drafter_row_us = profile.drafter_row_us if num_draft_tokens else 0.0
         self.verify_ctx_us = profile.verify_context_token_us if num_draft_tokens else 0.0
+        self.mixed_verify_us = profile.mixed_verify_row_us if num_draft_tokens else 0.0
         self._base_cache: dict[tuple[str, int], float] = {}
 
     def decode_base_us(self, path: str, tokens: int) -> float:
@@ -181,6 +184,8 @@ class SimExecutor:
             us += self.mixed_row_us * dec_rows
         if self.verify_ctx_us:  # only profiles that price it
             us += self.verify_ctx_us * float(verify)
+        if self.mixed_verify_us:  # only profiles that price it; a prefill row has no drafts
+            us += self.mixed_verify_us * drafted
         return us * 1e-6
 
     def window_seconds(self, w: WindowPlan) -> np.ndarray:

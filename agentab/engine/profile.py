@@ -85,6 +85,11 @@ class HardwareProfile:
     # step's decode rows one by one (a gather of each row's cache and a few kernels per row and
     # layer) pays this beside what the step's token count and KV read already price.
     mixed_decode_row_us: float = 0.0
+    # Per verify row of a step that also carries prefill tokens, beside mixed_decode_row_us: a
+    # verify row there is 1 + k query tokens attended beside a prompt's chunk, which neither
+    # the pure verify steps (verify_context_token_us) nor a mixed step's one-token decode rows
+    # price. 0 (absent) prices such a row as any decode row of a mixed step.
+    mixed_verify_row_us: float = 0.0
     # The engine schedules one step ahead (vLLM's and the local engine's async scheduling on a
     # GPU): step k+1 is planned while step k runs, so a request that arrives during step k
     # joins step k+2 at the earliest.
@@ -192,6 +197,7 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
         drafter_step_us=sd.number("drafter_step_us", 0.0),
         drafter_row_us=sd.number("drafter_row_us", 0.0, default=0.0),
         verify_context_token_us=sd.number("verify_context_token_us", 0.0, default=0.0),
+        mixed_verify_row_us=sd.number("mixed_verify_row_us", 0.0, default=0.0),
         prefill_tokens_per_s_per_gpu=pre.number("tokens_per_s_per_gpu", 1.0),
         attention_flops_per_token_pair=pre.number("attention_flops_per_token_pair", 0.0),
         attention_flops_per_s_per_gpu=pre.number("attention_flops_per_s_per_gpu", 1.0),

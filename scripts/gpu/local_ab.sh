@@ -31,7 +31,8 @@ export AGENTAB_CACHE_DIR=${AGENTAB_CACHE_DIR:-$PWD/out/cache}
 if [ "${1:-}" = calibrate ]; then
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env-calibrate.log"
   # ENGINE_CONFIG with a speculative_config also times its drafter (no drafter assumption
-  # then: ALLOW=none), e.g. ENGINE_CONFIG=examples/local-k2-h200-c8-spec.toml
+  # then: ALLOW=none), e.g. ENGINE_CONFIG=examples/local-k2-h200-c8-spec.toml; the drafter's
+  # part also runs the mixed phases whose decode rows verify (spec_decode.mixed_verify_row_us)
   # BATCHES=1,2,4,8,16,32,64 (the draft-free servers reach the verify steps' token counts)
   # ONLY=standard (then ONLY=specialized,drafter in a second call) splits a calibration that
   # would outlast one call: each part writes its measurements (h200-local-k2-tp8-shard-<ONLY>.fit.json)

@@ -18,6 +18,7 @@ from agentab.calibrate.fit import fit_all
 from agentab.calibrate.load import build_load
 from agentab.calibrate.write import Provenance, render_profile
 from agentab.engine.executor import SimExecutor
+from agentab.engine.outputs import StepPlan
 from agentab.engine.profile import parse_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.errors import AgentabError
@@ -272,6 +273,28 @@ def test_the_load_fits_the_engine() -> None:
     )
     assert all(p.batch * p.context <= 2047 for p in one.decode)
     assert build_load(**sized, with_mixed=False).mixed == ()  # vLLM's clock times no mixed step
+    # a server that drafts k = 7 (the drafter's load): its mixed phases run verify rows of
+    # 8 tokens beside a prompt shortened to fit them in the step, for 24 verify steps at least
+    # (not its decode phases' 8 x 96 tokens), repeated as asked
+    drafter = build_load(max_model_len=4096, block_size=16, max_num_batched_tokens=512,
+                         steps=768, batches=(1, 2, 4, 8), max_num_seqs=8, prefill_repeats=0,
+                         mixed_repeats=2, draft_tokens=7)  # fmt: skip
+    assert drafter.prefill == ()
+    assert [(p.rows, p.new, p.steps) for p in drafter.mixed if p.repeat == 0] == [
+        (1, 32, 192), (3, 32, 192), (7, 32, 192),
+    ]  # fmt: skip
+    assert len(drafter.mixed) == 6
+    tight = build_load(max_model_len=4096, block_size=16, max_num_batched_tokens=72,
+                       steps=768, batches=(1, 2, 4, 8), prefill_repeats=0, mixed_repeats=1,
+                       draft_tokens=7)  # fmt: skip
+    # the second prefill length (18) shortened to what 8 verify rows of 8 tokens leave
+    assert {p.new for p in tight.mixed} == {72 - 8 * 8}
+    # no room for the prompt beside the verify rows, or one row count only: no such phase
+    full = dict(max_model_len=4096, block_size=16, steps=768, batches=(1, 2, 4, 8),
+                prefill_repeats=0, mixed_repeats=1, draft_tokens=7)  # fmt: skip
+    assert build_load(**full, max_num_batched_tokens=64).mixed == ()
+    assert build_load(**full, max_num_batched_tokens=512, max_num_seqs=2).mixed == ()
+    assert len(build_load(**full, max_num_batched_tokens=512, max_num_seqs=3).mixed) == 2
     with pytest.raises(AgentabError, match="--contexts 10,5000"):
         build_load(
             max_model_len=2048, block_size=16, max_num_batched_tokens=None, contexts=(10, 5000)
@@ -417,3 +440,99 @@ def test_the_verify_rows_context_term_is_recovered_from_the_drafter_phases() -> 
     assert _loaded_draft_tokens({"standard": {"decode": [(1, 64, 96)]}, DRAFTER: recorded}) == 7
     older = {"standard": {"decode": [(1, 64, 96)]}, DRAFTER: {"decode": [(1, 64, 384)]}}
     assert _loaded_draft_tokens(older) == 3
+
+
+def mixed_verify_plan(rows: int, computed: int, k: int, new: int) -> StepPlan:
+    """A step of a server that drafts k: `rows` verify rows of 1 + k tokens beside a prompt of
+    `new` tokens (computed from the start)."""
+    n = rows + 1
+    num_sched = np.array([1 + k] * rows + [new], dtype=np.int64)
+    return StepPlan(
+        slots=np.arange(n, dtype=np.int64), num_sched=num_sched,
+        computed_before=np.array([computed] * rows + [0], dtype=np.int64),
+        is_decode=np.array([True] * rows + [False]),
+        drafts=np.array([k] * rows + [0], dtype=np.int64),
+        keys=np.arange(n, dtype=np.int64), spec_index=np.zeros(n, dtype=np.int64),
+        path="standard", total_tokens=int(num_sched.sum()), padded_tokens=int(num_sched.sum()),
+        preempted=[], num_running=n, num_waiting=0,
+    )  # fmt: skip
+
+
+def test_the_verify_rows_cost_in_a_mixed_step_is_recovered_from_a_simulator_that_prices_it() -> (
+    None
+):
+    """The drafter's mixed phases run a prompt beside verify rows of 1 + k tokens. A simulator
+    whose profile prices `mixed_verify_row_us` times them (each step priced by
+    SimExecutor.step_seconds); the fit recovers the value, writes it [C], and the profile
+    it writes prices those steps as the simulator did."""
+    from agentab.calibrate.fit import DRAFTER
+
+    k, truth_us, computed = 1, 420.0, 130
+    drafter = Measurements()
+    for b in (1, 2, 4, 8):
+        for ctx in (100, 900):
+            context = b * (ctx + 24.0)
+            draft = 400.0 + 30.0 * b
+            us = BASE_US[2 * b] + KV_US * context + draft + 0.02 * context
+            drafter.decode.append(
+                DecodeMeasurement(b, ctx, 40, context, us * 1e-6, us * 1e-6, 40, "standard",
+                                  engine_draft_s=draft * 1e-6, engine_draft_steps=40)
+            )  # fmt: skip
+    measured = {"standard": synthetic(), DRAFTER: drafter}
+    prov = Provenance(
+        "agentab-local", "1", "cpu", "m", "http://x", "2026-01-01", "agentab calibrate", "engine"
+    )
+
+    def render_fit(fit: object) -> str:
+        return render_profile(
+            name="t", fit=fit, facts=facts(), provenance=prov, kv_blocks=1000,
+            kv_blocks_tag="[E]", gpu_count=1, gpu_tag="[E]", tp=1,
+            allowed=("decode.specialized",),
+        )  # fmt: skip
+
+    first = fit_all(measured, timing="engine", graph_max=1, max_num_batched_tokens=BUDGET,
+                    draft_tokens=k)  # fmt: skip
+    assert first.drafter is not None and first.drafter.mixed_verify is None
+    text = render_fit(first)
+    assert "mixed_verify_row_us" not in text  # no mixed phase on the drafter: no such key
+    truth = parse_profile(
+        text.replace("[spec_decode]\n", f"[spec_decode]\nmixed_verify_row_us = {truth_us}\n")
+        .encode(), "truth",
+    )  # fmt: skip
+    sim = SimExecutor(truth, num_draft_tokens=k)
+    for rows in (2, 4, 7):
+        for _ in range(3):
+            s = sim.step_seconds(mixed_verify_plan(rows, computed, k, MIX_NEW))
+            measured[DRAFTER].mixed.append(
+                MixedMeasurement(rows, MIX_NEW, rows * (computed + 1.0), s, s, 2e-3)
+            )
+    fit = fit_all(measured, timing="engine", graph_max=1, max_num_batched_tokens=BUDGET,
+                  draft_tokens=k)  # fmt: skip
+    mv = fit.drafter.mixed_verify
+    assert mv is not None and [r["rows"] for r in mv.residuals] == [2, 4, 7]
+    assert mv.us_per_decode_row.value == pytest.approx(truth_us, rel=1e-4)
+    assert mv.offset_us.value == pytest.approx(0.0, abs=0.5)
+    assert max(abs(r["error"]) for r in mv.residuals) < 1e-5
+    written = parse_profile(render_fit(fit).encode(), "t")
+    assert written.mixed_verify_row_us == pytest.approx(truth_us, rel=1e-4)
+    plan = mixed_verify_plan(4, computed, k, MIX_NEW)
+    assert SimExecutor(written, num_draft_tokens=k).step_seconds(plan) == pytest.approx(
+        sim.step_seconds(plan), rel=1e-5
+    )
+    # the field prices verify rows of mixed steps only: without drafts, or without the field,
+    # the step is priced as before
+    before = parse_profile(text.encode(), "t")
+    assert SimExecutor(truth).step_seconds(plan) == SimExecutor(before).step_seconds(plan)
+    without = SimExecutor(before, num_draft_tokens=k).step_seconds(plan)
+    assert sim.step_seconds(plan) - without == pytest.approx(4 * truth_us * 1e-6, rel=1e-9)
+
+
+def test_the_specialized_path_is_timed_up_to_the_engines_own_limit() -> None:
+    """A local engine with `specialized_max_tokens` runs wider steps on the standard path
+    (as the simulator does with the same option): the specialized server's decode phases stop
+    there, so no standard-path step is fitted into the specialized table."""
+    from agentab.calibrate.calibrate import specialized_limit
+
+    assert specialized_limit(facts()) == 64  # vLLM states no such limit: the path's own
+    assert specialized_limit(facts(raw={"specialized_max_tokens": 16})) == 16
+    assert specialized_limit(facts(raw={"specialized_max_tokens": 128})) == 64

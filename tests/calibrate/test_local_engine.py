@@ -159,8 +159,14 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     assert report["engine"]["drafter"]["max_num_seqs"] == 32
     assert report["engine"]["standard"]["max_num_seqs"] == 32 * 4
     assert report["measurements"]["drafter"]["prefill"] == []
-    assert report["measurements"]["drafter"]["mixed"] == []
+    # its mixed phases: a prompt beside 1, 2 and 4 verify rows, each step on the engine's clock
+    mixed = report["measurements"]["drafter"]["mixed"]
+    assert [r["rows"] for r in mixed] == [1, 2, 4]
+    assert all(r["engine_s"] > 0 and r["decode_step_s"] > 0 for r in mixed)
+    print("mixed verify steps", [(r["rows"], round(r["engine_s"] * 1e3, 2)) for r in mixed], "ms")
     fit = report["drafter"]
+    assert [r["rows"] for r in fit["mixed_verify"]["residuals"]] == [1, 2, 4]
+    assert p_mixed_verify(fit) >= 0.0
     assert [r["batch"] for r in fit["residuals"]] == [1, 1, 4, 4]
     p = load_profile(out)
     assert p.drafter_step_us == pytest.approx(fit["step_us"]["value"], rel=1e-5)
@@ -171,7 +177,9 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     assert fit["verify_context_us"]["value"] >= 0.0
     assert [r["batch"] for r in fit["verify_residuals"]] == [1, 1, 4, 4]
     assert p.verify_context_token_us == pytest.approx(fit["verify_context_us"]["value"], rel=1e-5)
+    assert p.mixed_verify_row_us == pytest.approx(p_mixed_verify(fit), rel=1e-5)
     text = out.read_text()
+    assert "# [C]" in text.split("mixed_verify_row_us = ")[1].splitlines()[0]
     assert "drafter_step_us = " in text and "# [C]" in text.split("drafter_step_us = ")[1]
     print(f"drafter: {p.drafter_step_us:.0f} us per step + {p.drafter_row_us:.0f} us per row")
     # refit: the drafter's measurements travel with the report
@@ -180,6 +188,12 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     q = load_profile(refit)
     assert (q.drafter_step_us, q.drafter_row_us) == (p.drafter_step_us, p.drafter_row_us)
     assert q.verify_context_token_us == p.verify_context_token_us
+    assert q.mixed_verify_row_us == p.mixed_verify_row_us
+
+
+def p_mixed_verify(fit: dict) -> float:
+    """The fitted cost per verify row of a mixed step, as the report records it."""
+    return float(fit["mixed_verify"]["us_per_decode_row"]["value"])
 
 
 @pytest.mark.slow
@@ -218,6 +232,7 @@ def test_a_calibration_in_parts_fits_as_one(tmp_path: Path, capsys) -> None:
     assert p.verify_context_token_us == pytest.approx(
         report["drafter"]["verify_context_us"]["value"], rel=1e-5
     )
+    assert p.mixed_verify_row_us == pytest.approx(p_mixed_verify(report["drafter"]), rel=1e-5)
     # one path measured twice, or a server the calibration does not launch: one line each
     for args, message in (
         (["--refit", reports[0], "--refit", reports[0]], "the standard path is measured in an"),
@@ -229,3 +244,22 @@ def test_a_calibration_in_parts_fits_as_one(tmp_path: Path, capsys) -> None:
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err
+
+
+@pytest.mark.slow
+def test_the_specialized_server_is_timed_up_to_its_specialized_max_tokens(tmp_path: Path) -> None:
+    """An engine whose `specialized_max_tokens` is 2 runs a decode step of 4 rows on the
+    standard path: the specialized server's load stops at batch 2, and every phase it timed
+    ran on the specialized path."""
+    experiment = tmp_path / "experiment.toml"
+    experiment.write_text(EXPERIMENT.replace("kv_blocks = 2048", "kv_blocks = 2048\n"
+                                             "specialized_max_tokens = 2"))  # fmt: skip
+    out = tmp_path / "specialized.toml"
+    main(["calibrate", "--engine-config", str(experiment), "--specialized", "--only",
+          "specialized", "--batches", "1,2,4", "--steps", "16", "--contexts", "64,256",
+          "-o", str(out), "--quiet"])  # fmt: skip
+    report = json.loads(out.with_suffix(".fit.json").read_text())
+    decode = report["measurements"]["specialized"]["decode"]
+    assert [(r["batch"], r["engine_path"]) for r in decode] == [
+        (1, "specialized"), (1, "specialized"), (2, "specialized"), (2, "specialized"),
+    ]  # fmt: skip

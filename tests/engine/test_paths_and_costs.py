@@ -213,6 +213,42 @@ def test_a_mixed_step_pays_per_decode_row_when_the_profile_prices_it():
     assert per_row.step_seconds(prefill_only) == plain.step_seconds(prefill_only)
 
 
+def test_a_verify_row_of_a_mixed_step_pays_its_own_row_cost_when_the_profile_prices_it():
+    """[spec_decode] mixed_verify_row_us: per verify row of a step that also computes a
+    prompt, beside mixed_decode_row_us; pure verify steps (as a step and in a window), plain
+    decode rows of a mixed step and an engine without drafts pay nothing."""
+    import dataclasses
+
+    prof = dataclasses.replace(load_profile("gb300-tp16-kimi-k3"), mixed_decode_row_us=100.0)
+    assert prof.mixed_verify_row_us == 0.0
+    priced = dataclasses.replace(prof, mixed_verify_row_us=700.0)
+    s = decoding_scheduler(4, 3, specialized=False)
+    verify_only = s.schedule()
+    assert verify_only.drafts.tolist() == [3, 3, 3] and verify_only.num_prefill_tokens == 0
+    assert SimExecutor(priced, 3).step_seconds(verify_only) == SimExecutor(prof, 3).step_seconds(
+        verify_only
+    )
+    s.update(verify_only)
+    s.add("p", np.arange(5000, 5100), 5)
+    mixed = s.schedule()
+    assert mixed.num_prefill_tokens == 100 and mixed.drafts.tolist() == [3, 3, 3, 0]
+    extra = SimExecutor(priced, 3).step_seconds(mixed) - SimExecutor(prof, 3).step_seconds(mixed)
+    assert extra == pytest.approx(3 * 700.0 * 1e-6, rel=1e-9)
+    assert SimExecutor(priced, 0).step_seconds(mixed) == SimExecutor(prof, 0).step_seconds(mixed)
+    plain = decoding_scheduler(1, 5, specialized=False)
+    plain.add("late", np.arange(90000, 90300), 10)
+    one_token_rows = plain.schedule()
+    assert one_token_rows.num_decode_tokens == 5 and one_token_rows.num_prefill_tokens == 300
+    assert SimExecutor(priced, 0).step_seconds(one_token_rows) == SimExecutor(prof, 0).step_seconds(
+        one_token_rows
+    )
+    window = verify_window(4)
+    assert (
+        SimExecutor(priced, 7).window_seconds(window).tolist()
+        == SimExecutor(prof, 7).window_seconds(window).tolist()
+    )
+
+
 def test_profile_keys_of_the_mixed_row_cost_and_async_scheduling(tmp_path):
     """Both are optional (a profile without them prices and schedules as before); a wrong
     type is a one-line error naming the file and key."""
@@ -226,6 +262,13 @@ def test_profile_keys_of_the_mixed_row_cost_and_async_scheduling(tmp_path):
     path.write_text(text + "mixed_decode_row_us = 12.5\n\n[engine]\nasync_scheduling = true\n")
     p = load_profile(path)
     assert (p.mixed_decode_row_us, p.async_scheduling) == (12.5, True)
+    with_verify = text.replace("[spec_decode]\n", "[spec_decode]\nmixed_verify_row_us = 40.0\n")
+    assert with_verify != text
+    path.write_text(with_verify)
+    assert load_profile(path).mixed_verify_row_us == 40.0
+    path.write_text(with_verify.replace("= 40.0", "= -1.0"))
+    with pytest.raises(AgentabError, match=r"spec_decode\.mixed_verify_row_us: -1\.0 must be"):
+        load_profile(path)
     path.write_text(text + '\n[engine]\nasync_scheduling = "yes"\n')
     with pytest.raises(AgentabError, match=r"p\.toml: engine\.async_scheduling: must be true"):
         load_profile(path)

@@ -395,6 +395,11 @@ def window_steps(
     remaining: np.ndarray,
     nblocks: np.ndarray,
     acc: np.ndarray,
+    keys: np.ndarray,
+    spec_idx: np.ndarray,
+    seed: np.uint64,
+    cond: np.ndarray,
+    whole: int,
     k: int,
     bs: int,
     num_free: int,
@@ -406,7 +411,13 @@ def window_steps(
     cum (inclusive cumulative tokens, uncapped), emitted (capped at each row's remaining
     output) and context per step, up to the first step in which a row finishes, or the last
     step whose blocks fit in `num_free`; returns the step count, or -1 if fewer than two steps
-    fit. `acc` is (steps, rows) accepted drafts, or empty without drafts (none accepted)."""
+    fit. `acc` is empty without drafts (none accepted); with drafts it is the (steps, rows)
+    buffer the steps' accepted drafts are written to, each step's row drawn only when the step
+    is reached (SpecConfig.accepted's draws: `verify_run` of the slot's key and verify index
+    spec_idx + step, under `seed` and `cond`; `whole` >= 0 when the rates decide every draw,
+    then every row accepts `whole`). The window's horizon is the smallest remaining output,
+    while with drafts it mostly ends several times sooner, so drawing up front would draw
+    mostly rows no step reaches."""
     horizon, B = cum.shape
     q = 1 + k
     drafts = acc.shape[0] > 0
@@ -424,6 +435,13 @@ def window_steps(
         if grow > num_free:
             return j if j >= 2 else -1
         context[j] = ctx
+        if drafts:
+            for i in range(B):
+                if whole >= 0:
+                    acc[j, i] = min(whole, k)
+                else:
+                    s = run[i]
+                    acc[j, i] = min(verify_run(keys[s], np.uint64(spec_idx[s] + j), seed, cond), k)
         finish = False
         for i in range(B):
             prev = cum[j - 1, i] if j else 0
@@ -763,15 +781,21 @@ def accepted_drafts(
     leading run of draft positions i whose uniform (spec_decode.position_uniforms of
     (seed, keys[j], index[j], i)) is below cond[i], at most drafts[j], written to out[j].
     The loop stops at the first rejection, where numpy draws every position."""
-    k = len(cond)
-    scale = 1.0 / 9007199254740992.0  # 2**-53
     for j in range(len(out)):
-        a = splitmix64(splitmix64(keys[j] ^ seed) + (index[j] + np.uint64(1)) * GOLDEN)
-        run = 0
-        for i in range(k):
-            z = splitmix64(a + np.uint64(i + 1) * POSITION)
-            if np.float64(z >> np.uint64(11)) * scale < cond[i]:
-                run += 1
-            else:
-                break
-        out[j] = min(run, drafts[j])
+        out[j] = min(verify_run(keys[j], index[j], seed, cond), drafts[j])
+
+
+@jit
+def verify_run(key: np.uint64, index: np.uint64, seed: np.uint64, cond: np.ndarray) -> int:
+    """The leading run of accepted draft positions of one verify step (`accepted_drafts`'s
+    loop for one step, before the cap at its drafts)."""
+    scale = 1.0 / 9007199254740992.0  # 2**-53
+    a = splitmix64(splitmix64(key ^ seed) + (index + np.uint64(1)) * GOLDEN)
+    run = 0
+    for i in range(len(cond)):
+        z = splitmix64(a + np.uint64(i + 1) * POSITION)
+        if np.float64(z >> np.uint64(11)) * scale < cond[i]:
+            run += 1
+        else:
+            break
+    return run

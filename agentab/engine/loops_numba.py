@@ -457,6 +457,25 @@ def window_steps(
 
 
 @jit
+def window_verified(
+    slots: np.ndarray, spec_idx: np.ndarray, acc: np.ndarray, m: int, per_pos: np.ndarray
+) -> int:
+    """The verify counters of a window's first `m` steps (each a verify step of every row):
+    the rows' verify indices advanced by m, vLLM's per-position counter (a row that accepted
+    a drafts counts one at positions 0..a-1) from acc[:m]; returns the drafts accepted."""
+    total = 0
+    for j in range(m):
+        for i in range(len(slots)):
+            a = acc[j, i]
+            total += a
+            for p in range(a):
+                per_pos[p] += 1
+    for i in range(len(slots)):
+        spec_idx[slots[i]] += m
+    return total
+
+
+@jit
 def window_blocks(
     slots: np.ndarray,
     computed0: np.ndarray,
@@ -579,6 +598,7 @@ def advance_rows(
     maxtok: np.ndarray,
     in_decode: np.ndarray,
     spec_idx: np.ndarray,
+    per_pos: np.ndarray,
     log_counts: np.ndarray,
     log_row: int,
     rows: np.ndarray,
@@ -588,10 +608,11 @@ def advance_rows(
 ) -> tuple[int, int, int, int, int, int]:
     """Apply one executed step to its rows (Scheduler._advance): accepted drafts (`accepted`
     per row, empty: none accepted), computed and emitted tokens, prompts completed, each row's
-    emitted tokens in the emission log row `log_row` (< 0: no log). The emitting rows go to
-    rows/counts/starts[:n] (row index, tokens, where they go in its token buffer), the slots
-    that finished to finished[:f]. Returns (n, f, tokens emitted, verify rows, drafts of the
-    decoding rows, drafts accepted by the verify rows)."""
+    emitted tokens in the emission log row `log_row` (< 0: no log), and vLLM's per-position
+    counter (`per_pos`: a verify row that accepted a drafts counts one at positions 0..a-1).
+    The emitting rows go to rows/counts/starts[:n] (row index, tokens, where they go in its
+    token buffer), the slots that finished to finished[:f]. Returns (n, f, tokens emitted,
+    verify rows, drafts of the decoding rows, drafts accepted by the verify rows)."""
     n = 0
     nfin = 0
     total = 0
@@ -615,6 +636,8 @@ def advance_rows(
                 spec_idx[slot] += 1
                 verified += 1
                 acc_sum += a
+                for p in range(a):
+                    per_pos[p] += 1
         elif comp >= ntokens[slot]:
             e = 1
             in_decode[slot] = True

@@ -144,7 +144,7 @@ def _count(s: Scheduler, w: WindowPlan, m: int, emitted: int) -> None:
     c["decode_steps_" + w.path] += m
     c["generation_tokens"] += emitted
     if s.k:
-        s.state.spec_idx[w.slots] += m
+        acc = loops_numba.window_verified(w.slots, s.state.spec_idx, w.accepted, m,
+                                          s.accepted_per_pos)  # fmt: skip
         rows = m * len(w.slots)
-        s.count_verified(rows, rows * s.k, int(w.accepted[:m].sum()))
-        s.count_positions(w.accepted[:m])
+        s.count_verified(rows, rows * s.k, acc)

@@ -395,6 +395,11 @@ def window_steps(
     remaining: np.ndarray,
     nblocks: np.ndarray,
     acc: np.ndarray,
+    keys: np.ndarray,
+    spec_idx: np.ndarray,
+    seed: np.uint64,
+    cond: np.ndarray,
+    whole: int,
     k: int,
     bs: int,
     num_free: int,
@@ -406,7 +411,13 @@ def window_steps(
     cum (inclusive cumulative tokens, uncapped), emitted (capped at each row's remaining
     output) and context per step, up to the first step in which a row finishes, or the last
     step whose blocks fit in `num_free`; returns the step count, or -1 if fewer than two steps
-    fit. `acc` is (steps, rows) accepted drafts, or empty without drafts (none accepted)."""
+    fit. `acc` is empty without drafts (none accepted); with drafts it is the (steps, rows)
+    buffer the steps' accepted drafts are written to, each step's row drawn only when the step
+    is reached (SpecConfig.accepted's draws: `verify_run` of the slot's key and verify index
+    spec_idx + step, under `seed` and `cond`; `whole` >= 0 when the rates decide every draw,
+    then every row accepts `whole`). The window's horizon is the smallest remaining output,
+    while with drafts it mostly ends several times sooner, so drawing up front would draw
+    mostly rows no step reaches."""
     horizon, B = cum.shape
     q = 1 + k
     drafts = acc.shape[0] > 0
@@ -424,6 +435,13 @@ def window_steps(
         if grow > num_free:
             return j if j >= 2 else -1
         context[j] = ctx
+        if drafts:
+            for i in range(B):
+                if whole >= 0:
+                    acc[j, i] = min(whole, k)
+                else:
+                    s = run[i]
+                    acc[j, i] = min(verify_run(keys[s], np.uint64(spec_idx[s] + j), seed, cond), k)
         finish = False
         for i in range(B):
             prev = cum[j - 1, i] if j else 0
@@ -436,6 +454,25 @@ def window_steps(
         if finish:
             return j + 1
     return horizon
+
+
+@jit
+def window_verified(
+    slots: np.ndarray, spec_idx: np.ndarray, acc: np.ndarray, m: int, per_pos: np.ndarray
+) -> int:
+    """The verify counters of a window's first `m` steps (each a verify step of every row):
+    the rows' verify indices advanced by m, vLLM's per-position counter (a row that accepted
+    a drafts counts one at positions 0..a-1) from acc[:m]; returns the drafts accepted."""
+    total = 0
+    for j in range(m):
+        for i in range(len(slots)):
+            a = acc[j, i]
+            total += a
+            for p in range(a):
+                per_pos[p] += 1
+    for i in range(len(slots)):
+        spec_idx[slots[i]] += m
+    return total
 
 
 @jit
@@ -561,6 +598,7 @@ def advance_rows(
     maxtok: np.ndarray,
     in_decode: np.ndarray,
     spec_idx: np.ndarray,
+    per_pos: np.ndarray,
     log_counts: np.ndarray,
     log_row: int,
     rows: np.ndarray,
@@ -570,10 +608,11 @@ def advance_rows(
 ) -> tuple[int, int, int, int, int, int]:
     """Apply one executed step to its rows (Scheduler._advance): accepted drafts (`accepted`
     per row, empty: none accepted), computed and emitted tokens, prompts completed, each row's
-    emitted tokens in the emission log row `log_row` (< 0: no log). The emitting rows go to
-    rows/counts/starts[:n] (row index, tokens, where they go in its token buffer), the slots
-    that finished to finished[:f]. Returns (n, f, tokens emitted, verify rows, drafts of the
-    decoding rows, drafts accepted by the verify rows)."""
+    emitted tokens in the emission log row `log_row` (< 0: no log), and vLLM's per-position
+    counter (`per_pos`: a verify row that accepted a drafts counts one at positions 0..a-1).
+    The emitting rows go to rows/counts/starts[:n] (row index, tokens, where they go in its
+    token buffer), the slots that finished to finished[:f]. Returns (n, f, tokens emitted,
+    verify rows, drafts of the decoding rows, drafts accepted by the verify rows)."""
     n = 0
     nfin = 0
     total = 0
@@ -597,6 +636,8 @@ def advance_rows(
                 spec_idx[slot] += 1
                 verified += 1
                 acc_sum += a
+                for p in range(a):
+                    per_pos[p] += 1
         elif comp >= ntokens[slot]:
             e = 1
             in_decode[slot] = True
@@ -763,15 +804,21 @@ def accepted_drafts(
     leading run of draft positions i whose uniform (spec_decode.position_uniforms of
     (seed, keys[j], index[j], i)) is below cond[i], at most drafts[j], written to out[j].
     The loop stops at the first rejection, where numpy draws every position."""
-    k = len(cond)
-    scale = 1.0 / 9007199254740992.0  # 2**-53
     for j in range(len(out)):
-        a = splitmix64(splitmix64(keys[j] ^ seed) + (index[j] + np.uint64(1)) * GOLDEN)
-        run = 0
-        for i in range(k):
-            z = splitmix64(a + np.uint64(i + 1) * POSITION)
-            if np.float64(z >> np.uint64(11)) * scale < cond[i]:
-                run += 1
-            else:
-                break
-        out[j] = min(run, drafts[j])
+        out[j] = min(verify_run(keys[j], index[j], seed, cond), drafts[j])
+
+
+@jit
+def verify_run(key: np.uint64, index: np.uint64, seed: np.uint64, cond: np.ndarray) -> int:
+    """The leading run of accepted draft positions of one verify step (`accepted_drafts`'s
+    loop for one step, before the cap at its drafts)."""
+    scale = 1.0 / 9007199254740992.0  # 2**-53
+    a = splitmix64(splitmix64(key ^ seed) + (index + np.uint64(1)) * GOLDEN)
+    run = 0
+    for i in range(len(cond)):
+        z = splitmix64(a + np.uint64(i + 1) * POSITION)
+        if np.float64(z >> np.uint64(11)) * scale < cond[i]:
+            run += 1
+        else:
+            break
+    return run

@@ -540,12 +540,9 @@ class Scheduler:
         n, nfin, emitted, verified, drafts, acc_sum = loops_numba.advance_rows(
             s, plan.num_sched, plan.computed_before, plan.is_decode, plan.drafts, acc,
             st.computed, st.ntokens, st.output, st.maxtok, st.in_decode,
-            st.spec_idx, counts_log, log_row, rows, counts, starts, done,
+            st.spec_idx, self.accepted_per_pos, counts_log, log_row, rows, counts, starts, done,
         )  # fmt: skip
         self.count_verified(verified, drafts, acc_sum)
-        if verified and len(acc):
-            v = plan.is_decode & (plan.drafts > 0)
-            self.count_positions(np.minimum(acc[v], plan.drafts[v]))
         c["generation_tokens"] += emitted
         rows = rows[:n]
         slot_req = self.slot_req

@@ -148,6 +148,15 @@ class SpecConfig:
             out["acceptance_probs"] = list(self.acceptance_probs or ())
         return out
 
+    def draws(self) -> tuple[np.uint64, np.ndarray, int]:
+        """What a compiled loop needs to draw `accepted`'s values itself (loops_numba.verify_run):
+        the mixed seed, the conditional rates, and the drafts every full verify step accepts
+        when the rates decide every draw (-1 when they do not)."""
+        if not self.synthetic:
+            raise AgentabError("standard rejection: the executor accepts drafts (a real model)")
+        s = np.uint64((self.seed * 0x9E3779B97F4A7C15) % (1 << 64))
+        return s, self._conditional, self._whole if self._decided else -1
+
     def accepted(self, keys: np.ndarray, index: np.ndarray, drafts: np.ndarray) -> np.ndarray:
         """Accepted drafts for verify steps number `index` of requests `keys` with `drafts` each
         (vLLM's synthetic verify loop, see the module).
@@ -170,7 +179,7 @@ class SpecConfig:
                 np.asarray(drafts, dtype=np.int64),
             )
             out = np.empty(shape, dtype=np.int64)
-            s = np.uint64((self.seed * 0x9E3779B97F4A7C15) % (1 << 64))
+            s = self.draws()[0]
             k_, i_, d_ = (np.ascontiguousarray(x).reshape(-1) for x in flat)
             loops_numba.accepted_drafts(k_, i_, d_, s, cond, out.reshape(-1))
             return out

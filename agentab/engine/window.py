@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _I64 = np.int64
 _NO_LOG = np.zeros((1, 1), dtype=np.int32)  # the emission log's place when there is none
 _NO_ACCEPTED = np.zeros((0, 0), dtype=_I64)  # no drafts: none accepted
+_NO_SEED, _NO_RATES = np.uint64(0), np.zeros(0)  # no drafts: nothing drawn
 
 
 def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
@@ -55,13 +56,17 @@ def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
     horizon = min(max_steps, horizon)
     k = s.k
     remaining = st.maxtok[run] - st.output[run]
-    acc = np.ascontiguousarray(_acceptance(s, run, horizon)) if k else _NO_ACCEPTED
+    if k:  # the steps' acceptance draws are made as window_steps reaches them
+        acc = np.empty((horizon, B), dtype=_I64)
+        seed, cond, whole = s.cfg.spec.draws()
+    else:
+        acc, seed, cond, whole = _NO_ACCEPTED, _NO_SEED, _NO_RATES, -1
     cum = np.empty((horizon, B), dtype=_I64)
     emitted = np.empty((horizon, B), dtype=_I64)
     context = np.empty(horizon, dtype=_I64)
     n = loops_numba.window_steps(
-        run, st.computed, remaining, st.nblocks, acc, k, s.bs, s.pool.num_free,
-        cum, emitted, context,
+        run, st.computed, remaining, st.nblocks, acc, st.keys, st.spec_idx, seed, cond, whole,
+        k, s.bs, s.pool.num_free, cum, emitted, context,
     )  # fmt: skip
     if n < 0:
         return None
@@ -111,15 +116,6 @@ def commit_window(s: Scheduler, w: WindowPlan, m: int) -> list[Request]:
     return s.finish(done[:nfin]) if nfin else []
 
 
-def _acceptance(s: Scheduler, run: np.ndarray, horizon: int) -> np.ndarray:
-    """(steps, rows) drafts accepted in the next `horizon` verify steps of the rows."""
-    steps = np.arange(horizon, dtype=_I64)[:, None]
-    drafts = np.full((1, len(run)), s.k, dtype=_I64)
-    st = s.state
-    acc = s.cfg.spec.accepted(st.keys[run][None, :], st.spec_idx[run] + steps, drafts)
-    return np.broadcast_to(acc, (horizon, len(run)))
-
-
 def _path(s: Scheduler, rows: int) -> tuple[str, int]:
     """(path, padded tokens) of a pure-decode step of `rows` rows of 1 + k tokens each."""
     got = s.window_paths.get(rows)
@@ -148,7 +144,7 @@ def _count(s: Scheduler, w: WindowPlan, m: int, emitted: int) -> None:
     c["decode_steps_" + w.path] += m
     c["generation_tokens"] += emitted
     if s.k:
-        s.state.spec_idx[w.slots] += m
+        acc = loops_numba.window_verified(w.slots, s.state.spec_idx, w.accepted, m,
+                                          s.accepted_per_pos)  # fmt: skip
         rows = m * len(w.slots)
-        s.count_verified(rows, rows * s.k, int(w.accepted[:m].sum()))
-        s.count_positions(w.accepted[:m])
+        s.count_verified(rows, rows * s.k, acc)

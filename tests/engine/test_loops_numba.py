@@ -168,3 +168,43 @@ def test_compiled_acceptance_draws_equal_the_numpy_ones(monkeypatch, spec) -> No
         assert g.dtype == w.dtype == np.int64 and g.shape == w.shape
         assert np.array_equal(g, w)
     assert 0 < int(got[0].sum()) < got[0].size * spec.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpecConfig(7, acceptance_probs=(0.9, 0.82, 0.74, 0.66, 0.58, 0.5, 0.42), seed=3),
+        SpecConfig(7, acceptance_length=6),  # rates of 0 and 1: every draw decided
+    ],
+)
+def test_a_windows_draws_are_the_verify_steps_accepted_drafts(monkeypatch, spec) -> None:
+    """window_steps draws each step's acceptances as it reaches the step: the rows it planned
+    are SpecConfig.accepted of the slots' keys at their verify indices plus the step, compiled
+    and as plain Python, and it stops at the first finish (rows past it are never drawn)."""
+    k = spec.num_draft_tokens
+    rng = np.random.default_rng(11)
+    slots = 12
+    keys = rng.integers(0, 2**63, size=slots, dtype=np.int64).astype(np.uint64) * np.uint64(2)
+    spec_idx = rng.integers(0, 300, size=slots).astype(np.int64)
+    run = np.array([7, 2, 9, 0, 5], dtype=np.int64)
+    B, horizon = len(run), 40
+    computed = rng.integers(100, 900, size=slots).astype(np.int64)
+    nblocks = -(-computed // 16) + 1
+    remaining = np.array([300, 250, 120, 400, 310], dtype=np.int64)
+    want = spec.accepted(keys[run][None, :], spec_idx[run] + np.arange(horizon)[:, None], k)
+    seed, cond, whole = spec.draws()
+    outs = []
+    for fn in (loops_numba.window_steps, loops_numba.window_steps.py_func):
+        acc = np.full((horizon, B), -7, dtype=np.int64)
+        cum = np.empty((horizon, B), dtype=np.int64)
+        emitted = np.empty((horizon, B), dtype=np.int64)
+        context = np.empty(horizon, dtype=np.int64)
+        with plain_python(monkeypatch):  # the plain function calls the plain verify_run
+            n = fn(run, computed, remaining, nblocks, acc, keys, spec_idx, seed, cond, whole,
+                   k, 16, 10_000, cum, emitted, context)  # fmt: skip
+        outs.append((n, acc))
+    (n, acc), (n_plain, acc_plain) = outs
+    assert n == n_plain and 2 < n < horizon
+    assert np.array_equal(acc[:n], want[:n]) and np.array_equal(acc_plain, acc)
+    assert (acc[n:] == -7).all()  # the steps after the first finish were not drawn
+    assert (cum[n - 1] >= remaining).any() and not (cum[n - 2] >= remaining).any()

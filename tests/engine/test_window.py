@@ -92,6 +92,10 @@ def _run_out_alike(a: Scheduler, b: Scheduler) -> None:
             out.append(([r.id for r in reqs], counts, [r.id for r in done]))
         assert out[0] == out[1]
     assert a.counters == b.counters and a.counters["prefix_cache_hits"] > 0
+    assert a.accepted_per_pos.tolist() == b.accepted_per_pos.tolist()
+    if a.k:  # vLLM's per-position counter: position 0 counts every verify row that accepted
+        assert a.accepted_per_pos[0] > 0
+        assert a.accepted_per_pos.sum() == a.counters["spec_decode_num_accepted_tokens"]
 
 
 @pytest.mark.parametrize("specialized", [False, True])

@@ -117,6 +117,7 @@ def calibrate(
                 engine_clock=f.engine_clock if timing == "engine" else None,
                 progress=progress,
                 warn=warn,
+                mixed_rows="verify" if path == DRAFTER else "decode",
             )
         )
         facts[path] = f

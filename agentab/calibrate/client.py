@@ -145,8 +145,12 @@ async def run_load(
     vocab_size: int = 32000,
     progress: Any = None,
     warn: Any = None,
+    mixed_rows: str = "decode",
 ) -> Measurements:
-    """Run every phase of `load` against `url` (real clock) and return what was measured."""
+    """Run every phase of `load` against `url` (real clock) and return what was measured.
+
+    `mixed_rows` names a mixed phase's rows in the progress lines: "verify" on a server that
+    drafts, whose decode rows verify 1 + k tokens each."""
     target = CalibrationTarget(url, model=model, timeout_s=600.0)
     await target.start()
     rng = np.random.default_rng(load.seed)
@@ -186,7 +190,8 @@ async def run_load(
         for j, mix in enumerate(load.mixed):
             out.mixed.append(await _mixed_attempts(target, mix, rng, vocab_size, rid, engine_clock))
             if progress:
-                progress(done + j + 1, total, f"mixed {mix.new} beside {mix.rows} decode rows")
+                what = f"mixed {mix.new} beside {mix.rows} {mixed_rows} rows"
+                progress(done + j + 1, total, what)
     finally:
         await target.close()
     return out

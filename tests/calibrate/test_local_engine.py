@@ -7,6 +7,7 @@ are checked for sense, not accuracy; the figures are printed."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ synthetic_acceptance_length = 3.0
 
 @pytest.mark.slow
 def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decoding(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """With a speculative config the decode paths are timed without drafts (a verify step is
     priced as a decode step of its padded tokens) and a third server, the config as given,
@@ -143,8 +144,14 @@ def test_calibrate_times_the_drafter_of_an_engine_config_with_speculative_decodi
     experiment.write_text(SPEC_EXPERIMENT)
     assumed = ["--allow-assumed", "decode.specialized"]  # one path timed: the test's time
     main(["calibrate", "--engine-config", str(experiment), "--batches", "1,4", "--steps", "16",
-          "--prefill-repeats", "1", "--contexts", "64,256", "-o", str(out), "--quiet",
+          "--prefill-repeats", "1", "--contexts", "64,256", "-o", str(out),
           *assumed])  # fmt: skip
+    captured = capsys.readouterr()
+    printed = captured.out + captured.err
+    # the progress lines name a mixed phase's rows as they run: verify rows where it drafts
+    assert re.search(r"\[standard \d+/\d+\] mixed \d+ beside \d+ decode rows", printed)
+    assert re.search(r"\[drafter \d+/\d+\] mixed \d+ beside 4 verify rows", printed)
+    assert not re.search(r"\[drafter .* decode rows", printed)
     report = json.loads(out.with_suffix(".fit.json").read_text())
     assert report["assumed"] == ["decode.specialized"]
     # the standard path's load ran without drafts, the drafter's with them, on auto

@@ -150,8 +150,9 @@ def lookup_known(
     ref: np.ndarray,
     shared: np.ndarray,
 ) -> tuple[int, int]:
-    """`lookup_into`, with a guess for the leading keys: known[i] (-1: none) is a block that
-    may hold keys[i] (e.g. the block an earlier request whose prompt began the same way held).
+    """`lookup_into`, with a candidate block for each leading key: known[i] (-1: none) is a
+    block that may hold keys[i], such as the block at the same position of the prompt this
+    one extends.
     A guess that holds the key and is not marked `shared` (see `insert`) is the block the
     table's probe would find, so it is taken without probing the table (a cache miss a key
     in a table much larger than the CPU's caches); any other key is probed as usual. The

@@ -3,6 +3,8 @@ the state it reaches by comparing the prompts itself, while skipping the compari
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -50,10 +52,7 @@ def test_prompts_built_in_place_give_the_compared_state(block_size) -> None:
     pairs = []
     for i, (session, request, salt) in enumerate(jobs):
         built = builder.build(session, request, salt)
-        prefix = PromptPrefix(built.key, built.base, built.shared_tokens, built.stable_tokens)
-        a = told.add(f"r{i}", built.ids, request.out_tokens or 1, prefix)
-        b = compared.add(f"r{i}", built.ids.copy(), request.out_tokens or 1)
-        assert a.hashes.tobytes() == b.hashes.tobytes() and a.raw_hash == b.raw_hash
+        a, b = _add_to_both(told, compared, f"r{i}", built, request.out_tokens or 1)
         pairs.append((a, b))
     for a, b in pairs:  # read after every later build: the kept blocks did not change
         assert a.tokens.tobytes() == b.tokens.tobytes()
@@ -221,10 +220,7 @@ def test_scheduler_keys_of_finished_turns_reused_in_place() -> None:
     last_keys: dict[object, np.ndarray] = {}
     for i, (session, request, salt) in enumerate(jobs):
         built = builder.build(session, request, salt)
-        prefix = PromptPrefix(built.key, built.base, built.shared_tokens, built.stable_tokens)
-        a = told.add(f"r{i}", built.ids, request.out_tokens or 1, prefix)
-        b = compared.add(f"r{i}", built.ids.copy(), request.out_tokens or 1)
-        assert a.hashes.tobytes() == b.hashes.tobytes() and a.raw_hash == b.raw_hash
+        a, b = _add_to_both(told, compared, f"r{i}", built, request.out_tokens or 1)
         assert a.tokens.tobytes() == b.tokens.tobytes()
         if built.base in last_keys:
             shared_buffers += np.shares_memory(a.hashes, last_keys[built.base])
@@ -262,3 +258,15 @@ def test_a_turn_that_keeps_less_than_an_earlier_one_does_not_write_over_it() -> 
         held.append(keys)
     assert np.shares_memory(held[0], held[1])  # B extended A in place
     assert not np.shares_memory(held[1], held[2])  # C would have written over A's blocks
+
+
+def _add_to_both(
+    told: Scheduler, compared: Scheduler, rid: str, built: Any, out_tokens: int
+) -> tuple[Any, Any]:
+    """Add one built prompt to a scheduler told its prefix and to one given a private copy;
+    their block keys must be equal."""
+    prefix = PromptPrefix(built.key, built.base, built.shared_tokens, built.stable_tokens)
+    a = told.add(rid, built.ids, out_tokens, prefix)
+    b = compared.add(rid, built.ids.copy(), out_tokens)
+    assert a.hashes.tobytes() == b.hashes.tobytes() and a.raw_hash == b.raw_hash
+    return a, b

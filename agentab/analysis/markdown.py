@@ -122,6 +122,13 @@ def _manifest_value(comparison: Comparison, key: str) -> Any:
     return values.pop() if len(values) == 1 else " / ".join(sorted(values))
 
 
+_LIMIT_SOURCES = {
+    "option": "set by specialized_max_tokens",
+    "measured": "the device's measured dispatch: wider steps lose to the standard path there",
+    "vllm-rule": "vLLM's rule; no dispatch measured for this device",
+}
+
+
 def _decoder_note(comparison: Comparison) -> str:
     """Which implementation the specialized decoder is, where the engine says (the local
     engine on a CPU runs a reference implementation whose timings say nothing about the fused
@@ -135,6 +142,9 @@ def _decoder_note(comparison: Comparison) -> str:
     limit = _manifest_value(comparison, "specialized_max_tokens")
     if limit != "None":  # per-shape dispatch: wider steps ran the standard path
         note += f", serving steps of up to {limit} padded tokens"
+        source = _manifest_value(comparison, "specialized_max_tokens_source")
+        if source in _LIMIT_SOURCES:
+            note += f" ({_LIMIT_SOURCES[source]})"
     return note
 
 

@@ -96,12 +96,20 @@ def test_specialized_max_tokens_routes_wider_decode_steps_to_the_standard_path()
     """Per-shape dispatch on the local engine: with specialized_max_tokens = 1, the two-row
     decode steps of the hand-built trace run the standard path, and the tokens are the same."""
     routed = engine("latency_specialized", specialized_max_tokens=1)
-    assert routed.describe()["specialized_max_tokens"] == 1
+    described = routed.describe()
+    assert described["specialized_max_tokens"] == 1
+    assert described["specialized_max_tokens_source"] == "option"
+    assert described["specialized_max_tokens_reason"] == "specialized_max_tokens = 1"
     out = run(routed, HAND_TRACE)
     c = counters(routed)
     assert (c["steps_standard"], c["steps_specialized"], c["decode_steps_standard"]) == (4, 0, 2)
     assert out == run(engine("auto"), HAND_TRACE)
-    assert engine("latency_specialized").describe()["specialized_max_tokens"] == 64
+    default = engine("latency_specialized").describe()
+    assert default["specialized_max_tokens"] == 64
+    assert default["specialized_max_tokens_source"] == "vllm-rule"
+    assert default["specialized_max_tokens_reason"] == (
+        "no measured dispatch for the CPU reference decoder and tiny: vLLM's rule"
+    )
 
 
 def test_a_cached_prefix_gives_the_same_tokens_and_skips_its_prefill():

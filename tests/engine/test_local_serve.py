@@ -164,6 +164,10 @@ def test_ab_experiment_of_kind_local_produces_a_report(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     report = (out / "report.md").read_text()
     assert "engine agentab-local; specialized decoder implementation cpu-torch" in report
+    assert (
+        "serving steps of up to 64 padded tokens (vLLM's rule; no dispatch measured for this "
+        "device)" in report
+    )
     assert "| decode steps on the specialized path (server) | 0.0% | 100.0% |" in report
     logs = sorted(out.glob("*/run-*/local-server.log"))
     assert [p.parent.parent.name for p in logs] == ["auto", "latency_specialized"]

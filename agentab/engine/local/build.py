@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentab.engine.core import Engine
 from agentab.engine.local.config import ModelConfig, model_config
+from agentab.engine.local.dispatch import specialized_limit
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.engine.options import (
@@ -133,13 +134,19 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
     weights = build_weights(cfg, device, seed, dtype)
     # one block past the scheduler's: the scratch block that graph padding rows write
     cache = PagedLatentCache(cfg.num_layers, kv_blocks + 1, block_size, cfg.layer.kv_width, device)
+    gpu_name = torch.cuda.get_device_name(device) if kind == "cuda" else None
+    limit = specialized_limit(
+        opts.specialized_max_tokens, gpu_name, preset, SchedulerConfig.specialized_max_padded
+    )
+    if decode_backend.specialized:
+        _say(f"specialized path: steps of up to {limit.max_tokens} padded tokens ({limit.reason})")
     sched_cfg = SchedulerConfig(
         num_blocks=kv_blocks,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=opts.max_num_batched_tokens,
         decode_backend=decode_backend,
-        specialized_max_padded=opts.specialized_limit(SchedulerConfig.specialized_max_padded),
+        specialized_max_padded=limit.max_tokens,
         vocab_size=cfg.vocab_size,
         synthetic_output=False,
         spec=drafting,
@@ -153,21 +160,21 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
                                  decoder_impl="cpu-torch", standard_impl="torch-eager",
                                  max_rows=max_num_seqs, tp=group, workers=workers,
                                  drafter=drafter, spec=drafting)  # fmt: skip
-        gpu_name = "none (CPU)"
     else:
         executor = _graph_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
                                    max_model_len, kv_blocks, drafter)  # fmt: skip
-        gpu_name = "none (CPU)" if kind == "cpu" else torch.cuda.get_device_name(device)
     describe = {
         "engine": "agentab-local",
         "model": f"agentab-local-{cfg.name}",
         **cfg.describe(),
-        "gpu_name": gpu_name,
+        "gpu_name": gpu_name or "none (CPU)",
         "max_model_len": max_model_len,
         "gpu_count": tp,  # one device per rank
         "tp": tp,
         "decode_backend": decode_backend.value,
         "specialized_max_tokens": sched_cfg.specialized_max_padded,
+        "specialized_max_tokens_source": limit.source,
+        "specialized_max_tokens_reason": limit.reason,
         "spec": _describe_spec(opts.speculative_config, drafting),
         "scheduler": {
             "max_num_seqs": sched_cfg.max_num_seqs,

@@ -18,8 +18,11 @@ from agentab.engine.local.forward import DeviceBatch, standard_forward  # noqa: 
 from agentab.engine.local.kv_cache import PagedLatentCache  # noqa: E402
 from agentab.engine.local.model import build_weights  # noqa: E402
 from agentab.engine.local.piecewise import PiecewiseGraphs, token_buckets  # noqa: E402
+from agentab.errors import AgentabError  # noqa: E402
 
 from .test_local_mixed_step import BLOCK, NUM_BLOCKS, ROWS, hand_step  # noqa: E402
+from .test_local_spec import MIXED, engine, greedy_spec, run  # noqa: E402
+from .test_local_spec_graphs import graph_engine  # noqa: E402
 
 CPU = torch.device("cpu")
 SCRATCH_BLOCK = NUM_BLOCKS  # one block past those `hand_step` draws from
@@ -108,3 +111,56 @@ def test_captured_pieces_need_the_grouped_moe():
     cfg, w, cache = _setup(dtype)
     with pytest.raises(ValueError, match="grouped MoE"):
         PiecewiseGraphs(cfg, w, cache, dtype, [16], 0, None, capture=True)
+
+
+# -- the engine with `prefill_graphs`: the executor's steps through the pieces ------------------
+
+
+def _piecewise_counts(eng) -> tuple[float, float, float, float]:
+    m = eng.metrics()
+    return (m["agentab:piecewise_steps_total"], m["agentab:piecewise_too_large_steps_total"],
+            m["agentab:eager_steps_total"], m["agentab:graph_steps_total"])  # fmt: skip
+
+
+def test_the_engine_serves_every_standard_step_in_the_pieces_with_the_eager_engines_tokens():
+    plain = run(engine(max_num_batched_tokens=10), MIXED).tokens
+    eng = engine(max_num_batched_tokens=10, prefill_graphs=True)
+    d = run(eng, MIXED)
+    assert d.tokens == plain
+    pieces, too_large, eager, graphs = _piecewise_counts(eng)
+    assert pieces == len(d.steps) and too_large == eager == graphs == 0
+    facts = eng.describe()
+    assert facts["prefill_graphs"] is True and facts["prefill_graph_tokens"] == [10]
+    assert engine(max_num_batched_tokens=10).describe()["prefill_graph_tokens"] is None
+
+
+def test_steps_larger_than_the_largest_bucket_run_eagerly_and_are_counted():
+    plain = run(engine(max_num_batched_tokens=10), MIXED).tokens
+    eng = engine(max_num_batched_tokens=10, prefill_graphs=True)
+    eng.executor.piecewise.buckets = [8]  # steps of 9 and 10 tokens no longer fit
+    d = run(eng, MIXED)
+    assert d.tokens == plain
+    sizes = [int(p.num_prefill_tokens + p.num_decode_tokens) for p, _ in d.steps]
+    pieces, too_large, eager, _ = _piecewise_counts(eng)
+    assert too_large == eager == sum(n > 8 for n in sizes) > 0
+    assert pieces == sum(n <= 8 for n in sizes) > 0
+
+
+@pytest.mark.parametrize("spec", [None, greedy_spec(3, 1)], ids=["plain", "verify"])
+def test_with_decode_graphs_the_pieces_serve_the_steps_the_graphs_do_not(spec):
+    """The GPU's executor (decode graphs, run eagerly here): pure-decode and pure verify steps
+    in the graphs, prefill and mixed steps (verify rows beside prefill chunks too) in the
+    pieces, nothing eager, and plain greedy decoding's tokens."""
+    plain = run(engine(max_num_batched_tokens=10), MIXED).tokens
+    eng = graph_engine("auto", spec, max_num_batched_tokens=10, prefill_graphs=True)
+    d = run(eng, MIXED)
+    assert d.tokens == plain
+    pieces, too_large, eager, graphs = _piecewise_counts(eng)
+    mixed = sum(not p.is_decode.all() for p, _ in d.steps)
+    assert pieces == mixed > 0 and graphs == len(d.steps) - mixed > 0
+    assert too_large == eager == 0
+
+
+def test_prefill_graphs_are_refused_with_tensor_parallelism():
+    with pytest.raises(AgentabError, match="prefill_graphs: not with tensor parallelism"):
+        engine(tp=2, prefill_graphs=True)

@@ -35,6 +35,8 @@ def test_buckets_double_to_256_then_grow_by_256_up_to_the_largest_step():
     assert token_buckets(100) == [16, 32, 64, 100]
     assert token_buckets(600) == [16, 32, 64, 128, 256, 512, 600]
     assert token_buckets(8) == [8]
+    assert token_buckets(8192) == token_buckets(2048)  # larger steps run eagerly
+    assert token_buckets(1000, limit=300) == [16, 32, 64, 128, 256, 300]
 
 
 def _setup(dtype: torch.dtype):

@@ -30,9 +30,10 @@ buffers, so nothing a graph allocated outlives its replay, and the pieces replay
 order within a step. Buckets are captured at engine start, largest first (vLLM's order, so
 the smaller ones reuse the pool), so no timed step pays a capture or a Triton autotune.
 
-Steps larger than the largest bucket run eagerly (`standard_forward`), and the executor counts
-them. With `capture` False (the CPU) each piece runs eagerly: the same code and buffers, which
-the tests compare with `standard_forward`.
+Steps larger than the largest bucket (`max_num_batched_tokens`, at most `MAX_BUCKET_TOKENS`)
+run eagerly (`standard_forward`), and the executor counts them. With `capture` False (the CPU)
+each piece runs eagerly: the same code and buffers, which the tests compare with
+`standard_forward`.
 """
 
 from __future__ import annotations
@@ -59,23 +60,29 @@ from agentab.kernels import reference
 
 SMALLEST_BUCKET = 16
 LINEAR_FROM = 256  # above this, buckets grow by this much, not by doubling
+# Steps of more tokens run eagerly: their device work (hundreds of ms at 2,048 tokens on the
+# full-depth shard) dwarfs the eager step's launches, and every bucket costs L + 1 captures
+# and its share of start-up (vLLM caps its capture sizes the same way).
+MAX_BUCKET_TOKENS = 2048
 
 
-def token_buckets(max_tokens: int) -> list[int]:
-    """The padded token counts captured for steps of up to `max_tokens` tokens: powers of two
-    from 16 to 256, then multiples of 256, then `max_tokens` itself. Why not vLLM's finer
-    steps: each bucket is L + 1 graphs (62 on the full-depth shard), and a padded step costs
-    at most 2x its tokens' row-wise work below 256 tokens, under 1.34x above it."""
+def token_buckets(max_tokens: int, limit: int = MAX_BUCKET_TOKENS) -> list[int]:
+    """The padded token counts captured for steps of up to `max_tokens` tokens (at most
+    `limit`): powers of two from 16 to 256, then multiples of 256, then the top itself. Why
+    not vLLM's finer steps: each bucket is L + 1 graphs (62 on the full-depth shard), and a
+    padded step costs at most 2x its tokens' row-wise work below 256 tokens, under 1.34x
+    above it."""
+    top = min(max_tokens, limit)
     sizes: set[int] = set()
     b = SMALLEST_BUCKET
-    while b < min(max_tokens, LINEAR_FROM):
+    while b < min(top, LINEAR_FROM):
         sizes.add(b)
         b *= 2
     b = LINEAR_FROM
-    while b < max_tokens:
+    while b < top:
         sizes.add(b)
         b += LINEAR_FROM
-    sizes.add(max_tokens)
+    sizes.add(top)
     return sorted(sizes)
 
 
@@ -184,8 +191,9 @@ class PiecewiseGraphs:
         self.graphs: dict[int, list[Any]] = {}
         if capture:
             self.pool = torch.cuda.graph_pool_handle()
-            for t in reversed(self.buckets):  # largest first: the smaller reuse its memory
-                self._capture(t)
+            with torch.inference_mode():  # as the executor runs them
+                for t in reversed(self.buckets):  # largest first: the smaller reuse its memory
+                    self._capture(t)
 
     @property
     def max_tokens(self) -> int:

@@ -260,7 +260,8 @@ def attention_in(
     q = F.linear(q_c, w.w_q_b.to(dt)).view(t, nh, cfg.qk_head)
     q_pe = reference.apply_rope(q[..., cfg.qk_nope :], *rope_q).to(dt)
     k_pe = reference.apply_rope(k_pe, *rope_k).to(dt)
-    kv[slots] = torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype)
+    # index_copy_, as the decode graphs write: no host sync, so the piecewise graphs capture it
+    kv.index_copy_(0, slots, torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype))
     return q, q_pe
 
 

@@ -166,3 +166,16 @@ def test_with_decode_graphs_the_pieces_serve_the_steps_the_graphs_do_not(spec):
 def test_prefill_graphs_are_refused_with_tensor_parallelism():
     with pytest.raises(AgentabError, match="prefill_graphs: not with tensor parallelism"):
         engine(tp=2, prefill_graphs=True)
+
+
+def test_an_arm_passes_prefill_graphs_to_its_server_which_parses_it():
+    from agentab.engine.local.launch import local_launch, serve_args
+    from agentab.engine.server_cli import serve
+
+    launch = local_launch({"preset": "tiny", "device": "cpu", "prefill_graphs": True}, "auto")
+    args = serve_args(launch, 8000)
+    assert args[args.index("--prefill-graphs") + 1] == "True"
+    parsed = serve.make_context("serve", args[args.index("serve") + 1 :]).params
+    assert parsed["prefill_graphs"] is True
+    off = serve_args(local_launch({"preset": "tiny", "device": "cpu"}, "auto"), 8000)
+    assert "--prefill-graphs" not in off  # the default is left to the server

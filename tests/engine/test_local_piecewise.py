@@ -139,7 +139,9 @@ def test_the_engine_serves_every_standard_step_in_the_pieces_with_the_eager_engi
 def test_steps_larger_than_the_largest_bucket_run_eagerly_and_are_counted():
     plain = run(engine(max_num_batched_tokens=10), MIXED).tokens
     eng = engine(max_num_batched_tokens=10, prefill_graphs=True)
-    eng.executor.piecewise.buckets = [8]  # steps of 9 and 10 tokens no longer fit
+    ex = eng.executor  # pieces for steps of up to 8 tokens: those of 9 and 10 no longer fit
+    ex.piecewise = PiecewiseGraphs(ex.cfg, ex.w, ex.cache, ex.dtype, [8],
+                                   ex.piecewise.scratch_slot, None, capture=False)  # fmt: skip
     d = run(eng, MIXED)
     assert d.tokens == plain
     sizes = [int(p.num_prefill_tokens + p.num_decode_tokens) for p, _ in d.steps]

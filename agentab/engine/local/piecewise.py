@@ -38,6 +38,8 @@ each piece runs eagerly: the same code and buffers, which the tests compare with
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,12 +190,13 @@ class PiecewiseGraphs:
         self.capture = capture
         device = cache.data.device
         self.buf = PieceBuffers.of(cfg, self.buckets[-1], dtype, device, scratch_slot)
-        self.graphs: dict[int, list[Any]] = {}
-        if capture:
-            self.pool = torch.cuda.graph_pool_handle()
-            with torch.inference_mode():  # as the executor runs them
-                for t in reversed(self.buckets):  # largest first: the smaller reuse its memory
-                    self._capture(t)
+        # per bucket, its pieces in order: each a graph's replay, or the piece itself when
+        # nothing is captured (bound to the same buffer views either way)
+        self.graphs: dict[int, list[Callable[[], Any]]] = {}
+        self.pool = torch.cuda.graph_pool_handle() if capture else None
+        with torch.inference_mode():  # as the executor runs them
+            for t in reversed(self.buckets):  # largest first: the smaller reuse the pool
+                self._build(t)
 
     @property
     def max_tokens(self) -> int:
@@ -206,27 +209,31 @@ class PiecewiseGraphs:
                 return t
         return None
 
-    def _piece(self, v: PieceBuffers, k: int) -> None:
-        run_piece(self.cfg, self.w, self.cache, v, k, self.grouped, self.tp)
-
-    def _capture(self, t: int) -> None:
+    def _build(self, t: int) -> None:
         v = self.buf.rows(t)
-        pieces = range(self.cfg.num_layers + 1)
+        cfg, w, cache, grouped, tp = self.cfg, self.w, self.cache, self.grouped, self.tp
+        pieces: list[Callable[[], Any]] = [
+            functools.partial(run_piece, cfg, w, cache, v, k, grouped, tp)
+            for k in range(cfg.num_layers + 1)
+        ]
+        if not self.capture:
+            self.graphs[t] = pieces
+            return
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):  # compiles, autotunes and allocates outside the capture
-                for k in pieces:
-                    self._piece(v, k)
+                for piece in pieces:
+                    piece()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        graphs = []
-        for k in pieces:
+        replays: list[Callable[[], Any]] = []
+        for piece in pieces:
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
-                self._piece(v, k)
-            graphs.append(g)
-        self.graphs[t] = graphs
+                piece()
+            replays.append(g.replay)
+        self.graphs[t] = replays
 
     def load(self, b: DeviceBatch, t: int) -> PieceBuffers:
         """The step's tokens, positions and slots into bucket t's rows; padding rows take
@@ -256,8 +263,5 @@ class PiecewiseGraphs:
                 layer = k - 1
                 c, lw, kv = self.cfg.rank_layer, self.w.layer(layer), self.cache.layer(layer)
                 rows_attention(c, lw, v.q[:n, :, :nope], v.q_pe[:n], kv, b, out=v.o[:n])
-            if self.capture:
-                self.graphs[t][k].replay()
-            else:
-                self._piece(v, k)
+            self.graphs[t][k]()
         return v.x.index_select(0, b.last_token if out_index is None else out_index)

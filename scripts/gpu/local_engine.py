@@ -480,10 +480,16 @@ def stage_prefill_small() -> None:
             "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
             "self_cuda_ms": sum(e.self_device_time_total for e in events) / 1e3,
             "counters": counted,
+            # the goal's figure: a 32-token step's time as served (launch to ids on the host,
+            # median of the unprofiled steps) over the device's own work in it (the profiled
+            # step's kernel time)
+            "wall_over_kernel_32": statistics.median(r["wall_ms"] for r in rows if r["new"] == 32)
+            / (sum(e.self_device_time_total for e in events) / 1e3),
         }
         log(
             f"profiled 32-token prefill ({mode}): {calls} aten calls ({calls / layers:.0f} per layer), "
-            f"self CPU {res[mode]['self_cpu_ms']:.1f} ms, self CUDA {res[mode]['self_cuda_ms']:.1f} ms; "
+            f"self CPU {res[mode]['self_cpu_ms']:.1f} ms, self CUDA {res[mode]['self_cuda_ms']:.1f} ms, "
+            f"wall / kernels {res[mode]['wall_over_kernel_32']:.2f}; "
             f"steps {counted}"
         )
     # the eager mode's figures where they were before, the piecewise mode's beside them
@@ -610,6 +616,8 @@ def stage_mixed() -> None:
             "mixed": c_t,
             "mixed_kernel_ms": c_kernel_ms,
             "mixed_aten_calls": c_calls,
+            "mixed_wall_over_kernel": c_t["wall_ms"] / c_kernel_ms,
+            "mixed_launch_over_kernel": c_t["host_launch_ms"] / c_kernel_ms,
             "mixed_minus_prefill_per_decode_row_ms": (c_ms - a_ms) / n,
             "decode_rows_mixed_vs_alone_rel_err": float(diff),
             "decode_rows_mixed_vs_alone_ids_equal": agree,
@@ -622,7 +630,7 @@ def stage_mixed() -> None:
             f"(host launch {a_t['host_launch_ms']:.1f} ms, wall {a_t['wall_ms']:.1f} ms); "
             f"(b) {n} decode rows (contexts {min(MIXED_DECODE_CONTEXTS)}-{max(MIXED_DECODE_CONTEXTS)}) {b_ms:.1f} ms; "
             f"(c) both in one step {c_ms:.1f} ms (host launch {c_t['host_launch_ms']:.1f} ms, wall {c_t['wall_ms']:.1f} ms, "
-            f"kernels {c_kernel_ms:.1f} ms, {c_calls} aten calls); (c)-(a) per decode row {(c_ms - a_ms) / n:.2f} ms; "
+            f"kernels {c_kernel_ms:.1f} ms, {c_calls} aten calls, wall / kernels {c_t['wall_ms'] / c_kernel_ms:.2f}); (c)-(a) per decode row {(c_ms - a_ms) / n:.2f} ms; "
             f"decode rows in (c) vs (b): rel err {float(diff):.2e}, ids equal {agree:.3f}"
         )
     if "piecewise" in mixed_x:

@@ -3,8 +3,11 @@
 The step's path is the scheduler's decision (`StepPlan.path`, vLLM's `latency_specialized`
 rules): "specialized" steps, which are always pure decode, run the arm's specialized decoder;
 every other step (prefill, mixed, decode under `auto`, decode the specialized path does not
-serve) runs the standard forward. The executor counts what it computed, so a prefix-cache hit
-shows up as prefill tokens *not* computed, and it measures each step's duration.
+serve) runs the standard forward: in the decode graphs where the step is pure decode and one
+fits, else in the piecewise graphs (the `prefill_graphs` option, engine.local.piecewise) where
+one of their token buckets holds it, else eagerly. The executor counts what it computed, so a
+prefix-cache hit shows up as prefill tokens *not* computed, which of those three ran each step,
+and each step's duration.
 
 A step is `launch`ed (inputs copied, work queued on the device, the sampled ids' copy back
 queued) and later `collect`ed (wait, read the ids): the engine launches the next step before it

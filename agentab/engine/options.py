@@ -159,7 +159,10 @@ class SpeculativeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknow
 class LocalOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`build_local_engine`'s options (docs/engine.md, "The local engine").
 
-    None takes the preset's or the device's default (`engine.local.build`).
+    None takes the preset's or the device's default (`engine.local.build`). `prefill_graphs`
+    runs prefill and mixed steps of up to `max_num_batched_tokens` tokens in piecewise CUDA
+    graphs (engine.local.piecewise; on the CPU the same pieces run eagerly); off by default
+    until it is measured on the GPU.
     """
 
     preset: str
@@ -173,6 +176,7 @@ class LocalOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_fiel
     max_model_len: PositiveInt | None = None
     tp: PositiveInt = 1
     speculative_config: SpeculativeConfig | None = None
+    prefill_graphs: bool = False
 
 
 class LocalLaunch(LocalOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -81,6 +81,14 @@ def _with_simulator_options(command: Any) -> Any:
     '"synthetic_acceptance_length": 6}\'), or a TOML file with a [speculative_config] '
     "table (`agentab acceptance -o` writes one; docs/engine.md).",
 )
+@click.option(
+    "--prefill-graphs",
+    type=bool,
+    default=None,
+    metavar="BOOL",
+    help="Local engine: run prefill and mixed steps in piecewise CUDA graphs, attention eager "
+    "between them [default: false].",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
     "--port",
@@ -185,6 +193,7 @@ def _default_model(kw: dict[str, Any]) -> str:
 
 _LOCAL_ONLY = (
     "preset", "num_layers", "weight_sets", "device", "block_size", "tp", "speculative_config",
+    "prefill_graphs",
 )  # fmt: skip
 _SIM_ONLY = ("profile", "num_draft_tokens", "acceptance_length", "acceptance_probs")
 

@@ -18,12 +18,16 @@ Stages (STAGES, comma-separated; default all):
           time goes (the fixed ~140 ms a 32-token prompt costs on the device): prefill steps of
           32 and 512 new tokens after 8,192 cached, each step's host launch time against its
           device time, and the torch profiler's CPU and CUDA view of one 32-token step (op
-          calls per layer, the ops with the most host time, the device's busy time)
+          calls per layer, the ops with the most host time, the device's busy time). With
+          PREFILL_GRAPHS=1 the engine also captures piecewise graphs (the prefill_graphs
+          option) and every step and the profile run twice, eager and piecewise, on one engine
   mixed   k2-tp8-shard at full depth, the standard forward (eager) on hand-built steps over a
           filled cache: (a) a prefill of 720 new tokens after 8,000 cached, (b) 15 decode rows
           of contexts 4,000-16,000, (c) both in one mixed step; device time of each (CUDA
           events, median of 7), (c)-(a) per decode row, and the decode rows' outputs in (c)
-          against (b)
+          against (b); with PREFILL_GRAPHS=1 each step also through the piecewise graphs
+          (host launch, device and wall time, the profiler's kernel time of (c) in each mode,
+          and (c)'s hidden states and ids piecewise against eager)
   spec    speculative decoding on the GPU: (a) k2-tp8-shard at 4 layers, both backends: greedy
           verification with a 1-layer drafter and a self-drafting one (tokens against plain
           greedy decoding, acceptance), synthetic L=6 with 7 drafts (5 accepted every step);
@@ -392,16 +396,35 @@ def stage_prefill() -> None:
     free(eng)
 
 
+def prefill_graphs_on() -> bool:
+    """PREFILL_GRAPHS=1: engines of the prefill_small and mixed stages capture the piecewise
+    graphs, and those stages time each step both ways."""
+    return os.environ.get("PREFILL_GRAPHS", "0") == "1"
+
+
+def forward_modes(ex) -> list[tuple[str, object]]:
+    """("eager", None), and ("piecewise", the executor's pieces) where it has them: setting
+    `ex.piecewise` to either makes its standard steps run that way."""
+    pieces = getattr(ex, "piecewise", None)
+    return [("eager", None)] + ([("piecewise", pieces)] if pieces is not None else [])
+
+
 def stage_prefill_small() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from agentab.engine.local.build import build_local_engine
 
     rng = np.random.default_rng(11)
-    eng = build_local_engine("k2-tp8-shard", "auto", **AB_ENGINE)
+    t = time.time()
+    eng = build_local_engine(
+        "k2-tp8-shard", "auto", **AB_ENGINE, prefill_graphs=prefill_graphs_on()
+    )
+    log(f"prefill_small: built in {time.time() - t:.1f}s (prefill graphs {prefill_graphs_on()})")
     s, ex = eng.scheduler, eng.executor
     layers = ex.cfg.num_layers
+    modes = forward_modes(ex)
     base = rng.integers(1, 32000, size=8192)
+    ex.piecewise = None
     drive(eng, [base], 1)  # the cached prefix (and a first, warming prefill)
 
     def one_step(new: int, tag: str) -> dict:
@@ -427,34 +450,50 @@ def stage_prefill_small() -> None:
             "wall_ms": wall_s * 1e3,
         }
 
-    rows = []
-    for k, new in enumerate([32, 32, 32, 512, 512, 512]):
-        rows.append(one_step(new, f"small-{k}"))
-        r = rows[-1]
+    res: dict = {}
+    for mode, pieces in modes:
+        ex.piecewise = pieces
+        before = dict(ex.counters)
+        rows = []
+        for k, new in enumerate([32, 32, 32, 512, 512, 512]):
+            rows.append({"mode": mode, **one_step(new, f"small-{mode}-{k}")})
+            r = rows[-1]
+            log(
+                f"prefill {r['new']} after {r['cached']} ({mode}): host launch {r['host_launch_ms']:.1f} ms, "
+                f"device {r['device_ms']:.1f} ms, wall {r['wall_ms']:.1f} ms"
+            )
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            profiled = one_step(32, f"small-{mode}-profiled")
+        events = prof.key_averages()
+        calls = sum(e.count for e in events if e.key.startswith("aten::"))
+        table = events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
+        suffix = "" if mode == "eager" else f"-{mode}"
+        (OUT / f"prefill-small-profile{suffix}.txt").write_text(table)
+        print(table[:6000], flush=True)
+        counted = {k: ex.counters[k] - before[k] for k in ("piecewise_steps", "eager_steps",
+                                                           "graph_steps", "piecewise_too_large_steps")}  # fmt: skip
+        res[mode] = {
+            "steps": rows,
+            "profiled": profiled,
+            "aten_calls": calls,
+            "aten_calls_per_layer": calls / layers,
+            "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
+            "self_cuda_ms": sum(e.self_device_time_total for e in events) / 1e3,
+            "counters": counted,
+            # the goal's figure: a 32-token step's time as served (launch to ids on the host,
+            # median of the unprofiled steps) over the device's own work in it (the profiled
+            # step's kernel time)
+            "wall_over_kernel_32": statistics.median(r["wall_ms"] for r in rows if r["new"] == 32)
+            / (sum(e.self_device_time_total for e in events) / 1e3),
+        }
         log(
-            f"prefill {r['new']} after {r['cached']}: host launch {r['host_launch_ms']:.1f} ms, "
-            f"device {r['device_ms']:.1f} ms, wall {r['wall_ms']:.1f} ms"
+            f"profiled 32-token prefill ({mode}): {calls} aten calls ({calls / layers:.0f} per layer), "
+            f"self CPU {res[mode]['self_cpu_ms']:.1f} ms, self CUDA {res[mode]['self_cuda_ms']:.1f} ms, "
+            f"wall / kernels {res[mode]['wall_over_kernel_32']:.2f}; "
+            f"steps {counted}"
         )
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        profiled = one_step(32, "small-profiled")
-    events = prof.key_averages()
-    calls = sum(e.count for e in events if e.key.startswith("aten::"))
-    table = events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
-    (OUT / "prefill-small-profile.txt").write_text(table)
-    print(table[:6000], flush=True)
-    RESULTS["prefill_small"] = {
-        "steps": rows,
-        "profiled": profiled,
-        "aten_calls": calls,
-        "aten_calls_per_layer": calls / layers,
-        "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
-        "self_cuda_ms": sum(e.self_device_time_total for e in events) / 1e3,
-    }
-    log(
-        f"profiled 32-token prefill: {calls} aten calls ({calls / layers:.0f} per layer), "
-        f"self CPU {RESULTS['prefill_small']['self_cpu_ms']:.1f} ms, "
-        f"self CUDA {RESULTS['prefill_small']['self_cuda_ms']:.1f} ms"
-    )
+    # the eager mode's figures where they were before, the piecewise mode's beside them
+    RESULTS["prefill_small"] = {**res["eager"], "by_mode": res}
     save()
     free(eng)
 
@@ -477,27 +516,53 @@ def hand_step(rows: list[tuple[int, int]], bases: list[int], tokens: list[np.nda
     return StepInputs.of_rows(cached, new, tables, np.concatenate(tokens), bs)
 
 
-def timed_forward(eng, inputs, iters: int = 7, warmup: int = 2):
-    """Device time (ms, median) of the step through the eager standard forward, measured as
-    the executor measures a step (events around inputs, forward and sampling); the last run's
-    hidden states and ids."""
+def timed_forward(eng, inputs, iters: int = 7, warmup: int = 2, pieces=None):
+    """Device time (ms, median) of the step through the eager standard forward, or through the
+    piecewise graphs `pieces` where given, measured as the executor measures a step (events
+    around inputs, forward and sampling), with the host's time to queue it (launch) and to
+    see it done (wall), medians too; the last run's hidden states and ids."""
     from agentab.engine.local.cuda import greedy_cuda
     from agentab.engine.local.forward import DeviceBatch, standard_forward
 
     ex = eng.executor
-    times = []
+    times, hosts, walls = [], [], []
     for k in range(warmup + iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
         with torch.inference_mode():
             start.record()
             b = DeviceBatch.of(inputs, ex.device)
-            x = standard_forward(ex.cfg, ex.w, ex.cache, b, ex.dtype, ex.grouped)
+            if pieces is None:
+                x = standard_forward(ex.cfg, ex.w, ex.cache, b, ex.dtype, ex.grouped)
+            else:
+                bucket = pieces.bucket_for(b.starts[-1])
+                assert bucket is not None, "the step is larger than the largest bucket"
+                x = pieces.forward(b, bucket)
             ids = greedy_cuda(ex.cfg, ex.w, x)
             end.record()
+        host = time.perf_counter() - t
         end.synchronize()
+        wall = time.perf_counter() - t
         if k >= warmup:
             times.append(start.elapsed_time(end))
-    return statistics.median(times), x, ids
+            hosts.append(host * 1e3)
+            walls.append(wall * 1e3)
+    timing = {"device_ms": statistics.median(times), "host_launch_ms": statistics.median(hosts),
+              "wall_ms": statistics.median(walls)}  # fmt: skip
+    return timing["device_ms"], x, ids, timing
+
+
+def kernel_ms(eng, inputs, pieces=None) -> tuple[float, int]:
+    """The profiler's sum of kernel time (ms) of one run of the step, and its aten calls:
+    the device's work without the gaps a host-bound step leaves between kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        timed_forward(eng, inputs, iters=1, warmup=0, pieces=pieces)
+    events = prof.key_averages()
+    calls = sum(e.count for e in events if e.key.startswith("aten::"))
+    return sum(e.self_device_time_total for e in events) / 1e3, calls
 
 
 def stage_mixed() -> None:
@@ -512,8 +577,9 @@ def stage_mixed() -> None:
         kv_blocks=16384,
         max_num_seqs=8,
         max_model_len=32768,
+        prefill_graphs=prefill_graphs_on(),
     )
-    log(f"mixed: built in {time.time() - t:.1f}s")
+    log(f"mixed: built in {time.time() - t:.1f}s (prefill graphs {prefill_graphs_on()})")
     rows = [(n - 1, 1) for n in MIXED_DECODE_CONTEXTS] + [MIXED_PREFILL]
     bs = eng.executor.cache.block_size
     need = [-(-(c + n) // bs) for c, n in rows]
@@ -529,28 +595,51 @@ def stage_mixed() -> None:
         return hand_step([rows[i] for i in idx], [bases[i] for i in idx],
                          [tokens[i] for i in idx], eng)  # fmt: skip
 
-    a_ms, _, _ = timed_forward(eng, step([last]))
-    b_ms, x_b, ids_b = timed_forward(eng, step(dec))
-    c_ms, x_c, ids_c = timed_forward(eng, step([*dec, last]))
     n = len(dec)
-    diff = (x_c[:n].float() - x_b.float()).norm() / x_b.float().norm()
-    agree = float((ids_c[:n] == ids_b).float().mean())
-    RESULTS["mixed"] = {
-        "prefill": {"cached": MIXED_PREFILL[0], "new": MIXED_PREFILL[1]},
-        "decode_contexts": MIXED_DECODE_CONTEXTS,
-        "prefill_alone_ms": a_ms,
-        "decode_alone_ms": b_ms,
-        "mixed_ms": c_ms,
-        "mixed_minus_prefill_per_decode_row_ms": (c_ms - a_ms) / n,
-        "decode_rows_mixed_vs_alone_rel_err": float(diff),
-        "decode_rows_mixed_vs_alone_ids_equal": agree,
-    }
-    log(
-        f"mixed: (a) prefill of {MIXED_PREFILL[1]} after {MIXED_PREFILL[0]} cached {a_ms:.1f} ms; "
-        f"(b) {n} decode rows (contexts {min(MIXED_DECODE_CONTEXTS)}-{max(MIXED_DECODE_CONTEXTS)}) {b_ms:.1f} ms; "
-        f"(c) both in one step {c_ms:.1f} ms; (c)-(a) per decode row {(c_ms - a_ms) / n:.2f} ms; "
-        f"decode rows in (c) vs (b): rel err {float(diff):.2e}, ids equal {agree:.3f}"
-    )
+    out: dict = {"prefill": {"cached": MIXED_PREFILL[0], "new": MIXED_PREFILL[1]},
+                 "decode_contexts": MIXED_DECODE_CONTEXTS}  # fmt: skip
+    mixed_x: dict = {}
+    for mode, pieces in forward_modes(eng.executor):
+        a_ms, _, _, a_t = timed_forward(eng, step([last]), pieces=pieces)
+        b_ms, x_b, ids_b, b_t = timed_forward(eng, step(dec), pieces=pieces)
+        c_ms, x_c, ids_c, c_t = timed_forward(eng, step([*dec, last]), pieces=pieces)
+        c_kernel_ms, c_calls = kernel_ms(eng, step([*dec, last]), pieces=pieces)
+        mixed_x[mode] = (x_c, ids_c)
+        diff = (x_c[:n].float() - x_b.float()).norm() / x_b.float().norm()
+        agree = float((ids_c[:n] == ids_b).float().mean())
+        res = {
+            "prefill_alone_ms": a_ms,
+            "decode_alone_ms": b_ms,
+            "mixed_ms": c_ms,
+            "prefill_alone": a_t,
+            "decode_alone": b_t,
+            "mixed": c_t,
+            "mixed_kernel_ms": c_kernel_ms,
+            "mixed_aten_calls": c_calls,
+            "mixed_wall_over_kernel": c_t["wall_ms"] / c_kernel_ms,
+            "mixed_launch_over_kernel": c_t["host_launch_ms"] / c_kernel_ms,
+            "mixed_minus_prefill_per_decode_row_ms": (c_ms - a_ms) / n,
+            "decode_rows_mixed_vs_alone_rel_err": float(diff),
+            "decode_rows_mixed_vs_alone_ids_equal": agree,
+        }
+        if mode == "eager":
+            out.update(res)
+        out.setdefault("by_mode", {})[mode] = res
+        log(
+            f"mixed ({mode}): (a) prefill of {MIXED_PREFILL[1]} after {MIXED_PREFILL[0]} cached {a_ms:.1f} ms "
+            f"(host launch {a_t['host_launch_ms']:.1f} ms, wall {a_t['wall_ms']:.1f} ms); "
+            f"(b) {n} decode rows (contexts {min(MIXED_DECODE_CONTEXTS)}-{max(MIXED_DECODE_CONTEXTS)}) {b_ms:.1f} ms; "
+            f"(c) both in one step {c_ms:.1f} ms (host launch {c_t['host_launch_ms']:.1f} ms, wall {c_t['wall_ms']:.1f} ms, "
+            f"kernels {c_kernel_ms:.1f} ms, {c_calls} aten calls, wall / kernels {c_t['wall_ms'] / c_kernel_ms:.2f}); (c)-(a) per decode row {(c_ms - a_ms) / n:.2f} ms; "
+            f"decode rows in (c) vs (b): rel err {float(diff):.2e}, ids equal {agree:.3f}"
+        )
+    if "piecewise" in mixed_x:
+        (xe, ie), (xp, ip) = mixed_x["eager"], mixed_x["piecewise"]
+        rel = float((xp.float() - xe.float()).norm() / xe.float().norm())
+        same = float((ip == ie).float().mean())
+        out["piecewise_vs_eager"] = {"rel_err": rel, "ids_equal": same}
+        log(f"mixed: (c) piecewise vs eager: hidden rel err {rel:.2e}, ids equal {same:.3f}")
+    RESULTS["mixed"] = out
     save()
     free(eng)
 

@@ -101,6 +101,7 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
 
     from agentab.engine.local.executor import TorchExecutor
     from agentab.engine.local.model import build_weights
+    from agentab.engine.local.piecewise import PiecewiseGraphs, token_buckets
     from agentab.engine.local.spec import EarlyExitDrafter
 
     preset, decode_backend, tp = opts.preset, opts.decode_backend, opts.tp
@@ -123,6 +124,8 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
             "CPU over gloo); use tp = 1 on the GPU"
         )
     drafting = spec_config(opts, cfg.num_layers)
+    if opts.prefill_graphs and tp > 1:
+        raise AgentabError(f"prefill_graphs: not with tensor parallelism yet (tp = {tp})")
     group = TPGroup()
     workers: list[subprocess.Popen[bytes]] = []
     if tp > 1:
@@ -155,14 +158,19 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
     if opts.speculative_config is not None:
         drafter = EarlyExitDrafter(cfg, weights, cache, opts.speculative_config.draft_layers,
                                    dtype)  # fmt: skip
+    buckets = token_buckets(sched_cfg.max_num_batched_tokens) if opts.prefill_graphs else None
     if kind == "cpu" and not graphs_on_cpu:
+        pieces = None
+        if buckets is not None:  # the same pieces, run eagerly (tests of the step logic)
+            pieces = PiecewiseGraphs(cfg, weights, cache, dtype, buckets,
+                                     kv_blocks * block_size, None, capture=False)  # fmt: skip
         executor = TorchExecutor(cfg, weights, cache, device=device, dtype=dtype,
                                  decoder_impl="cpu-torch", standard_impl="torch-eager",
                                  max_rows=max_num_seqs, tp=group, workers=workers,
-                                 drafter=drafter, spec=drafting)  # fmt: skip
+                                 drafter=drafter, spec=drafting, piecewise=pieces)  # fmt: skip
     else:
         executor = _graph_executor(cfg, weights, cache, device, decode_backend, sched_cfg,
-                                   max_model_len, kv_blocks, drafter)  # fmt: skip
+                                   max_model_len, kv_blocks, drafter, buckets)  # fmt: skip
     describe = {
         "engine": "agentab-local",
         "model": f"agentab-local-{cfg.name}",
@@ -175,6 +183,9 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
         "specialized_max_tokens": sched_cfg.specialized_max_padded,
         "specialized_max_tokens_source": limit.source,
         "specialized_max_tokens_reason": limit.reason,
+        # prefill and mixed steps in piecewise graphs, and the token counts they pad up to
+        "prefill_graphs": opts.prefill_graphs,
+        "prefill_graph_tokens": buckets,
         "spec": _describe_spec(opts.speculative_config, drafting),
         "scheduler": {
             "max_num_seqs": sched_cfg.max_num_seqs,
@@ -256,6 +267,7 @@ def _graph_executor(
     max_model_len: int,
     scratch_block: int,
     drafter: Any,
+    buckets: list[int] | None = None,
 ) -> Any:
     """The graph executor: decode graphs for every padded token count the scheduler's
     pure-decode and verify steps can form, and with speculative decoding the drafter's graphs.
@@ -269,9 +281,16 @@ def _graph_executor(
 
     On the CPU (tests of this logic) nothing is captured: each replay runs eagerly, the eager
     standard layer in place of the compiled one, and no specialized graphs (the CuTe DSL
-    kernels need the GPU)."""
+    kernels need the GPU).
+
+    With `buckets` (the `prefill_graphs` option), prefill and mixed steps of up to the
+    largest bucket's tokens run in piecewise graphs (engine.local.piecewise), captured here,
+    after the decode graphs, for every bucket: at start-up rather than on a bucket's first
+    step, so no step the engine times pays a capture or an autotune, and the decode graphs'
+    memory is taken first."""
     from agentab.engine.local.cuda import DecodeGraphs, TokenPool, graph_sizes
     from agentab.engine.local.executor import TorchExecutor
+    from agentab.engine.local.piecewise import PiecewiseGraphs
     from agentab.kernels.standard import StandardPath
 
     on_gpu = device.type == "cuda"
@@ -315,13 +334,22 @@ def _graph_executor(
                                     draft_steps=spec.num_draft_tokens,
                                     capture=on_gpu)  # fmt: skip
         drafter.grouped = standard
+    pieces = None
+    if buckets is not None:
+        _say(f"capturing piecewise prefill graphs ({cfg.num_layers + 1} pieces) for tokens "
+             f"{buckets}")  # fmt: skip
+        start = time.perf_counter()
+        pieces = PiecewiseGraphs(cfg, weights, cache, weights.embed.dtype, buckets,
+                                 scratch_block * cache.block_size, standard if on_gpu else None,
+                                 capture=on_gpu)  # fmt: skip
+        _say(f"piecewise prefill graphs built in {time.perf_counter() - start:.1f} s")
     _say("ready")
     decoder_impl = "cute-dsl" if on_gpu else "cpu-torch"
     return TorchExecutor(cfg, weights, cache, device=device, dtype=weights.embed.dtype,
                          decoder_impl=decoder_impl, standard_impl=standard_impl,
                          max_rows=rows, graphs=graphs, grouped=standard if on_gpu else None,
                          pool=pool, drafter=drafter, spec=spec,
-                         draft_graphs=draft_graphs)  # fmt: skip
+                         draft_graphs=draft_graphs, piecewise=pieces)  # fmt: skip
 
 
 def start_ranks(tp: int, spec: dict[str, Any]) -> tuple[Any, list[Any]]:

@@ -3,8 +3,11 @@
 The step's path is the scheduler's decision (`StepPlan.path`, vLLM's `latency_specialized`
 rules): "specialized" steps, which are always pure decode, run the arm's specialized decoder;
 every other step (prefill, mixed, decode under `auto`, decode the specialized path does not
-serve) runs the standard forward. The executor counts what it computed, so a prefix-cache hit
-shows up as prefill tokens *not* computed, and it measures each step's duration.
+serve) runs the standard forward: in the decode graphs where the step is pure decode and one
+fits, else in the piecewise graphs (the `prefill_graphs` option, engine.local.piecewise) where
+one of their token buckets holds it, else eagerly. The executor counts what it computed, so a
+prefix-cache hit shows up as prefill tokens *not* computed, which of those three ran each step,
+and each step's duration.
 
 A step is `launch`ed (inputs copied, work queued on the device, the sampled ids' copy back
 queued) and later `collect`ed (wait, read the ids): the engine launches the next step before it
@@ -41,6 +44,7 @@ from agentab.engine.local.forward import (
 )
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
+from agentab.engine.local.piecewise import PiecewiseGraphs
 from agentab.engine.local.spec import (
     EarlyExitDrafter,
     VerifyLayout,
@@ -95,6 +99,7 @@ class TorchExecutor:
         drafter: EarlyExitDrafter | None = None,
         spec: SpecConfig | None = None,
         draft_graphs: DecodeGraphs | None = None,
+        piecewise: PiecewiseGraphs | None = None,
     ) -> None:
         """`decoder_impl` / `standard_impl`: what the specialized and the standard decode steps
         run (the manifest records both: `cute-dsl` or `cpu-torch`; `torch-compile+triton-moe`
@@ -127,6 +132,8 @@ class TorchExecutor:
         self.pool = pool or TokenPool(max_rows, device)
         self.last_sampled = self.pool.last
         self.draft_graphs = draft_graphs
+        self.piecewise = piecewise
+        self._piecewise_used = False  # whether this launch's forward ran the pieces
         self._draft_s: float | None = None  # this launch's drafts, timed by the host (the CPU)
         self._host = [
             torch.zeros(max_rows, dtype=torch.int64, pin_memory=self.cuda)
@@ -147,6 +154,8 @@ class TorchExecutor:
                 "step_seconds_standard",
                 "step_seconds_specialized",
                 "graph_steps",
+                "piecewise_steps",
+                "piecewise_too_large_steps",
                 "eager_steps",
                 "device_busy_seconds",
                 "device_idle_seconds",
@@ -167,6 +176,7 @@ class TorchExecutor:
         t0 = time.perf_counter()
         n = inputs.num_rows
         self._draft_s = None
+        self._piecewise_used = False
         if self.drafter is not None:
             inputs = self._shifted(inputs)
         if self.tp.active and self.tp.rank == 0:
@@ -191,7 +201,7 @@ class TorchExecutor:
                 self.counters["graph_steps"] += 1
             elif verify:
                 ids, accepted = self._verify_step(plan, inputs)
-                self.counters["eager_steps"] += 1
+                self._count_eager()
             elif graphed:
                 assert graphs is not None and size is not None
                 graphs.load(inputs, size)
@@ -201,7 +211,7 @@ class TorchExecutor:
                 b = DeviceBatch.of(inputs, self.device, self.last_sampled)
                 ids = self._greedy(self._forward(plan, b))
                 self.last_sampled[:n].copy_(ids)
-                self.counters["eager_steps"] += 1
+                self._count_eager()
             if self.drafter is not None:
                 self._prev_accepted[:n] = 0 if accepted is None else accepted
             if ids.device.type == "cpu":  # (a verify step's host tensor, or the CPU's ids)
@@ -248,14 +258,30 @@ class TorchExecutor:
             context_lens=inputs.context_lens + shift,
         )  # fmt: skip
 
+    def _count_eager(self) -> None:
+        """A step that ran no whole-step graph: in the pieces, or eagerly (and whether the
+        pieces were there but the step was larger than their largest bucket)."""
+        c = self.counters
+        if self._piecewise_used:
+            c["piecewise_steps"] += 1
+            return
+        c["eager_steps"] += 1
+
     def _forward(
         self, plan: StepPlan, b: DeviceBatch, out_index: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The target's hidden states of the tokens `out_index` (default: each row's last) on
-        the step's path: the CPU's specialized steps through the reference layer."""
+        the step's path: the CPU's specialized steps through the reference layer, the standard
+        path in the piecewise graphs where the step fits one of their buckets."""
         if plan.path == "specialized" and not self.cuda:
             return specialized_decode_cpu(self.cfg, self.w, self.cache, b, self.tp,
                                           out_index=out_index)  # fmt: skip
+        if self.piecewise is not None:
+            bucket = self.piecewise.bucket_for(b.starts[-1])
+            if bucket is not None:
+                self._piecewise_used = True
+                return self.piecewise.forward(b, bucket, out_index)
+            self.counters["piecewise_too_large_steps"] += 1
         return standard_forward(self.cfg, self.w, self.cache, b, self.dtype, self.grouped,
                                 self.tp, out_index=out_index)  # fmt: skip
 
@@ -455,6 +481,8 @@ class TorchExecutor:
             "agentab:step_seconds_standard_total": c["step_seconds_standard"],
             "agentab:step_seconds_specialized_total": c["step_seconds_specialized"],
             "agentab:graph_steps_total": c["graph_steps"],
+            "agentab:piecewise_steps_total": c["piecewise_steps"],
+            "agentab:piecewise_too_large_steps_total": c["piecewise_too_large_steps"],
             "agentab:eager_steps_total": c["eager_steps"],
             "agentab:device_busy_seconds_total": c["device_busy_seconds"],
             "agentab:device_idle_seconds_total": c["device_idle_seconds"],

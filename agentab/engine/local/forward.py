@@ -224,7 +224,32 @@ def standard_attention(
     kv: torch.Tensor,
     tp: TPGroup = SINGLE,
 ) -> torch.Tensor:
-    """Input norm, MLA over the paged cache (`rows_attention`), output projection, residual."""
+    """Input norm, MLA over the paged cache (`rows_attention`), output projection, residual.
+
+    Three parts, so that the piecewise graphs (engine.local.piecewise) run the very same code:
+    `attention_in` and `attention_out` depend only on the step's tokens, `rows_attention` on
+    each row's context."""
+    # cos and sin come shaped to broadcast (`DeviceBatch.rope`), computed once per step
+    rope_q, rope_k = b.rope(cfg, heads=True), b.rope(cfg, heads=False)
+    q, q_pe = attention_in(cfg, w, x, rope_q, rope_k, b.slot_mapping, kv)
+    o = rows_attention(cfg, w, q[..., : cfg.qk_nope], q_pe, kv, b)
+    return attention_out(cfg, w, x, o, tp)
+
+
+def attention_in(
+    cfg: LayerConfig,
+    w: LayerWeights,
+    x: torch.Tensor,
+    rope_q: tuple[torch.Tensor, torch.Tensor],
+    rope_k: tuple[torch.Tensor, torch.Tensor],
+    slots: torch.Tensor,
+    kv: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What attention needs of the tokens `x`: input norm, qkv_a, the latent norms, q_b and
+    RoPE, and each token's latent entry written into the cache at `slots`. Returns the queries
+    (tokens, n_heads, qk_head; their nope part is read) and the roped q_pe (tokens, n_heads,
+    qk_rope). `rope_q` / `rope_k`: cos and sin of the tokens' positions, shaped for the
+    per-head queries and for the shared key."""
     t, nh, kvl, eps = x.shape[0], cfg.n_heads, cfg.kv_lora, cfg.rms_eps
     dt = x.dtype
     hn = F.rms_norm(x, (cfg.hidden,), w.attn_norm.to(dt), eps)
@@ -233,12 +258,20 @@ def standard_attention(
     q_c = F.rms_norm(q_c, (cfg.q_lora,), w.q_a_norm.to(dt), eps)
     kv_c = F.rms_norm(kv_c, (kvl,), w.kv_a_norm.to(dt), eps)
     q = F.linear(q_c, w.w_q_b.to(dt)).view(t, nh, cfg.qk_head)
-    # cos and sin come shaped to broadcast (`DeviceBatch.rope`), computed once per step
-    q_pe = reference.apply_rope(q[..., cfg.qk_nope :], *b.rope(cfg, heads=True)).to(dt)
-    k_pe = reference.apply_rope(k_pe, *b.rope(cfg, heads=False)).to(dt)
-    kv[b.slot_mapping] = torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype)
-    o = rows_attention(cfg, w, q[..., : cfg.qk_nope], q_pe, kv, b)
-    return x + tp.all_reduce(F.linear(o.reshape(t, nh * cfg.v_head), w.w_o.to(dt)))
+    q_pe = reference.apply_rope(q[..., cfg.qk_nope :], *rope_q).to(dt)
+    k_pe = reference.apply_rope(k_pe, *rope_k).to(dt)
+    # index_copy_, as the decode graphs write: no host sync, so the piecewise graphs capture it
+    kv.index_copy_(0, slots, torch.cat([kv_c, k_pe], dim=-1).to(kv.dtype))
+    return q, q_pe
+
+
+def attention_out(
+    cfg: LayerConfig, w: LayerWeights, x: torch.Tensor, o: torch.Tensor, tp: TPGroup = SINGLE
+) -> torch.Tensor:
+    """The attention output `o` (tokens, n_heads, v_head) projected by W_O onto the residual
+    `x`."""
+    t, dt = x.shape[0], x.dtype
+    return x + tp.all_reduce(F.linear(o.reshape(t, cfg.n_heads * cfg.v_head), w.w_o.to(dt)))
 
 
 def rows_attention(
@@ -248,9 +281,11 @@ def rows_attention(
     q_pe: torch.Tensor,
     kv: torch.Tensor,
     b: DeviceBatch,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every row's attention over its cached context (which holds this step's entries):
-    (tokens, n_heads, v_head).
+    (tokens, n_heads, v_head), written into `out` where given (the piecewise graphs' static
+    buffer, read by the next captured piece).
 
     As vLLM runs MLA: the decoding tokens (one-token rows, and each token of a verify row at its
     own position) attend together in the absorbed form (`decode_rows_attention`), so a mixed
@@ -261,7 +296,7 @@ def rows_attention(
     which would expand its whole context for them).
     """
     dt = q_nope.dtype
-    o = torch.empty(*q_nope.shape[:2], cfg.v_head, device=q_nope.device, dtype=dt)
+    o = out if out is not None else q_nope.new_empty((*q_nope.shape[:2], cfg.v_head))
     if b.decode is not None:
         tok = b.decode.tokens
         o[tok] = decode_rows_attention(cfg, w, q_nope[tok], q_pe[tok], kv, b.decode)

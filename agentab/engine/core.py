@@ -511,7 +511,7 @@ class Engine:
         and the loop resumes at the end of step j-1. With no arrival all n steps are kept and
         the loop resumes when step n-2 ends. Stepping gives the same steps at the same times.
         """
-        ends = ahead.end + np.cumsum(self.executor.window_seconds(w))
+        ends = ahead.end + self.executor.window_seconds(w).cumsum()
         n = len(ends)
         scheduled_at = np.concatenate(([ahead.end], ends[:-1]))  # when step j+1 is scheduled
         wakes = self._wakes
@@ -521,7 +521,7 @@ class Engine:
             self._hand_out(ahead)
             if n > 1 and self._wakes == wakes:
                 await self._wait(loop, float(scheduled_at[-1]))
-        m = min(int(np.searchsorted(scheduled_at, loop.time(), side="left")) + 1, n)
+        m = min(int(scheduled_at.searchsorted(loop.time(), side="left")) + 1, n)
         if not handed:
             await self._complete(loop, ahead, 2)
         resume = float(scheduled_at[m - 1])
@@ -555,11 +555,11 @@ class Engine:
         return _Step(starts[-1], times[-1], finished, last, record)
 
     async def _run_window(self, loop: asyncio.AbstractEventLoop, w: WindowPlan, t0: float) -> None:
-        ends = t0 + np.cumsum(self.executor.window_seconds(w))
+        ends = t0 + self.executor.window_seconds(w).cumsum()
         await self._wait(loop, float(ends[-1]))
         now = loop.time()
         # the step in flight at `now` completes before anything new is scheduled (as on a GPU)
-        m = min(int(np.searchsorted(ends, now, side="left")) + 1, len(ends))
+        m = min(int(ends.searchsorted(now, side="left")) + 1, len(ends))
         delay = float(ends[m - 1]) - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)

@@ -525,7 +525,7 @@ class Scheduler:
             return Advance([], [], [], [], [])
         c = self.counters
         c["steps_" + plan.path] += 1
-        if plan.is_decode.all():
+        if np.count_nonzero(plan.is_decode) == B:  # (`all` is a Python-level numpy wrapper)
             c["decode_steps_" + plan.path] += 1
         log, st = self.log, self.state
         if log is not None:  # this step's end time was logged last (log_times)

@@ -30,15 +30,21 @@ def layer_chain(x: torch.Tensor, paths: list[Any], states: list[Any]) -> Callabl
     return step
 
 
-def capture(fn: Callable[[], Any], warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Run fn `warmup` times on a side stream (compiles, autotunes), then capture it."""
+def warm_up(fn: Callable[[], Any], times: int = 2) -> None:
+    """Run fn `times` times on a side stream, so that compiling, autotuning and first
+    allocations happen outside the capture that follows (as torch's graph docs require)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(warmup):
+        for _ in range(times):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+
+
+def capture(fn: Callable[[], Any], warmup: int = 2) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Run fn `warmup` times on a side stream (compiles, autotunes), then capture it."""
+    warm_up(fn, warmup)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn()

@@ -40,6 +40,7 @@ from agentab.engine.local.model import ModelWeights
 from agentab.engine.outputs import StepInputs
 from agentab.engine.paths import padded_tokens
 from agentab.kernels.attention import PagedKV, split_plan
+from agentab.kernels.harness import capture
 from agentab.kernels.weights import DecodeState
 
 
@@ -298,17 +299,7 @@ class DecodeGraphs:
         if not self.capture:
             self.graphs[b] = run
             return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compiles, autotunes and allocates outside the capture
-                run()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            st.out = run()
-        self.graphs[b] = graph
+        self.graphs[b], st.out = capture(run)
 
     def _draft_loop(self, st: GraphInputs, tokens: torch.Tensor, forward: Any) -> torch.Tensor:
         """The drafter's k steps in one graph: step j runs each row's token at position p + j

@@ -59,6 +59,7 @@ from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
 from agentab.engine.local.tensor_parallel import TPGroup
 from agentab.kernels import reference
+from agentab.kernels.harness import warm_up
 
 SMALLEST_BUCKET = 16
 LINEAR_FROM = 256  # above this, buckets grow by this much, not by doubling
@@ -219,14 +220,7 @@ class PiecewiseGraphs:
         if not self.capture:
             self.graphs[t] = pieces
             return
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # compiles, autotunes and allocates outside the capture
-                for piece in pieces:
-                    piece()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
+        warm_up(lambda: [piece() for piece in pieces])
         replays: list[Callable[[], Any]] = []
         for piece in pieces:
             g = torch.cuda.CUDAGraph()

@@ -187,5 +187,5 @@ def synthetic_outcome(plan: StepPlan, spec: SpecConfig, duration_s: float) -> St
     accepted = None
     # (count_nonzero: `any` goes through numpy's Python wrapper, a few us a step)
     if spec.synthetic and np.count_nonzero(plan.is_decode):
-        accepted = spec.accepted_rows(plan.keys, plan.spec_index, plan.drafts)
+        accepted = spec.accepted(plan.keys, plan.spec_index, plan.drafts)
     return StepOutput(duration_s=duration_s, accepted=accepted)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ from agentab.errors import AgentabError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _POSITION = loops_numba.POSITION
-# a step's rows as `SpecConfig.accepted_rows` takes them: keys, verify counters, drafts
+# a step's rows as a `StepPlan` holds them: keys, verify counters, drafts
 _ROW_TYPES = (np.dtype(np.uint64), np.dtype(np.int64), np.dtype(np.int64))
 
 
@@ -159,40 +160,28 @@ class SpecConfig:
         s = np.uint64((self.seed * 0x9E3779B97F4A7C15) % (1 << 64))
         return s, self._conditional, self._whole if self._decided else -1
 
-    def accepted_rows(self, keys: np.ndarray, index: np.ndarray, drafts: np.ndarray) -> np.ndarray:
-        """`accepted` for one step's rows: 1-D arrays of one length, keys uint64, index and
-        drafts int64 (a `StepPlan`'s). The compiled loop is called on them as they are: the
-        broadcasting and dtype passes `accepted` makes for any shapes cost a step several times
-        the draws themselves (~3% of a 7-draft hour). The same draws: an int64 counter viewed as
-        uint64 has the bits numpy's cast gives it."""
-        if (
-            loops_numba.ENABLED
-            and self.synthetic
-            and not self._decided
-            and (keys.dtype, index.dtype, drafts.dtype) == _ROW_TYPES
-            and keys.ndim == index.ndim == drafts.ndim == 1
-        ):
-            out = np.empty(len(keys), dtype=np.int64)
-            seed = self.draws()[0]
-            loops_numba.accepted_drafts(
-                keys, index.view(np.uint64), drafts, seed, self._conditional, out
-            )
-            return out
-        return self.accepted(keys, index, drafts)
-
     def accepted(self, keys: np.ndarray, index: np.ndarray, drafts: np.ndarray) -> np.ndarray:
         """Accepted drafts for verify steps number `index` of requests `keys` with `drafts` each
         (vLLM's synthetic verify loop, see the module).
 
         Arrays broadcast together (a window passes (steps, rows) matrices).
         """
-        shape = np.broadcast(keys, index, drafts).shape
         if not self.enabled:
-            return np.zeros(shape, dtype=np.int64)
+            return np.zeros(np.broadcast(keys, index, drafts).shape, dtype=np.int64)
         if not self.synthetic:
             raise AgentabError("standard rejection: the executor accepts drafts (a real model)")
         cond = self._conditional
         k = self.num_draft_tokens
+        if loops_numba.ENABLED and not self._decided and _step_rows(keys, index, drafts):
+            # a step's rows go to the compiled loop as they are: the broadcasting and dtype
+            # passes below cost a step several times the draws (~3% of a 7-draft hour); an
+            # int64 counter viewed as uint64 has the bits numpy's cast gives it
+            out = np.empty(len(keys), dtype=np.int64)
+            loops_numba.accepted_drafts(
+                keys, index.view(np.uint64), drafts, self.draws()[0], cond, out
+            )
+            return out
+        shape = np.broadcast(keys, index, drafts).shape
         if self._decided:  # rates of 0 and 1 only: u < 1 always holds, u < 0 never
             return np.minimum(np.broadcast_to(self._whole, shape), drafts).astype(np.int64)
         if loops_numba.ENABLED:  # the same draws, one compiled loop (stops at a rejection)
@@ -210,6 +199,19 @@ class SpecConfig:
         # the leading run of accepted positions (the loop stops at its first rejection)
         run = np.cumprod(u < cond, axis=-1).sum(axis=-1)
         return np.minimum(run, drafts).astype(np.int64)
+
+
+def _step_rows(keys: Any, index: Any, drafts: Any) -> bool:
+    """Whether the arrays are one step's rows as a `StepPlan` holds them: 1-D, one length, keys
+    uint64, verify counters and drafts int64."""
+    return (
+        isinstance(keys, np.ndarray)
+        and isinstance(index, np.ndarray)
+        and isinstance(drafts, np.ndarray)
+        and (keys.dtype, index.dtype, drafts.dtype) == _ROW_TYPES
+        and keys.ndim == index.ndim == drafts.ndim == 1
+        and len(keys) == len(index) == len(drafts)
+    )
 
 
 def request_key(request_id: str) -> int:

@@ -178,18 +178,19 @@ def test_compiled_acceptance_draws_equal_the_numpy_ones(monkeypatch, spec) -> No
     ],
 )
 def test_a_steps_rows_draw_what_the_broadcast_draws_give(monkeypatch, spec) -> None:
-    """SpecConfig.accepted_rows (a step's rows, no broadcasting) equals `accepted` with and
-    without the compiled loop, prefill rows (0 drafts) and counters past 2**31 included."""
+    """SpecConfig.accepted on a step's rows (1-D, the plan's dtypes: no broadcasting) equals
+    its broadcast form with and without the compiled loop, prefill rows (0 drafts) and counters
+    past 2**31 included."""
     from agentab.engine import spec_decode
 
     rng = np.random.default_rng(11)
     keys = rng.integers(0, 2**63, size=64, dtype=np.int64).astype(np.uint64) * np.uint64(2)
     index = rng.integers(0, 2**40, size=64, dtype=np.int64)
     drafts = rng.integers(0, spec.num_draft_tokens + 1, size=64).astype(np.int64)
-    got = spec.accepted_rows(keys, index, drafts)
-    want = spec.accepted(keys, index, drafts)
+    got = spec.accepted(keys, index, drafts)
+    want = spec.accepted(keys[None], index[None], drafts[None])[0]
     monkeypatch.setattr(spec_decode.loops_numba, "ENABLED", False)
-    for g in (got, spec.accepted_rows(keys, index, drafts)):
+    for g in (got, spec.accepted(keys, index, drafts)):
         assert g.dtype == np.int64 and g.shape == (64,)
         assert np.array_equal(g, want)
     assert np.array_equal(want, spec.accepted(keys, index, drafts))

@@ -37,6 +37,8 @@ Stages (STAGES, comma-separated; default all):
           decode tokens/s after the first token, B/A with a t interval, the verify step's
           device time against `kernels bench` at 8 tokens x 61 layers + the LM head + the
           drafts, host idle between steps; and the same without drafts (the B1 figure)
+KV_BLOCKS overrides the A/B engine's 40,960 KV blocks of the prefill and prefill_small stages (45
+GiB of cache: the H200's figure; 16384 fits an 80 GB H100, and a step's time does not depend on it).
 Writes $OUT/local_engine.json and prints a short table last.
 """
 
@@ -345,7 +347,7 @@ def stage_serve() -> None:
 # the engine options of the A/Bs (examples/local-k2-h200.toml's [engine] table)
 AB_ENGINE = {
     "device": "cuda",
-    "kv_blocks": 40960,
+    "kv_blocks": int(os.environ.get("KV_BLOCKS", "40960")),
     "max_num_seqs": 16,
     "max_num_batched_tokens": 8192,
     "max_model_len": 36864,
@@ -394,6 +396,16 @@ def stage_prefill() -> None:
     RESULTS["prefill"] = res
     save()
     free(eng)
+
+
+def kernel_time_ms(events) -> float:
+    """The device's kernel time (ms) in a profile's averaged events: the kernel rows only. An
+    aten op's row carries its kernels' time as its own device time too, so a sum over every row
+    counts each eagerly launched kernel twice (and a graph-replayed one, which has no aten
+    parent, once)."""
+    from torch.autograd import DeviceType
+
+    return sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e3
 
 
 def prefill_graphs_on() -> bool:
@@ -478,13 +490,13 @@ def stage_prefill_small() -> None:
             "aten_calls": calls,
             "aten_calls_per_layer": calls / layers,
             "self_cpu_ms": sum(e.self_cpu_time_total for e in events) / 1e3,
-            "self_cuda_ms": sum(e.self_device_time_total for e in events) / 1e3,
+            "self_cuda_ms": kernel_time_ms(events),
             "counters": counted,
             # the goal's figure: a 32-token step's time as served (launch to ids on the host,
             # median of the unprofiled steps) over the device's own work in it (the profiled
             # step's kernel time)
             "wall_over_kernel_32": statistics.median(r["wall_ms"] for r in rows if r["new"] == 32)
-            / (sum(e.self_device_time_total for e in events) / 1e3),
+            / kernel_time_ms(events),
         }
         log(
             f"profiled 32-token prefill ({mode}): {calls} aten calls ({calls / layers:.0f} per layer), "
@@ -562,7 +574,7 @@ def kernel_ms(eng, inputs, pieces=None) -> tuple[float, int]:
         timed_forward(eng, inputs, iters=1, warmup=0, pieces=pieces)
     events = prof.key_averages()
     calls = sum(e.count for e in events if e.key.startswith("aten::"))
-    return sum(e.self_device_time_total for e in events) / 1e3, calls
+    return kernel_time_ms(events), calls
 
 
 def stage_mixed() -> None:

@@ -161,8 +161,9 @@ class LocalOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_fiel
 
     None takes the preset's or the device's default (`engine.local.build`). `prefill_graphs`
     runs prefill and mixed steps of up to `max_num_batched_tokens` tokens in piecewise CUDA
-    graphs (engine.local.piecewise; on the CPU the same pieces run eagerly); off by default
-    until it is measured on the GPU.
+    graphs (engine.local.piecewise; on the CPU the same pieces run eagerly); None turns them on
+    where they pay, a single GPU (an eager prefill step there waits on its kernel launches), and
+    off on the CPU, which has no launches to save.
     """
 
     preset: str
@@ -176,7 +177,7 @@ class LocalOptions(EngineOptions, frozen=True, kw_only=True, forbid_unknown_fiel
     max_model_len: PositiveInt | None = None
     tp: PositiveInt = 1
     speculative_config: SpeculativeConfig | None = None
-    prefill_graphs: bool = False
+    prefill_graphs: bool | None = None
 
 
 class LocalLaunch(LocalOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):

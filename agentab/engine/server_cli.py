@@ -87,7 +87,7 @@ def _with_simulator_options(command: Any) -> Any:
     default=None,
     metavar="BOOL",
     help="Local engine: run prefill and mixed steps in piecewise CUDA graphs, attention eager "
-    "between them [default: false].",
+    "between them [default: true on one GPU, false on the CPU].",
 )
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(

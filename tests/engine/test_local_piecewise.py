@@ -133,7 +133,20 @@ def test_the_engine_serves_every_standard_step_in_the_pieces_with_the_eager_engi
     assert pieces == len(d.steps) and too_large == eager == graphs == 0
     facts = eng.describe()
     assert facts["prefill_graphs"] is True and facts["prefill_graph_tokens"] == [10]
-    assert engine(max_num_batched_tokens=10).describe()["prefill_graph_tokens"] is None
+    assert facts["prefill_graphs_source"] == "option"
+    unset = engine(max_num_batched_tokens=10).describe()  # the CPU's default: off
+    assert unset["prefill_graphs"] is False and unset["prefill_graph_tokens"] is None
+    assert unset["prefill_graphs_source"] == "default"
+
+
+@pytest.mark.parametrize(
+    ("kind", "tp", "on"),
+    [("cuda", 1, True), ("cuda", 2, False), ("cpu", 1, False), ("cpu", 2, False)],
+)
+def test_prefill_graphs_left_unset_are_on_for_one_gpu_only(kind, tp, on):
+    from agentab.engine.local.build import default_prefill_graphs
+
+    assert default_prefill_graphs(kind, tp) is on
 
 
 def test_steps_larger_than_the_largest_bucket_run_eagerly_and_are_counted():

@@ -78,6 +78,15 @@ def check_fits(
     return {"weight_bytes": weights, "kv_cache_bytes": kv, "kv_blocks": kv_blocks}
 
 
+def default_prefill_graphs(kind: str, tp: int) -> bool:
+    """`prefill_graphs` left unset: on for one GPU, where an eager prefill or mixed step waits on
+    its ~5,000 kernel launches (docs/engine.md, "Piecewise graphs for prefill and mixed steps":
+    a 32-token step after 8,192 cached tokens 151 ms eager, 81 ms in the pieces, on the H200);
+    off on the CPU (no launches to save: the pieces would run eagerly) and under tensor
+    parallelism (not supported there yet)."""
+    return kind == "cuda" and tp == 1
+
+
 # The keyword options `build_local_engine` takes besides the preset and the decode backend.
 OPTIONS = tuple(
     name for name in option_names(LocalOptions) if name not in ("preset", "decode_backend")
@@ -126,6 +135,9 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
     drafting = spec_config(opts, cfg.num_layers)
     if opts.prefill_graphs and tp > 1:
         raise AgentabError(f"prefill_graphs: not with tensor parallelism yet (tp = {tp})")
+    prefill_graphs = (
+        default_prefill_graphs(kind, tp) if opts.prefill_graphs is None else opts.prefill_graphs
+    )
     group = TPGroup()
     workers: list[subprocess.Popen[bytes]] = []
     if tp > 1:
@@ -158,7 +170,7 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
     if opts.speculative_config is not None:
         drafter = EarlyExitDrafter(cfg, weights, cache, opts.speculative_config.draft_layers,
                                    dtype)  # fmt: skip
-    buckets = token_buckets(sched_cfg.max_num_batched_tokens) if opts.prefill_graphs else None
+    buckets = token_buckets(sched_cfg.max_num_batched_tokens) if prefill_graphs else None
     if kind == "cpu" and not graphs_on_cpu:
         pieces = None
         if buckets is not None:  # the same pieces, run eagerly (tests of the step logic)
@@ -184,7 +196,8 @@ def local_engine_from(opts: LocalOptions, *, graphs_on_cpu: bool = False) -> Eng
         "specialized_max_tokens_source": limit.source,
         "specialized_max_tokens_reason": limit.reason,
         # prefill and mixed steps in piecewise graphs, and the token counts they pad up to
-        "prefill_graphs": opts.prefill_graphs,
+        "prefill_graphs": prefill_graphs,
+        "prefill_graphs_source": "default" if opts.prefill_graphs is None else "option",
         "prefill_graph_tokens": buckets,
         "spec": _describe_spec(opts.speculative_config, drafting),
         "scheduler": {

@@ -411,7 +411,7 @@ class Engine:
         if self.step_observer is not None:
             record = (plan, self._step_rows(plan))
         sched.log_times(np.array([end]))
-        reqs, counts, finished = sched.update(plan, output)
+        reqs, counts, finished = sched.update(plan, output, self._streams > 0)
         events: list[tuple[Channel, int, np.ndarray | None]] = []
         if self._streams:
             for req, n in zip(reqs, counts, strict=True):

@@ -468,7 +468,7 @@ class Scheduler:
         return whole - len(hits) + hits_free <= self.pool.num_free
 
     def update(
-        self, plan: StepPlan, output: StepOutput | None = None
+        self, plan: StepPlan, output: StepOutput | None = None, emitters: bool = True
     ) -> tuple[list[Request], list[int], list[Request]]:
         """Apply an executed step from its output alone (vLLM's update_from_output): advance
         rows, take the sampled tokens and accepted drafts, count; returns (requests that
@@ -476,15 +476,19 @@ class Scheduler:
 
         Without an output (tools and tests that drive the scheduler alone) the step's outcome
         is the simulator's: synthetic acceptance (`SpecConfig.accepted`), planned tokens.
+        `emitters=False`: only the finished requests (the others' lists are left empty: an
+        engine with no streamed client reads nothing else, and building them is per-row work).
         """
-        adv = self.apply(plan, output)
+        adv = self.apply(plan, output, emitters)
         return adv.reqs, adv.counts, adv.finished
 
-    def apply(self, plan: StepPlan, output: StepOutput | None = None) -> Advance:
+    def apply(
+        self, plan: StepPlan, output: StepOutput | None = None, emitters: bool = True
+    ) -> Advance:
         """`update`, returning the whole `Advance` (where each request's tokens went)."""
         if output is None:
             output = synthetic_outcome(plan, self.cfg.spec, 0.0)
-        adv = self._advance(plan, output.accepted)
+        adv = self._advance(plan, output.accepted, emitters or output.sampled is not None)
         if output.sampled is not None:
             self.fill(adv, output.sampled)
         return adv
@@ -517,7 +521,9 @@ class Scheduler:
             req.pending_row, req.pending_step = row, adv.step
         return adv
 
-    def _advance(self, plan: StepPlan, accepted: np.ndarray | None) -> Advance:
+    def _advance(
+        self, plan: StepPlan, accepted: np.ndarray | None, emitters: bool = True
+    ) -> Advance:
         """A step's outcome applied to its rows (one compiled loop), then the finishes."""
         s = plan.slots
         B = len(s)
@@ -544,6 +550,8 @@ class Scheduler:
         )  # fmt: skip
         self.count_verified(verified, drafts, acc_sum)
         c["generation_tokens"] += emitted
+        if not emitters:
+            return Advance([], [], self.finish(done[:nfin]) if nfin else [], [], [])
         rows = rows[:n]
         slot_req = self.slot_req
         reqs: list[Request] = [slot_req[x] for x in s[rows].tolist()]  # type: ignore[misc]

@@ -108,12 +108,15 @@ class FaultServer:
         stall_s: float = 30.0,
         hold_after: Callable[[str], int] = lambda rid: 0,
         huge_bytes: int = 0,
+        keepalive_s: float = 75.0,
     ) -> None:
         self.mode_for = mode_for
+        self.keepalive_s = keepalive_s  # how long an idle connection stays open
         self.token_interval_s = token_interval_s
         self.stall_s = stall_s
         self.finished: dict[str, float] = {}  # request id -> monotonic end of a full response
         self.seen: list[str] = []
+        self.client_ports: dict[str, int] = {}  # request id -> the client's port that sent it
         self.hold_after = hold_after
         self.huge_bytes = huge_bytes
         self.held: dict[str, int] = {}  # request id -> client port, for held responses
@@ -149,7 +152,7 @@ class FaultServer:
         app = web.Application()
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
+        runner = web.AppRunner(app, shutdown_timeout=0.1, keepalive_timeout=self.keepalive_s)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -166,6 +169,9 @@ class FaultServer:
         rid = request.headers.get("X-Request-Id", "")
         body = orjson.loads(await request.read())
         self.seen.append(rid)
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer:
+            self.client_ports[rid] = int(peer[1])
         mode = self.mode_for(rid)
         n = int(body.get("max_tokens", 1))
         prompt = len(body.get("prompt", []))

@@ -82,6 +82,24 @@ def test_failed_start_reports_the_last_20_log_lines(tmp_path: Path) -> None:
     ]
 
 
+def test_a_server_that_died_in_use_is_named_with_its_log(tmp_path: Path) -> None:
+    server = start(tmp_path)
+    server.wait_healthy(30)
+    cause = AgentabError("calibration request r-1 failed: broken_stream: Server disconnected")
+    assert server.death(cause) is None  # alive: the caller's own error stands
+    os.killpg(server.pgid, signal.SIGKILL)
+    server.proc.wait(10)
+    died = server.death(cause)
+    server.stop()
+    assert died is not None
+    lines = str(died).splitlines()
+    assert lines[0] == (
+        f"vLLM server exited with status -9 while in use (calibration request r-1 failed: "
+        f"broken_stream: Server disconnected); last 1 lines of {tmp_path / 'server.log'}:"
+    )
+    assert lines[1:] == [f"  | listening on {server.port}"]
+
+
 def test_unhealthy_server_times_out_and_is_stopped(tmp_path: Path) -> None:
     server = start(tmp_path, "--never-healthy")
     t0 = time.monotonic()

@@ -201,6 +201,16 @@ class ServerProcess:
         shown = "\n".join(f"  | {line}" for line in lines) or "  | (the log is empty)"
         return AgentabError(f"{what}; last {len(lines)} lines of {self.log_path}:\n{shown}")
 
+    def death(self, cause: BaseException) -> AgentabError | None:
+        """If the server has exited, the error to raise instead of `cause` (which its death
+        likely brought about: a request that failed with a disconnect says little, the server's
+        last log lines say why); None while it runs."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        said = str(cause) or type(cause).__name__
+        return self.failure(f"{self.label} exited with status {code} while in use ({said})")
+
     def wait_healthy(self, timeout_s: float) -> float:
         """Seconds until `/health` answered 200; a dead or silent server raises with its log."""
         deadline = self.started + timeout_s

@@ -194,14 +194,20 @@ def launched_server(
             startup_s=round(startup_s, 3),
         )
         (log_dir / RUNTIME_NAME).write_text(json.dumps(runtime, indent=2) + "\n")
-        yield RunningServer(
-            url=server.url,
-            model=model,
-            manifest=manifest,
-            runtime=runtime,
-            log_path=log_path,
-            startup_s=startup_s,
-        )
+        try:
+            yield RunningServer(
+                url=server.url,
+                model=model,
+                manifest=manifest,
+                runtime=runtime,
+                log_path=log_path,
+                startup_s=startup_s,
+            )
+        except (Exception, SystemExit) as exc:
+            died = server.death(exc)
+            if died is not None:
+                raise died from exc
+            raise
     finally:
         server.stop()
 

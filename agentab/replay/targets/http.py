@@ -3,8 +3,9 @@
 Why the details matter: the analysis derives TTFT, ITL and interactivity from the arrival time
 of every chunk, so the client must (1) never queue requests behind a connection limit (the pool
 is unbounded; idle connections are kept alive and reused, so it settles at the peak number of
-concurrent streams), (2) timestamp each read from the monotonic loop clock as soon as bytes
-arrive, and (3) classify failures precisely instead of dropping them.
+concurrent streams, but never past `CLIENT_KEEPALIVE_S`, below the servers' own idle limit),
+(2) timestamp each read from the monotonic loop clock as soon as bytes arrive, and (3) classify
+failures precisely instead of dropping them.
 
 Prompts: `/v1/completions` gets the exact token ids (default; prefix-cache hits are then exact);
 `/v1/chat/completions` gets the same content rendered as words. Both ask for `max_tokens` = the
@@ -40,6 +41,13 @@ _CONTEXT_MARKERS = (
     "too long",
 )
 _REASONING_KEYS = ("reasoning_content", "reasoning")
+# How long an idle connection is kept for reuse. It must stay below the server's own idle limit:
+# uvicorn (vLLM, SGLang) closes an idle connection after 5 s, and a client that reuses one just
+# as the server closes it (a GC pause or a busy core is enough) writes its request into a closed
+# socket and records a broken stream the server never saw. httpx, the OpenAI SDK's client, keeps
+# idle connections 5 s; a second below that leaves room for the time between taking a
+# connection from the pool and the server reading the request.
+CLIENT_KEEPALIVE_S = 4.0
 # aiohttp >= 3.10 tells a connect timeout apart from a read timeout.
 _CONNECT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,) + (
     (aiohttp.ConnectionTimeoutError,) if hasattr(aiohttp, "ConnectionTimeoutError") else ()
@@ -80,6 +88,7 @@ class HttpTarget:
         timeout_s: float = 600.0,
         vocab_size: int = 32000,
         max_line_bytes: int | None = None,
+        keepalive_s: float = CLIENT_KEEPALIVE_S,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise AgentabError(f"--url {url}: expected http://HOST:PORT or https://HOST:PORT")
@@ -94,6 +103,7 @@ class HttpTarget:
         self.vocab_size = vocab_size
         # the longest SSE line taken (agentab.replay.targets.sse): default, or the environment's
         self.max_line_bytes = max_line_bytes or max_line_bytes_from_env()
+        self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
         self._server_facts: dict[str, Any] = {}
 
@@ -101,7 +111,9 @@ class HttpTarget:
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
+        connector = aiohttp.TCPConnector(
+            limit=0, limit_per_host=0, keepalive_timeout=self.keepalive_s
+        )
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
         )

@@ -563,3 +563,10 @@ def _engine_mixed(m: MixedMeasurement, s0: Sample, s1: Sample, s2: Sample, where
     if others != 1:
         raise PhaseUnusable(f"{where}: {int(others)} steps with a prompt, not 1, around it")
     m.engine_s = delta(s1, s2, seconds) - delta(s1, s2, decode) * m.decode_step_s
+    if m.engine_s <= 0:
+        # The decode steps around the prompt ran slower than the window's (a busy host): what
+        # is left for the prompt's step is noise, not its time.
+        raise PhaseUnusable(
+            f"{where}: the prompt's step came out {m.engine_s * 1e3:.3f} ms (the decode steps "
+            f"around it ran slower than the {m.decode_step_s * 1e3:.3f} ms of the window before)"
+        )

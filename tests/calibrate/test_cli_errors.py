@@ -57,3 +57,24 @@ def test_fidelity_needs_the_engine_limits(tmp_path: Path, capsys) -> None:
         capsys,
     )
     assert "--max-num-seqs: the engine's value is not in" in msg
+
+
+def test_a_mixed_step_whose_decode_steps_ran_slow_is_unusable_not_negative() -> None:
+    """The mixed step's time is what the counters' seconds leave after the decode steps around
+    it at the window's decode time; a busy host that slows those steps leaves nothing, and the
+    phase is run again rather than fitted with a step of negative length."""
+    from agentab.calibrate.client import MixedMeasurement, PhaseUnusable, _engine_mixed
+    from agentab.calibrate.facts import DECODE_STEPS, STEP_SECONDS, STEPS
+
+    names = [n.format(path="standard") for n in (STEP_SECONDS, STEPS, DECODE_STEPS)]
+
+    def sample(t: float, seconds: float, steps: int, decode: int) -> tuple[float, dict]:
+        return t, dict(zip(names, (seconds, float(steps), float(decode)), strict=True))
+
+    s0, s1 = sample(0.0, 0.0, 0, 0), sample(1.0, 0.080, 8, 8)  # 10 ms a decode step
+    m = MixedMeasurement(rows=2, new=64, context_tokens=0.0, client_s=float("nan"))
+    _engine_mixed(m, s0, s1, sample(2.0, 0.080 + 0.045, 12, 11), "mixed phase")
+    assert (m.decode_step_s, round(m.engine_s, 9)) == (0.010, 0.015)  # 3 decode steps + 15 ms
+    slow = sample(2.0, 0.080 + 0.025, 12, 11)  # 25 ms for all 4: less than 3 decode steps
+    with pytest.raises(PhaseUnusable, match=r"mixed phase: the prompt's step came out -5.000 ms"):
+        _engine_mixed(m, s0, s1, slow, "mixed phase")

@@ -260,6 +260,12 @@ def test_a_signal_as_the_run_ends_is_not_lost(tmp_path: Path) -> None:
         (Session("s0", 16, tuple(Request(t=0.0, in_tokens=50, out_tokens=4, hash_ids=(1,),
                                          api_time=0.01) for _ in range(3))),)
     )  # fmt: skip
+    started_with = signal.getsignal(signal.SIGINT)
+    if started_with is signal.SIG_IGN:
+        # A shell's background job starts with SIGINT ignored and a run leaves it so, as
+        # test_a_process_started_with_sigint_ignored_keeps_ignoring_it checks; this test is
+        # about a process that takes the signal.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     options = ReplayOptions(start_window=(0.0, 0.0), warmup_requests=0, duration_s=None, passes=1)
     with pytest.raises(AgentabError, match="interrupted by SIGINT; 0 in-flight") as err:
@@ -275,6 +281,7 @@ def test_a_signal_as_the_run_ends_is_not_lost(tmp_path: Path) -> None:
     assert signal.getsignal(signal.SIGINT) is not before[signal.SIGINT]
     for sig, handler in before.items():
         signal.signal(sig, handler)
+    signal.signal(signal.SIGINT, started_with)
 
 
 def test_an_unsignalled_run_gives_the_handlers_back(tmp_path: Path) -> None:

@@ -42,6 +42,8 @@ from agentab.engine import loops_numba, transitions_numba
 if TYPE_CHECKING:
     from agentab.engine.slots import SlotState
 
+_NO_GUESS = np.zeros(0, dtype=np.int64)  # a lookup without guessed blocks
+
 
 class BlockPool:
     """`num_blocks` KV blocks, their reference counts, hashes and the LRU free queue."""
@@ -69,6 +71,7 @@ class BlockPool:
         self._entries = num_blocks  # entries from the head on (live or stale)
         self.num_free = num_blocks
         self.evictions = 0
+        self._scratch = np.empty(1024, dtype=np.int64)  # a lookup's hit blocks (`admit_head`)
         self._table_size = 0
         self._reset_table(max(1024, 1 << (8 * num_blocks - 1).bit_length()))
 
@@ -293,6 +296,53 @@ class BlockPool:
             return False
         self._used += used
         return True
+
+    def admit_head(
+        self,
+        st: SlotState,
+        slot: int,
+        hashes: np.ndarray,
+        nlook: int,
+        budget: int,
+        k: int,
+        nfull_max: int,
+        request: tuple[int, int, int, int, np.uint64],
+        bs: int,
+    ) -> tuple[int, int, bool]:
+        """`lookup_free` of the first `nlook` of a waiting request's `hashes`, its admission
+        test and, if it fits, `admit_row` into row `slot` with min(rest of its prompt,
+        `budget`) tokens scheduled, in one kernel call (transitions_numba.admit_head).
+
+        Returns (hit blocks, tokens scheduled: -1 when it does not fit, registered: False when
+        the prefix table must be rebuilt first, which the caller then does)."""
+        if nlook:
+            if hashes.dtype != np.uint64 or not hashes.flags.c_contiguous:
+                hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+            known = self._known.get(int(hashes[0]), _NO_GUESS)
+        else:
+            known = _NO_GUESS
+        if len(self._scratch) < nlook:
+            self._scratch = np.empty(max(nlook, 2 * len(self._scratch)), dtype=np.int64)
+        tail = self._head + self._entries
+        nhit, n, touched, head, evicted, used, fresh = transitions_numba.admit_head(
+            slot, hashes, nlook, known, self._scratch, budget, k, nfull_max, *request, bs,
+            st.computed, st.ntokens, st.output, st.maxtok, st.spec_idx, st.keys, st.in_decode,
+            st.nblocks, st.ncached, st.nhashed, st.block_table, st.hash_table,
+            self._qids[:tail], self._qgens[:tail], self._head, self.num_free,
+            self.ref, self.gen, self.hash, self._tkey, self._tblk, self._mask,
+            self._table_size // 4 - self._used, self.shared,
+        )  # fmt: skip
+        if n < 0:
+            return nhit, -1, True
+        self.num_free -= touched
+        if head < 0:
+            raise RuntimeError(f"allocate({fresh}) with only {self.num_free} free blocks")
+        if fresh:
+            self._took(head, evicted, fresh)
+        if used < 0:
+            return nhit, n, False
+        self._used += used
+        return nhit, n, True
 
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine import emissions, loops_numba, model_io, window
+from agentab.engine import admission, emissions, loops_numba, model_io, window
 from agentab.engine.emissions import EmissionLog
 from agentab.engine.hashing import PrefixHashes
 from agentab.engine.kv_cache import BlockPool
@@ -431,30 +431,7 @@ class Scheduler:
             i += 1
         return np.array(done_rows, dtype=_I64), np.array(done_sched, dtype=_I64)
 
-    def _admit(
-        self, budget: int, rows: np.ndarray, row_sched: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The running rows followed by the waiting requests admitted FCFS into what is left of
-        the token budget (see the module docstring for the rules)."""
-        bs, pool = self.bs, self.pool
-        new_rows: list[int] = []
-        new_sched: list[int] = []
-        while self.waiting and budget > 0 and len(self.run) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
-            ntok = req.prompt_len + req.num_output
-            hits, hits_free = pool.lookup_free(req.hashes[: (ntok - 1) // bs])
-            n = min(ntok - len(hits) * bs, budget)
-            whole = self._blocks_for(ntok + self.k) - len(hits)
-            if whole + hits_free > pool.num_free:
-                break  # head-of-line: nothing behind it is admitted this step
-            self._admit_one(req, hits, n)
-            new_rows.append(req.slot)
-            new_sched.append(n)
-            budget -= n
-        if new_rows:
-            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
-            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
-        return rows, row_sched
+    _admit = admission.admit  # the waiting queue into a step (agentab.engine.admission)
 
     def admissible(self, req: Request) -> bool:
         """Would the waiting head be admitted now (ignoring the token budget)?"""

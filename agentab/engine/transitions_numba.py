@@ -17,7 +17,13 @@ from __future__ import annotations
 import numpy as np
 
 from agentab import numba_jit
-from agentab.engine.loops_numba import register_full, release, take_into_rows, touch
+from agentab.engine.loops_numba import (
+    lookup_known,
+    register_full,
+    release,
+    take_into_rows,
+    touch,
+)
 from agentab.numba_jit import jit
 
 ENABLED = numba_jit.ENABLED  # this module's switch: a test may turn off its kernels alone
@@ -104,6 +110,75 @@ def admit_row(
         block_table, hash_table, ncached, one, upto, tkey, tblk, held, mask, room, shared
     )
     return touched, head, evicted, used
+
+
+@jit
+def admit_head(
+    slot: int,
+    hashes: np.ndarray,
+    nlook: int,
+    known: np.ndarray,
+    hits: np.ndarray,
+    budget: int,
+    k: int,
+    nfull_max: int,
+    ntok: int,
+    num_output: int,
+    max_tokens: int,
+    spec_index: int,
+    key: np.uint64,
+    bs: int,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    output: np.ndarray,
+    maxtok: np.ndarray,
+    spec_idx: np.ndarray,
+    keys: np.ndarray,
+    in_decode: np.ndarray,
+    nblocks: np.ndarray,
+    ncached: np.ndarray,
+    nhashed: np.ndarray,
+    block_table: np.ndarray,
+    hash_table: np.ndarray,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    head: int,
+    num_free: int,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    held: np.ndarray,
+    tkey: np.ndarray,
+    tblk: np.ndarray,
+    mask: np.uint64,
+    room: int,
+    shared: np.ndarray,
+) -> tuple[int, int, int, int, int, int, int]:
+    """The waiting head's admission test and, if it passes, its admission into row `slot`
+    (Scheduler._admit): the prefix lookup of its first `nlook` keys (`lookup_known` with the
+    guesses `known`, written to `hits`), the rule that its whole prompt less the hit fit in the
+    free blocks (hit blocks sitting in the free queue counting as taken), then `admit_row` with
+    `min(rest of the prompt, budget)` tokens scheduled. The same calls in the same order as the
+    Python made them one by one, so the pool ends up the same.
+
+    Returns (hit blocks, tokens scheduled, then `admit_row`'s four results, and the fresh
+    blocks taken); tokens scheduled is -1, with nothing changed, when the request does not fit.
+    `nfull_max`: at most this many blocks are registered (its known keys; a larger number when
+    all of them are, with a synthetic output)."""
+    nhit, hits_free = lookup_known(hashes[:nlook], known, hits, tkey, tblk, held, mask, ref, shared)
+    whole = (ntok + k + bs - 1) // bs - nhit
+    if whole + hits_free > num_free:
+        return nhit, -1, 0, 0, 0, 0, 0
+    hit_tokens = nhit * bs
+    n = min(ntok - hit_tokens, budget)
+    fresh = (hit_tokens + n + k + bs - 1) // bs - nhit
+    full = min(min(hit_tokens + n, ntok) // bs, nfull_max)
+    touched, head, evicted, used = admit_row(
+        slot, hits[:nhit], hashes, ntok, num_output, max_tokens, spec_index, key, fresh, full,
+        bs, computed, ntokens, output, maxtok, spec_idx, keys, in_decode, nblocks, ncached,
+        nhashed, block_table, hash_table, qids, qgens, head, num_free, ref, gen, held, tkey,
+        tblk, mask, room, shared,
+    )  # fmt: skip
+    return nhit, n, touched, head, evicted, used, fresh
 
 
 @jit

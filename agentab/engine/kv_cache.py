@@ -344,6 +344,46 @@ class BlockPool:
         self._used += used
         return nhit, n, True
 
+    def commit_rows(
+        self,
+        st: SlotState,
+        slots: np.ndarray,
+        window: tuple[np.ndarray, np.ndarray, np.ndarray],
+        m: int,
+        k: int,
+        bs: int,
+        synthetic: bool,
+        log: tuple[np.ndarray, int],
+        finished: np.ndarray,
+    ) -> tuple[int, int]:
+        """The first `m` steps of a window (`window`: its rows' computed tokens before it, the
+        cumulative and the emitted tokens per step) applied to rows `slots` in one kernel call
+        (transitions_numba.commit_rows): their new blocks, their full blocks registered, their
+        progress (`log`: the emission log's counts and first row, -1: none). Returns (tokens
+        emitted, how many rows finished: their slots in finished[:n])."""
+        computed0, cum, emitted = window
+        full = np.empty(len(slots), dtype=np.int64)
+        tail = self._head + self._entries
+        total, head, evicted, used, out, nfin = transitions_numba.commit_rows(
+            slots, computed0, cum, emitted, m, 1 + k, k, bs, synthetic,
+            st.computed, st.output, st.ntokens, st.maxtok, st.nblocks, st.ncached, st.nhashed,
+            st.block_table, st.hash_table, self._qids[:tail], self._qgens[:tail], self._head,
+            self.num_free, self.ref, self.gen, self.hash, self._tkey, self._tblk, self._mask,
+            self._table_size // 4 - self._used, self.shared, *log, full, finished,
+        )  # fmt: skip
+        if head < 0:
+            raise RuntimeError(f"allocate({total}) with only {self.num_free} free blocks")
+        if total:
+            self._took(head, evicted, total)
+        if used >= 0:
+            self._used += used
+        else:  # the table is rebuilt first (`register_rows`'s path)
+            ids, keys = loops_numba.newly_full(
+                st.block_table, st.hash_table, st.ncached, slots, full
+            )
+            self.register(ids, keys)
+        return out, nfin
+
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""
         lo, hi = self._head, self._head + self._entries

@@ -23,6 +23,8 @@ from agentab.engine.loops_numba import (
     release,
     take_into_rows,
     touch,
+    window_blocks,
+    window_commit,
 )
 from agentab.numba_jit import jit
 
@@ -214,3 +216,74 @@ def release_rows(
         nblocks[s] = 0
         ncached[s] = 0
     return added
+
+
+@jit
+def commit_rows(
+    slots: np.ndarray,
+    computed0: np.ndarray,
+    cum: np.ndarray,
+    emitted: np.ndarray,
+    m: int,
+    q: int,
+    k: int,
+    bs: int,
+    synthetic: bool,
+    computed: np.ndarray,
+    output: np.ndarray,
+    ntokens: np.ndarray,
+    maxtok: np.ndarray,
+    nblocks: np.ndarray,
+    ncached: np.ndarray,
+    nhashed: np.ndarray,
+    block_table: np.ndarray,
+    hash_table: np.ndarray,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    head: int,
+    num_free: int,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    held: np.ndarray,
+    tkey: np.ndarray,
+    tblk: np.ndarray,
+    mask: np.uint64,
+    room: int,
+    shared: np.ndarray,
+    log_counts: np.ndarray,
+    log_row: int,
+    full: np.ndarray,
+    finished: np.ndarray,
+) -> tuple[int, int, int, int, int, int]:
+    """The first `m` steps of a window applied to its rows (window.commit_window): the
+    blocks the rows grew into taken from the free queue (`window_blocks`, `take_into_rows`),
+    their full blocks registered (`register_full`; with a sampled output only those whose
+    keys are known) and the rows advanced (`window_commit`), the calls the Python made one by
+    one, in their order.
+
+    Returns (blocks taken, the queue's new head, blocks evicted, table slots used, tokens
+    emitted, finished rows in finished[:n]). The head is -1, with nothing changed, when the
+    free blocks cannot hold the blocks needed; the slots used are -1 when registering needs a
+    table rebuild first: nothing registered then (the caller registers up to `full`, which
+    reads nothing the rows' advance writes)."""
+    n = len(slots)
+    need = np.empty(n, dtype=np.int64)
+    total = window_blocks(slots, computed0, cum, m, q, k, bs, nblocks, need, full)
+    if total > num_free:
+        return total, -1, 0, 0, 0, 0
+    evicted = 0
+    if total:
+        head, evicted = take_into_rows(
+            qids, qgens, head, ref, gen, held, total, block_table, nblocks, slots, need
+        )
+    if not synthetic:
+        for i in range(n):
+            full[i] = min(full[i], nhashed[slots[i]])
+    used = register_full(
+        block_table, hash_table, ncached, slots, full, tkey, tblk, held, mask, room, shared
+    )
+    out, nfin = window_commit(
+        slots, computed0, cum, emitted, m, computed, output, ntokens, maxtok, log_counts,
+        log_row, finished,
+    )  # fmt: skip
+    return total, head, evicted, used, out, nfin

@@ -235,10 +235,14 @@ class BlockPool:
         self._entries += added
         self.num_free += added
 
-    def free_rows(self, st: SlotState, slots: np.ndarray) -> None:
+    def free_rows(
+        self, st: SlotState, slots: np.ndarray, run: np.ndarray = _NO_GUESS
+    ) -> tuple[np.ndarray, np.ndarray]:
         """`free` of each row's blocks, tail first, rows in order (one kernel call for a step's
         finishes); the rows then hold no blocks. Their cached blocks are remembered as the
-        guesses for a later lookup (`lookup_free`)."""
+        guesses for a later lookup (`lookup_free`). Returns the rows' (output, verify count)
+        read as they leave, a (2, rows) array, and the slots `run` less these, in order (one
+        call: transitions_numba.leave_rows)."""
         known = self._known
         for s in slots.tolist():
             n = int(st.ncached[s])
@@ -249,18 +253,22 @@ class BlockPool:
                 known[key] = st.block_table[s, :n].copy()
                 while self._known_ids > self.num_blocks:  # the oldest rows go first
                     self._known_ids -= len(known.pop(next(iter(known))))
-        args = (slots, st.block_table, st.nblocks, st.ncached, self.ref, self.gen)
-        added = transitions_numba.release_rows(
+        progress = np.empty((2, len(slots)), dtype=np.int64)
+        kept = np.empty(len(run), dtype=np.int64)
+        args = (slots, run, st.output, st.spec_idx, progress, kept, st.block_table)
+        args += (st.nblocks, st.ncached, self.ref, self.gen)
+        added, nk = transitions_numba.leave_rows(
             *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
         )
         if added < 0:  # (room for them all after it: the rows hold at most every block)
             self._compact()
-            added = transitions_numba.release_rows(
+            added, nk = transitions_numba.leave_rows(
                 *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
             )
         self._next_gen += added
         self._entries += added
         self.num_free += added
+        return progress, kept[:nk]
 
     def admit_row(
         self,

@@ -143,21 +143,25 @@ class Scheduler:
         slot. The caller takes the slot out of `run` and sets the new status."""
         self._leave_slots([req], np.array([req.slot], dtype=_I64))
 
-    def _leave_slots(self, reqs: list[Request], slots: np.ndarray) -> None:
-        """`_leave_slot` of each of these requests (in `slots`), in order."""
+    def _leave_slots(
+        self, reqs: list[Request], slots: np.ndarray, run: np.ndarray = _NO_ROWS
+    ) -> np.ndarray:
+        """`_leave_slot` of each of these requests (in `slots`), in order; returns the slots
+        `run` less these (one kernel call with the freeing: BlockPool.free_rows)."""
         st = self.state
         if self.log is not None:
             for req in reqs:
                 req.chunk_parts.append(self.span(req))
-        self.pool.free_rows(st, slots)
-        outputs, spec = st.output[slots].tolist(), st.spec_idx[slots].tolist()
+        progress, kept = self.pool.free_rows(st, slots, run)
         slot_req, free_slots = self.slot_req, self._free_slots
+        outputs, spec = progress.tolist()
         for req, slot, out, idx in zip(reqs, slots.tolist(), outputs, spec, strict=True):
             req.num_output = out
             req.spec_index = idx
             slot_req[slot] = None
             free_slots.append(slot)
             req.slot = -1
+        return kept
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -267,13 +271,10 @@ class Scheduler:
     def finish(self, slots: np.ndarray) -> list[Request]:
         """RUNNING -> FINISHED_LENGTH for the requests in `slots` (they generated max_tokens)."""
         out = self.requests_of(slots)
-        self._leave_slots(out, slots)
+        self.run = self._leave_slots(out, slots, self.run)
         for req in out:
             req.move_to(RequestStatus.FINISHED_LENGTH)
             del self.requests[req.id]
-        gone = np.zeros(self.state.capacity, dtype=np.bool_)
-        gone[slots] = True
-        self.run = self.run[~gone[self.run]]
         self.counters["request_success"] += len(out)
         return out
 

@@ -287,3 +287,48 @@ def commit_rows(
         log_row, finished,
     )  # fmt: skip
     return total, head, evicted, used, out, nfin
+
+
+@jit
+def leave_rows(
+    slots: np.ndarray,
+    run: np.ndarray,
+    output: np.ndarray,
+    spec_idx: np.ndarray,
+    progress: np.ndarray,
+    kept: np.ndarray,
+    block_table: np.ndarray,
+    nblocks: np.ndarray,
+    ncached: np.ndarray,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    next_gen: int,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    tail: int,
+) -> tuple[int, int]:
+    """Rows leaving their slots (Scheduler._leave_slots): `release_rows`, then each row's
+    output and verify count read into progress[0] and progress[1], and the running slots
+    `run` less these written, in order, to `kept`. Returns (`release_rows`'s result, how many
+    were kept); nothing is changed when that result is -1 (the caller compacts the queue)."""
+    added = release_rows(
+        slots, block_table, nblocks, ncached, ref, gen, next_gen, qids, qgens, tail
+    )
+    if added < 0:
+        return -1, 0
+    n = len(slots)
+    for i in range(n):
+        progress[0, i] = output[slots[i]]
+        progress[1, i] = spec_idx[slots[i]]
+    nk = 0
+    for j in range(len(run)):
+        r = run[j]
+        keep = True
+        for i in range(n):
+            if slots[i] == r:
+                keep = False
+                break
+        if keep:
+            kept[nk] = r
+            nk += 1
+    return added, nk

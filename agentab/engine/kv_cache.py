@@ -255,8 +255,10 @@ class BlockPool:
                     self._known_ids -= len(known.pop(next(iter(known))))
         progress = np.empty((2, len(slots)), dtype=np.int64)
         kept = np.empty(len(run), dtype=np.int64)
-        args = (slots, run, st.output, st.spec_idx, progress, kept, st.block_table)
-        args += (st.nblocks, st.ncached, self.ref, self.gen)
+        args = (
+            slots, run, st.output, st.spec_idx, progress, kept, st.block_table, st.nblocks,
+            st.ncached, self.ref, self.gen,
+        )  # fmt: skip
         added, nk = transitions_numba.leave_rows(
             *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
         )
@@ -391,6 +393,42 @@ class BlockPool:
             )
             self.register(ids, keys)
         return out, nfin
+
+    def schedule_rows(
+        self,
+        st: SlotState,
+        run: np.ndarray,
+        k: int,
+        bs: int,
+        budget: int,
+        synthetic: bool,
+        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    ) -> tuple[int, int] | None:
+        """The running rows' share of a step's `budget`, their new blocks and their full blocks
+        registered, in one kernel call (transitions_numba.schedule_running; `out`: its sched,
+        kept, kept_sched and full arrays, len(run) each). Returns (rows kept, their tokens), or
+        None, with nothing changed, when their blocks do not fit (the scheduler preempts)."""
+        sched, kept, kept_sched, full = out
+        tail = self._head + self._entries
+        total, head, evicted, n, used, slots_used = transitions_numba.schedule_running(
+            run, k, bs, budget, synthetic, st.computed, st.ntokens, st.in_decode, st.nblocks,
+            st.ncached, st.nhashed, st.block_table, st.hash_table, self._qids[:tail],
+            self._qgens[:tail], self._head, self.num_free, self.ref, self.gen, self.hash,
+            self._tkey, self._tblk, self._mask, self._table_size // 4 - self._used,
+            self.shared, sched, kept, kept_sched, full,
+        )  # fmt: skip
+        if head < 0:
+            return None
+        if total:
+            self._took(head, evicted, total)
+        if slots_used >= 0:
+            self._used += slots_used
+        else:  # the table is rebuilt first (`register_rows`'s path)
+            ids, keys = loops_numba.newly_full(
+                st.block_table, st.hash_table, st.ncached, kept[:n], full[:n]
+            )
+            self.register(ids, keys)
+        return n, used
 
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""

@@ -328,27 +328,19 @@ class Scheduler:
         run = self.run
         B = len(run)
         if B:
-            sched = np.empty(B, dtype=_I64)
-            need = np.empty(B, dtype=_I64)
-            total_need = loops_numba.running_budget(
-                run, st.computed, st.ntokens, st.in_decode, st.nblocks, k, bs, budget,
-                sched, need,
-            )  # fmt: skip
-            if total_need <= self.pool.num_free:
-                if total_need:
-                    self.alloc_rows(run, need, total_need)
-                rows, row_sched = run, sched
-            else:
+            kept, kept_sched, full = (np.empty(B, dtype=_I64) for _ in range(3))
+            out = (np.empty(B, dtype=_I64), kept, kept_sched, full)  # (sched first)
+            got = self.pool.schedule_rows(st, run, k, bs, budget, self.cfg.synthetic_output, out)
+            if got is None:  # the rows' blocks do not fit: one at a time, preempting
                 rows, row_sched = self._schedule_running_under_pressure(budget, preempted)
-            n = len(rows)
-            kept, kept_sched, full = (np.empty(n, dtype=_I64) for _ in range(3))
-            n, used = loops_numba.scheduled_rows(
-                rows, row_sched, st.computed, st.ntokens, bs, kept, kept_sched, full
-            )
+                got = loops_numba.scheduled_rows(
+                    rows, row_sched, st.computed, st.ntokens, bs, kept, kept_sched, full
+                )
+                if got[0]:
+                    self.register_rows(kept[: got[0]], full[: got[0]])
+            n, used = got
             budget -= used
             rows, row_sched = kept[:n], kept_sched[:n]
-            if n:
-                self.register_rows(rows, full[:n])
         else:
             rows = row_sched = _NO_ROWS
         if not preempted:  # a step under pressure admits nothing new

@@ -21,6 +21,8 @@ from agentab.engine.loops_numba import (
     lookup_known,
     register_full,
     release,
+    running_budget,
+    scheduled_rows,
     take_into_rows,
     touch,
     window_blocks,
@@ -332,3 +334,68 @@ def leave_rows(
             kept[nk] = r
             nk += 1
     return added, nk
+
+
+@jit
+def schedule_running(
+    run: np.ndarray,
+    k: int,
+    bs: int,
+    budget: int,
+    synthetic: bool,
+    computed: np.ndarray,
+    ntokens: np.ndarray,
+    in_decode: np.ndarray,
+    nblocks: np.ndarray,
+    ncached: np.ndarray,
+    nhashed: np.ndarray,
+    block_table: np.ndarray,
+    hash_table: np.ndarray,
+    qids: np.ndarray,
+    qgens: np.ndarray,
+    head: int,
+    num_free: int,
+    ref: np.ndarray,
+    gen: np.ndarray,
+    held: np.ndarray,
+    tkey: np.ndarray,
+    tblk: np.ndarray,
+    mask: np.uint64,
+    room: int,
+    shared: np.ndarray,
+    sched: np.ndarray,
+    kept: np.ndarray,
+    kept_sched: np.ndarray,
+    full: np.ndarray,
+) -> tuple[int, int, int, int, int, int]:
+    """The running rows' part of a step (Scheduler.schedule) when their blocks fit: their
+    share of the budget (`running_budget`), the blocks they lack taken from the free queue
+    (`take_into_rows`), the rows given tokens (`scheduled_rows`: kept[:n], kept_sched[:n])
+    and their full blocks registered (`register_full`; with a sampled output only those
+    whose keys are known), the calls the Python made one by one, in their order.
+
+    Returns (blocks taken, the queue's new head, blocks evicted, rows kept, their tokens,
+    table slots used). The head is -1, with nothing changed but `sched`, when the blocks do
+    not fit (the caller's path under pressure); the slots used are -1 when registering needs
+    a table rebuild first: nothing registered then (the caller registers up to `full`)."""
+    B = len(run)
+    need = np.empty(B, dtype=np.int64)
+    total = running_budget(run, computed, ntokens, in_decode, nblocks, k, bs, budget, sched, need)
+    if total > num_free:
+        return total, -1, 0, 0, 0, 0
+    evicted = 0
+    if total:
+        head, evicted = take_into_rows(
+            qids, qgens, head, ref, gen, held, total, block_table, nblocks, run, need
+        )
+    n, used = scheduled_rows(run, sched, computed, ntokens, bs, kept, kept_sched, full)
+    slots_used = 0
+    if n:
+        if not synthetic:
+            for i in range(n):
+                full[i] = min(full[i], nhashed[kept[i]])
+        slots_used = register_full(
+            block_table, hash_table, ncached, kept[:n], full[:n], tkey, tblk, held, mask, room,
+            shared,
+        )  # fmt: skip
+    return total, head, evicted, n, used, slots_used

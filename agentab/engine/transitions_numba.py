@@ -1,15 +1,19 @@
-"""Compiled kernels (numba) for two of the scheduler's transitions: a waiting request taking
-its slot, and finished requests giving their slots' blocks back.
+"""Compiled kernels (numba) for the scheduler's transitions and per-event steps: a waiting
+request's lookup, admission test and admission (`admit_head`, `admit_row`), the running rows'
+part of a step (`schedule_running`), a window's commit (`commit_rows`) and rows leaving their
+slots (`leave_rows`, `release_rows`).
 
 Why: at AgentX scale every request is admitted once and finishes once, and each of these was a
 dozen Python-level operations around the block pool's kernels (scalar writes into the slot
-arrays, one-element index arrays, three kernel calls with their wrappers): ~30 us an
-admission, more than the work itself. Here each is one call that composes the pool's kernels
-(agentab.engine.loops_numba: `touch`, `take_into_rows`, `register_full`, `release`) in the
-order the Python did, so the blocks, the free queue and the prefix table end up exactly as
-before. Like every kernel they run as plain Python without numba; tests/engine compares the
-two (test_loops_numba_scheduler.py runs a random stream of requests, steps, windows and
-aborts both ways).
+arrays, one-element index arrays, several kernel calls with their wrappers): ~30 us an
+admission, more than the work itself; a step's and a window's rows went through three or four
+kernel calls each, with their result arrays allocated in between. Here each is one call that
+composes the pool's kernels (agentab.engine.loops_numba: `lookup_known`, `touch`,
+`take_into_rows`, `register_full`, `release`, the rows' loops) in the order the Python called
+them, so the blocks, the free queue and the prefix table end up exactly as before. Like every
+kernel they run as plain Python without numba; tests/engine compares the two
+(test_loops_numba_scheduler.py runs a random stream of requests, steps, windows and aborts both
+ways).
 """
 
 from __future__ import annotations

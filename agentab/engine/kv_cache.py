@@ -42,6 +42,8 @@ from agentab.engine import loops_numba, transitions_numba
 if TYPE_CHECKING:
     from agentab.engine.slots import SlotState
 
+_NO_GUESS = np.zeros(0, dtype=np.int64)  # a lookup without guessed blocks
+
 
 class BlockPool:
     """`num_blocks` KV blocks, their reference counts, hashes and the LRU free queue."""
@@ -69,6 +71,7 @@ class BlockPool:
         self._entries = num_blocks  # entries from the head on (live or stale)
         self.num_free = num_blocks
         self.evictions = 0
+        self._scratch = np.empty(1024, dtype=np.int64)  # a lookup's hit blocks (`admit_head`)
         self._table_size = 0
         self._reset_table(max(1024, 1 << (8 * num_blocks - 1).bit_length()))
 
@@ -232,10 +235,14 @@ class BlockPool:
         self._entries += added
         self.num_free += added
 
-    def free_rows(self, st: SlotState, slots: np.ndarray) -> None:
+    def free_rows(
+        self, st: SlotState, slots: np.ndarray, run: np.ndarray = _NO_GUESS
+    ) -> tuple[np.ndarray, np.ndarray]:
         """`free` of each row's blocks, tail first, rows in order (one kernel call for a step's
         finishes); the rows then hold no blocks. Their cached blocks are remembered as the
-        guesses for a later lookup (`lookup_free`)."""
+        guesses for a later lookup (`lookup_free`). Returns the rows' (output, verify count)
+        read as they leave, a (2, rows) array, and the slots `run` less these, in order (one
+        call: transitions_numba.leave_rows)."""
         known = self._known
         for s in slots.tolist():
             n = int(st.ncached[s])
@@ -246,18 +253,24 @@ class BlockPool:
                 known[key] = st.block_table[s, :n].copy()
                 while self._known_ids > self.num_blocks:  # the oldest rows go first
                     self._known_ids -= len(known.pop(next(iter(known))))
-        args = (slots, st.block_table, st.nblocks, st.ncached, self.ref, self.gen)
-        added = transitions_numba.release_rows(
+        progress = np.empty((2, len(slots)), dtype=np.int64)
+        kept = np.empty(len(run), dtype=np.int64)
+        args = (
+            slots, run, st.output, st.spec_idx, progress, kept, st.block_table, st.nblocks,
+            st.ncached, self.ref, self.gen,
+        )  # fmt: skip
+        added, nk = transitions_numba.leave_rows(
             *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
         )
         if added < 0:  # (room for them all after it: the rows hold at most every block)
             self._compact()
-            added = transitions_numba.release_rows(
+            added, nk = transitions_numba.leave_rows(
                 *args, self._next_gen, self._qids, self._qgens, self._head + self._entries
             )
         self._next_gen += added
         self._entries += added
         self.num_free += added
+        return progress, kept[:nk]
 
     def admit_row(
         self,
@@ -293,6 +306,129 @@ class BlockPool:
             return False
         self._used += used
         return True
+
+    def admit_head(
+        self,
+        st: SlotState,
+        slot: int,
+        hashes: np.ndarray,
+        nlook: int,
+        budget: int,
+        k: int,
+        nfull_max: int,
+        request: tuple[int, int, int, int, np.uint64],
+        bs: int,
+    ) -> tuple[int, int, bool]:
+        """`lookup_free` of the first `nlook` of a waiting request's `hashes`, its admission
+        test and, if it fits, `admit_row` into row `slot` with min(rest of its prompt,
+        `budget`) tokens scheduled, in one kernel call (transitions_numba.admit_head).
+
+        Returns (hit blocks, tokens scheduled: -1 when it does not fit, registered: False when
+        the prefix table must be rebuilt first, which the caller then does)."""
+        if nlook:
+            if hashes.dtype != np.uint64 or not hashes.flags.c_contiguous:
+                hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+            known = self._known.get(int(hashes[0]), _NO_GUESS)
+        else:
+            known = _NO_GUESS
+        if len(self._scratch) < nlook:
+            self._scratch = np.empty(max(nlook, 2 * len(self._scratch)), dtype=np.int64)
+        tail = self._head + self._entries
+        nhit, n, touched, head, evicted, used, fresh = transitions_numba.admit_head(
+            slot, hashes, nlook, known, self._scratch, budget, k, nfull_max, *request, bs,
+            st.computed, st.ntokens, st.output, st.maxtok, st.spec_idx, st.keys, st.in_decode,
+            st.nblocks, st.ncached, st.nhashed, st.block_table, st.hash_table,
+            self._qids[:tail], self._qgens[:tail], self._head, self.num_free,
+            self.ref, self.gen, self.hash, self._tkey, self._tblk, self._mask,
+            self._table_size // 4 - self._used, self.shared,
+        )  # fmt: skip
+        if n < 0:
+            return nhit, -1, True
+        self.num_free -= touched
+        if head < 0:
+            raise RuntimeError(f"allocate({fresh}) with only {self.num_free} free blocks")
+        if fresh:
+            self._took(head, evicted, fresh)
+        if used < 0:
+            return nhit, n, False
+        self._used += used
+        return nhit, n, True
+
+    def commit_rows(
+        self,
+        st: SlotState,
+        slots: np.ndarray,
+        window: tuple[np.ndarray, np.ndarray, np.ndarray],
+        m: int,
+        k: int,
+        bs: int,
+        synthetic: bool,
+        log: tuple[np.ndarray, int],
+        finished: np.ndarray,
+    ) -> tuple[int, int]:
+        """The first `m` steps of a window (`window`: its rows' computed tokens before it, the
+        cumulative and the emitted tokens per step) applied to rows `slots` in one kernel call
+        (transitions_numba.commit_rows): their new blocks, their full blocks registered, their
+        progress (`log`: the emission log's counts and first row, -1: none). Returns (tokens
+        emitted, how many rows finished: their slots in finished[:n])."""
+        computed0, cum, emitted = window
+        full = np.empty(len(slots), dtype=np.int64)
+        tail = self._head + self._entries
+        total, head, evicted, used, out, nfin = transitions_numba.commit_rows(
+            slots, computed0, cum, emitted, m, 1 + k, k, bs, synthetic,
+            st.computed, st.output, st.ntokens, st.maxtok, st.nblocks, st.ncached, st.nhashed,
+            st.block_table, st.hash_table, self._qids[:tail], self._qgens[:tail], self._head,
+            self.num_free, self.ref, self.gen, self.hash, self._tkey, self._tblk, self._mask,
+            self._table_size // 4 - self._used, self.shared, *log, full, finished,
+        )  # fmt: skip
+        if head < 0:
+            raise RuntimeError(f"allocate({total}) with only {self.num_free} free blocks")
+        if total:
+            self._took(head, evicted, total)
+        if used >= 0:
+            self._used += used
+        else:  # the table is rebuilt first (`register_rows`'s path)
+            ids, keys = loops_numba.newly_full(
+                st.block_table, st.hash_table, st.ncached, slots, full
+            )
+            self.register(ids, keys)
+        return out, nfin
+
+    def schedule_rows(
+        self,
+        st: SlotState,
+        run: np.ndarray,
+        k: int,
+        bs: int,
+        budget: int,
+        synthetic: bool,
+        out: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    ) -> tuple[int, int] | None:
+        """The running rows' share of a step's `budget`, their new blocks and their full blocks
+        registered, in one kernel call (transitions_numba.schedule_running; `out`: its sched,
+        kept, kept_sched and full arrays, len(run) each). Returns (rows kept, their tokens), or
+        None, with nothing changed, when their blocks do not fit (the scheduler preempts)."""
+        sched, kept, kept_sched, full = out
+        tail = self._head + self._entries
+        total, head, evicted, n, used, slots_used = transitions_numba.schedule_running(
+            run, k, bs, budget, synthetic, st.computed, st.ntokens, st.in_decode, st.nblocks,
+            st.ncached, st.nhashed, st.block_table, st.hash_table, self._qids[:tail],
+            self._qgens[:tail], self._head, self.num_free, self.ref, self.gen, self.hash,
+            self._tkey, self._tblk, self._mask, self._table_size // 4 - self._used,
+            self.shared, sched, kept, kept_sched, full,
+        )  # fmt: skip
+        if head < 0:
+            return None
+        if total:
+            self._took(head, evicted, total)
+        if slots_used >= 0:
+            self._used += slots_used
+        else:  # the table is rebuilt first (`register_rows`'s path)
+            ids, keys = loops_numba.newly_full(
+                st.block_table, st.hash_table, st.ncached, kept[:n], full[:n]
+            )
+            self.register(ids, keys)
+        return n, used
 
     def _compact(self) -> None:
         """Move the live queue entries to the buffer's front, in order (stale ones dropped)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentab.engine import emissions, loops_numba, model_io, window
+from agentab.engine import admission, emissions, loops_numba, model_io, window
 from agentab.engine.emissions import EmissionLog
 from agentab.engine.hashing import PrefixHashes
 from agentab.engine.kv_cache import BlockPool
@@ -143,21 +143,25 @@ class Scheduler:
         slot. The caller takes the slot out of `run` and sets the new status."""
         self._leave_slots([req], np.array([req.slot], dtype=_I64))
 
-    def _leave_slots(self, reqs: list[Request], slots: np.ndarray) -> None:
-        """`_leave_slot` of each of these requests (in `slots`), in order."""
+    def _leave_slots(
+        self, reqs: list[Request], slots: np.ndarray, run: np.ndarray = _NO_ROWS
+    ) -> np.ndarray:
+        """`_leave_slot` of each of these requests (in `slots`), in order; returns the slots
+        `run` less these (one kernel call with the freeing: BlockPool.free_rows)."""
         st = self.state
         if self.log is not None:
             for req in reqs:
                 req.chunk_parts.append(self.span(req))
-        self.pool.free_rows(st, slots)
-        outputs, spec = st.output[slots].tolist(), st.spec_idx[slots].tolist()
+        progress, kept = self.pool.free_rows(st, slots, run)
         slot_req, free_slots = self.slot_req, self._free_slots
+        outputs, spec = progress.tolist()
         for req, slot, out, idx in zip(reqs, slots.tolist(), outputs, spec, strict=True):
             req.num_output = out
             req.spec_index = idx
             slot_req[slot] = None
             free_slots.append(slot)
             req.slot = -1
+        return kept
 
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -267,13 +271,10 @@ class Scheduler:
     def finish(self, slots: np.ndarray) -> list[Request]:
         """RUNNING -> FINISHED_LENGTH for the requests in `slots` (they generated max_tokens)."""
         out = self.requests_of(slots)
-        self._leave_slots(out, slots)
+        self.run = self._leave_slots(out, slots, self.run)
         for req in out:
             req.move_to(RequestStatus.FINISHED_LENGTH)
             del self.requests[req.id]
-        gone = np.zeros(self.state.capacity, dtype=np.bool_)
-        gone[slots] = True
-        self.run = self.run[~gone[self.run]]
         self.counters["request_success"] += len(out)
         return out
 
@@ -327,27 +328,19 @@ class Scheduler:
         run = self.run
         B = len(run)
         if B:
-            sched = np.empty(B, dtype=_I64)
-            need = np.empty(B, dtype=_I64)
-            total_need = loops_numba.running_budget(
-                run, st.computed, st.ntokens, st.in_decode, st.nblocks, k, bs, budget,
-                sched, need,
-            )  # fmt: skip
-            if total_need <= self.pool.num_free:
-                if total_need:
-                    self.alloc_rows(run, need, total_need)
-                rows, row_sched = run, sched
-            else:
+            kept, kept_sched, full = (np.empty(B, dtype=_I64) for _ in range(3))
+            out = (np.empty(B, dtype=_I64), kept, kept_sched, full)  # (sched first)
+            got = self.pool.schedule_rows(st, run, k, bs, budget, self.cfg.synthetic_output, out)
+            if got is None:  # the rows' blocks do not fit: one at a time, preempting
                 rows, row_sched = self._schedule_running_under_pressure(budget, preempted)
-            n = len(rows)
-            kept, kept_sched, full = (np.empty(n, dtype=_I64) for _ in range(3))
-            n, used = loops_numba.scheduled_rows(
-                rows, row_sched, st.computed, st.ntokens, bs, kept, kept_sched, full
-            )
+                got = loops_numba.scheduled_rows(
+                    rows, row_sched, st.computed, st.ntokens, bs, kept, kept_sched, full
+                )
+                if got[0]:
+                    self.register_rows(kept[: got[0]], full[: got[0]])
+            n, used = got
             budget -= used
             rows, row_sched = kept[:n], kept_sched[:n]
-            if n:
-                self.register_rows(rows, full[:n])
         else:
             rows = row_sched = _NO_ROWS
         if not preempted:  # a step under pressure admits nothing new
@@ -431,30 +424,7 @@ class Scheduler:
             i += 1
         return np.array(done_rows, dtype=_I64), np.array(done_sched, dtype=_I64)
 
-    def _admit(
-        self, budget: int, rows: np.ndarray, row_sched: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The running rows followed by the waiting requests admitted FCFS into what is left of
-        the token budget (see the module docstring for the rules)."""
-        bs, pool = self.bs, self.pool
-        new_rows: list[int] = []
-        new_sched: list[int] = []
-        while self.waiting and budget > 0 and len(self.run) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
-            ntok = req.prompt_len + req.num_output
-            hits, hits_free = pool.lookup_free(req.hashes[: (ntok - 1) // bs])
-            n = min(ntok - len(hits) * bs, budget)
-            whole = self._blocks_for(ntok + self.k) - len(hits)
-            if whole + hits_free > pool.num_free:
-                break  # head-of-line: nothing behind it is admitted this step
-            self._admit_one(req, hits, n)
-            new_rows.append(req.slot)
-            new_sched.append(n)
-            budget -= n
-        if new_rows:
-            rows = np.concatenate([rows, np.array(new_rows, dtype=_I64)])
-            row_sched = np.concatenate([row_sched, np.array(new_sched, dtype=_I64)])
-        return rows, row_sched
+    _admit = admission.admit  # the waiting queue into a step (agentab.engine.admission)
 
     def admissible(self, req: Request) -> bool:
         """Would the waiting head be admitted now (ignoring the token budget)?"""

@@ -91,26 +91,16 @@ def commit_window(s: Scheduler, w: WindowPlan, m: int) -> list[Request]:
     requests that finished. (The rows' requests, which only a streamed client needs, are
     `s.requests_of(w.slots)` read before this.)"""
     rows = w.slots
-    B = len(rows)
-    st = s.state
-    cum = w.cum_uncapped
-    need = np.empty(B, dtype=_I64)
-    full = np.empty(B, dtype=_I64)
-    total = loops_numba.window_blocks(
-        rows, w.computed0, cum, m, w.q, s.k, s.bs, st.nblocks, need, full
-    )
-    if total:
-        s.alloc_rows(rows, need, total)
-    s.register_rows(rows, full)
     log = s.log
     if log is not None:  # the window's m end times were logged last (log_times)
         counts, row = log.counts, log.n - m - log.base
     else:
         counts, row = _NO_LOG, -1
-    done = np.empty(B, dtype=_I64)
-    emitted, nfin = loops_numba.window_commit(
-        rows, w.computed0, cum, w.emitted, m, st.computed, st.output, st.ntokens,
-        st.maxtok, counts, row, done,
+    done = np.empty(len(rows), dtype=_I64)
+    # the rows' new blocks, their full blocks registered, their progress: one kernel call
+    emitted, nfin = s.pool.commit_rows(
+        s.state, rows, (w.computed0, w.cum_uncapped, w.emitted), m, s.k, s.bs,
+        s.cfg.synthetic_output, (counts, row), done,
     )  # fmt: skip
     _count(s, w, m, emitted)
     return s.finish(done[:nfin]) if nfin else []

@@ -37,7 +37,6 @@ def admit(
     new_sched: list[int] = []
     pending: list[int] = []  # admitted slots not yet appended to `s.run`
     nrun = len(s.run)
-    c = s.counters
     while waiting and budget > 0 and nrun < max_seqs:
         req = waiting[0]
         ntok = req.prompt_len + req.num_output
@@ -67,13 +66,7 @@ def admit(
             waiting.popleft()
             req.move_to(RequestStatus.RUNNING)
             hit_tokens = nhit * bs
-            if req.num_preemptions == 0:
-                req.cached_tokens = hit_tokens
-                c["prefix_cache_queries"] += ntok
-                c["prefix_cache_hits"] += hit_tokens
-            else:
-                c["prefix_cache_preempted_queries"] += ntok
-                c["prefix_cache_preempted_hits"] += hit_tokens
+            s._count_prefix_hit(req, ntok, hit_tokens)
             free_slots.pop()
             slot_req[slot] = req
             req.slot = slot

@@ -297,6 +297,12 @@ class BlockPool:
             self.ref, self.gen, self.hash, self._tkey, self._tblk, self._mask,
             self._table_size // 4 - self._used, self.shared,
         )  # fmt: skip
+        return self._admitted(touched, head, evicted, fresh, used)
+
+    def _admitted(self, touched: int, head: int, evicted: int, fresh: int, used: int) -> bool:
+        """The pool's own counts after an admission kernel (`admit_row`'s results): the hit
+        blocks taken out of the free queue, the `fresh` blocks taken, the table slots used.
+        False: nothing was registered, the prefix table must be rebuilt first."""
         self.num_free -= touched
         if head < 0:
             raise RuntimeError(f"allocate({fresh}) with only {self.num_free} free blocks")
@@ -344,15 +350,7 @@ class BlockPool:
         )  # fmt: skip
         if n < 0:
             return nhit, -1, True
-        self.num_free -= touched
-        if head < 0:
-            raise RuntimeError(f"allocate({fresh}) with only {self.num_free} free blocks")
-        if fresh:
-            self._took(head, evicted, fresh)
-        if used < 0:
-            return nhit, n, False
-        self._used += used
-        return nhit, n, True
+        return nhit, n, self._admitted(touched, head, evicted, fresh, used)
 
     def commit_rows(
         self,

@@ -233,14 +233,7 @@ class Scheduler:
         bs = self.bs
         ntok = req.prompt_len + req.num_output
         hit_tokens = len(hits) * bs
-        c = self.counters
-        if req.num_preemptions == 0:
-            req.cached_tokens = hit_tokens
-            c["prefix_cache_queries"] += ntok
-            c["prefix_cache_hits"] += hit_tokens
-        else:
-            c["prefix_cache_preempted_queries"] += ntok
-            c["prefix_cache_preempted_hits"] += hit_tokens
+        self._count_prefix_hit(req, ntok, hit_tokens)
         slot = self._take_slot(req)
         st = self.state  # (taking a slot may have grown the arrays)
         if self.log is not None:
@@ -253,6 +246,18 @@ class Scheduler:
         if not self.pool.admit_row(st, slot, hits, req.hashes, fields, fresh, full, bs):
             self.register_rows(np.array([slot], dtype=_I64), np.array([full], dtype=_I64))
         self.run = np.concatenate((self.run, np.array([slot], dtype=_I64)))
+
+    def _count_prefix_hit(self, req: Request, ntok: int, hit_tokens: int) -> None:
+        """vLLM's prefix-cache counters for an admission: a first admission's query and hit
+        (and the request's cached tokens), a preempted request's apart."""
+        c = self.counters
+        if req.num_preemptions == 0:
+            req.cached_tokens = hit_tokens
+            c["prefix_cache_queries"] += ntok
+            c["prefix_cache_hits"] += hit_tokens
+        else:
+            c["prefix_cache_preempted_queries"] += ntok
+            c["prefix_cache_preempted_hits"] += hit_tokens
 
     def _preempt_last(self) -> Request:
         """RUNNING -> PREEMPTED: the most recently admitted running request, blocks freed

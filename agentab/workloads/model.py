@@ -148,25 +148,30 @@ def _opt_float(x: float | None) -> float | None:
     return None if x is None else float(x)
 
 
-def _hash_delta(hash_ids: tuple[int, ...], prev: tuple[int, ...]) -> tuple[int, list[int]]:
+def _hash_delta(hash_ids: tuple[int, ...], prev: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
     """(n, rest): the first n ids equal `prev`'s first n; `rest` follows them.
 
     Agent prompts grow by suffix, so a request's ids are mostly its predecessor's: storing only
     the new ones keeps files and the content hash's input small (tens of MB instead of GB).
+    `rest` is a tuple slice (orjson writes a tuple as the list it would write for it).
     """
     n = len(prev)
     if len(hash_ids) >= n and hash_ids[:n] == prev:
-        return n, list(hash_ids[n:])
+        return n, hash_ids[n:]
     n = min(n, len(hash_ids))
     lo = 0
     while lo < n and hash_ids[lo] == prev[lo]:
         lo += 1
-    return lo, list(hash_ids[lo:])
+    return lo, hash_ids[lo:]
 
 
 def canonical_request(r: Request, prev_hash_ids: tuple[int, ...] = ()) -> dict[str, object]:
-    """Every field of a request; hash ids as a delta against the previous request of its list."""
+    """Every field of a request; hash ids as a delta against the previous request of its list.
+
+    Tuple fields stay tuples (orjson writes a tuple as the list it would write for it) and the
+    optional times are converted inline: the content hash builds one of these per request."""
     shared, new = _hash_delta(r.hash_ids, prev_hash_ids)
+    api, think, ttft = r.api_time, r.think_time, r.ttft
     return {
         "t": float(r.t),
         "in": r.in_tokens,
@@ -176,12 +181,12 @@ def canonical_request(r: Request, prev_hash_ids: tuple[int, ...] = ()) -> dict[s
         "kind": r.kind,
         "agent_id": r.agent_id,
         "type": r.type,
-        "input_types": list(r.input_types),
-        "output_types": list(r.output_types),
+        "input_types": r.input_types,
+        "output_types": r.output_types,
         "stop": r.stop,
-        "api_time": _opt_float(r.api_time),
-        "think_time": _opt_float(r.think_time),
-        "ttft": _opt_float(r.ttft),
+        "api_time": None if api is None else float(api),
+        "think_time": None if think is None else float(think),
+        "ttft": None if ttft is None else float(ttft),
         "model": r.model,
     }
 
@@ -212,7 +217,7 @@ def canonical_subagent(a: Subagent) -> dict[str, object]:
         "tool_tokens": a.tool_tokens,
         "total_tokens": a.total_tokens,
         "tool_use_count": a.tool_use_count,
-        "models": list(a.models),
+        "models": a.models,
         "items": canonical_items(a.items),
     }
 
@@ -225,7 +230,7 @@ def canonical_session(s: Session) -> dict[str, object]:
         "block_size": s.block_size,
         "system_tokens": s.system_tokens,
         "tool_tokens": s.tool_tokens,
-        "models": list(s.models),
+        "models": s.models,
         "arrival_s": float(s.arrival_s),
         "hash_scope": s.hash_scope,
         "items": canonical_items(s.items),

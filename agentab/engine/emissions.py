@@ -2,10 +2,12 @@
 
 Why: an in-process client (`Engine.submit`) needs a request's chunk times, not one Python object
 per token. The engine logs each step's end time (`Scheduler.log_times`), the scheduler writes
-each step's emitted counts as one row over its slots (a window as one block of rows), and a
-request's chunks are read off its slot's column when it leaves the slot (finish, preemption,
-abort), as arrays. Rows no running request can still read are dropped when the buffer fills,
-so memory follows the longest-running request (docs/engine.md, "Speed on the virtual clock").
+each step's emitted counts as one column over its slots (a window as one block of columns), and
+a request's chunks are read off its slot's row when it leaves the slot (finish, preemption,
+abort), as arrays. The counts are slot-major so that this read, once per request, is one
+contiguous run (step-major it took a cache miss for every step the request lived). Steps no
+running request can still read are dropped when the buffer fills, so memory follows the
+longest-running request (docs/engine.md, "Speed on the virtual clock").
 
 The functions below are the scheduler's side of the log (`Scheduler.log_times`, `span`, ...):
 they read which requests hold which slots, which only the scheduler knows, and are kept here
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
 
 
 class EmissionLog:
-    """Rows of (end time, tokens emitted per slot), one row per step, from step `base` on."""
+    """Each step's end time (`times[r]`) and the tokens each slot emitted at it
+    (`counts[slot, r]`), for steps `base + r` from step `base` on."""
 
     __slots__ = ("base", "counts", "n", "times", "until")
 
@@ -37,11 +40,11 @@ class EmissionLog:
         # time of the last step handed out (None: every logged step has ended)
         self.until: float | None = None
         self.times = np.zeros(rows, dtype=np.float64)
-        self.counts = np.zeros((rows, slots), dtype=np.int32)
+        self.counts = np.zeros((slots, rows), dtype=np.int32)
 
     def make_room(self, steps: int, keep_from: int, slots: int) -> None:
-        """Room for `steps` more rows and `slots` columns, keeping rows from step `keep_from`."""
-        rows, cols = self.counts.shape
+        """Room for `steps` more steps and `slots` slots, keeping the steps from `keep_from`."""
+        cols, rows = self.counts.shape
         used = self.n - self.base
         if used + steps <= rows and slots <= cols:
             return
@@ -50,10 +53,10 @@ class EmissionLog:
         while keep + steps > size // 2:
             size *= 2
         times = np.zeros(size, dtype=np.float64)
-        counts = np.zeros((size, max(slots, cols)), dtype=np.int32)
+        counts = np.zeros((max(slots, cols), size), dtype=np.int32)
         lo = keep_from - self.base
         times[:keep] = self.times[lo:used]
-        counts[:keep, :cols] = self.counts[lo:used]
+        counts[:cols, :keep] = self.counts[:, lo:used]
         self.times, self.counts, self.base = times, counts, keep_from
 
     def span(self, since: int, slot: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +82,7 @@ def log_times(s: Scheduler, times: np.ndarray) -> None:
     assert log is not None
     m = len(times)
     cap = len(s.state.computed)
-    if log.n - log.base + m > len(log.times) or cap > log.counts.shape[1]:
+    if log.n - log.base + m > len(log.times) or cap > log.counts.shape[0]:
         keep = min((r.since for r in s.requests_of(s.run)), default=log.n)
         log.make_room(m, keep, cap)
     row = log.n - log.base

@@ -531,7 +531,7 @@ def window_commit(
         for j in range(m):
             e += emitted[j, i]
             if log_row >= 0:
-                log_counts[log_row + j, s] = emitted[j, i]
+                log_counts[s, log_row + j] = emitted[j, i]
         output[s] += e
         ntokens[s] += e
         total += e
@@ -646,7 +646,7 @@ def advance_rows(
         e = min(e, maxtok[slot] - output[slot])
         if e != 0:
             if log_row >= 0:
-                log_counts[log_row, slot] = e
+                log_counts[slot, log_row] = e
             rows[n] = i
             counts[n] = e
             starts[n] = ntokens[slot]
@@ -771,19 +771,20 @@ def touch(ids: np.ndarray, ref: np.ndarray) -> int:
 def log_span(
     times: np.ndarray, counts: np.ndarray, lo: int, hi: int, slot: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(times[r], counts[r, slot]) of the rows lo <= r < hi where `slot` emitted
-    (EmissionLog.span): one pass down the column instead of a strided copy and two gathers."""
+    """(times[r], counts[slot, r]) of the steps lo <= r < hi in which `slot` emitted
+    (EmissionLog.span): one pass along the slot's row instead of a strided copy and two
+    gathers."""
     n = 0
     for r in range(lo, hi):
-        if counts[r, slot] != 0:
+        if counts[slot, r] != 0:
             n += 1
     t = np.empty(n, dtype=times.dtype)
     c = np.empty(n, dtype=counts.dtype)
     at = 0
     for r in range(lo, hi):
-        if counts[r, slot] != 0:
+        if counts[slot, r] != 0:
             t[at] = times[r]
-            c[at] = counts[r, slot]
+            c[at] = counts[slot, r]
             at += 1
     return t, c
 

@@ -264,8 +264,9 @@ def commit_rows(
     """The first `m` steps of a window applied to its rows (window.commit_window): the
     blocks the rows grew into taken from the free queue (`window_blocks`, `take_into_rows`),
     their full blocks registered (`register_full`; with a sampled output only those whose
-    keys are known) and the rows advanced (`window_commit`), the calls the Python made one by
-    one, in their order.
+    keys are known) and the rows advanced (`window_commit`, which writes each row's emitted
+    tokens to its slot's row of the slot-major emission log, `log_counts[slot, log_row + j]`),
+    the calls the Python made one by one, in their order.
 
     Returns (blocks taken, the queue's new head, blocks evicted, table slots used, tokens
     emitted, finished rows in finished[:n]). The head is -1, with nothing changed, when the

@@ -41,7 +41,7 @@ def _state(s: Scheduler) -> tuple:
     log = s.log
     assert log is not None
     used = log.n - log.base
-    emissions = (log.base, log.n, log.times[:used].tobytes(), log.counts[:used].tobytes())
+    emissions = (log.base, log.n, log.times[:used].tobytes(), log.counts[:, :used].tobytes())
     waiting = [r.id for r in s.waiting]
     reqs = sorted(
         (

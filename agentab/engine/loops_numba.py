@@ -429,9 +429,9 @@ def window_steps(
             s = run[i]
             prev = cum[j - 1, i] if j else 0
             c = computed[s] + prev  # computed before step j
-            g = -(-(c + q + k) // bs) - nblocks[s]
-            if g > 0:
-                grow += g
+            need = c + q + k  # tokens its blocks must hold after step j
+            if need > nblocks[s] * bs:  # (a division only when the row grows: rarely)
+                grow += -(-need // bs) - nblocks[s]
             ctx += c + q
         if grow > num_free:
             return j if j >= 2 else -1

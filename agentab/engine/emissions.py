@@ -52,9 +52,18 @@ class EmissionLog:
         size = rows
         while keep + steps > size // 2:
             size *= 2
+        lo = keep_from - self.base
+        if size == rows and slots <= cols:
+            # the buffer stays: the kept steps move to its front (numpy copies overlapping
+            # ranges safely) and the steps after them are cleared, instead of a new buffer
+            # whose tens of MB the process would fault in again
+            self.times[:keep] = self.times[lo:used]
+            self.counts[:, :keep] = self.counts[:, lo:used]
+            self.counts[:, keep:used] = 0  # (the steps from `used` on were never written)
+            self.base = keep_from
+            return
         times = np.zeros(size, dtype=np.float64)
         counts = np.zeros((max(slots, cols), size), dtype=np.int32)
-        lo = keep_from - self.base
         times[:keep] = self.times[lo:used]
         counts[:cols, :keep] = self.counts[:, lo:used]
         self.times, self.counts, self.base = times, counts, keep_from

@@ -5,13 +5,23 @@ function unchanged, so every kernel runs as the plain Python its numpy counterpa
 against. `ENABLED` says which is in use; each kernel module re-exports it, so a test can switch
 one module's kernels off without touching the others. `splitmix64` is the mixing step both the
 engine's block hashes and the workloads' prompt tokens are built from.
+
+The machine code is cached on disk, in a folder named by a digest of every kernel module's
+source (`KERNEL_SOURCES`), not in numba's default place beside each module: numba checks a
+cached function only against its own file, while a kernel here inlines kernels from other
+modules (transitions_numba calls loops_numba's), so after an edit to one module the other's
+cache would go on running the old code, silently or with a crash. A new digest is a new folder,
+and the folders of older sources in the package's own `__pycache__` are removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -55,12 +65,73 @@ def _skip_blas_probe() -> None:
 _NUMBA = _numba()
 ENABLED = _NUMBA is not None
 
+_PACKAGE = Path(__file__).resolve().parent
+# Every module with a `jit` kernel, and every module such a kernel reads (a called kernel or a
+# global constant, which numba freezes into the machine code): tests/engine/test_numba_cache.py
+# checks that the list is complete.
+KERNEL_SOURCES = (
+    "numba_jit.py",
+    "engine/hashing_numba.py",
+    "engine/loops_numba.py",
+    "engine/price_numba.py",
+    "engine/transitions_numba.py",
+    "workloads/tokens_numba.py",
+)
+_CACHE_PREFIX = "numba-"
+
+
+def kernel_source_digest(package: Path = _PACKAGE) -> str:
+    """sha256 (first 16 hex digits) over the kernel modules' paths and contents."""
+    h = hashlib.sha256()
+    for name in KERNEL_SOURCES:
+        h.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def cache_dir(package: Path = _PACKAGE) -> Path:
+    """Where this install's compiled kernels live: under `$NUMBA_CACHE_DIR` when the user set
+    it, else the package's `__pycache__` (beside the code, as numba's default), else, where
+    that is not writable, `~/.cache/agentab`; always in a folder named by the digest."""
+    folder = _CACHE_PREFIX + kernel_source_digest(package)
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"]) / "agentab" / folder
+    in_tree = package / "__pycache__"
+    if os.access(in_tree if in_tree.exists() else package, os.W_OK):
+        return in_tree / folder
+    return Path.home() / ".cache" / "agentab" / folder
+
+
+def _prepare_cache_dir() -> str:
+    """The cache folder, created, with the package's folders of older sources removed (only
+    this checkout's kernels were ever cached there)."""
+    where = cache_dir()
+    where.mkdir(parents=True, exist_ok=True)
+    if where.parent == _PACKAGE / "__pycache__":
+        for stale in where.parent.glob(_CACHE_PREFIX + "*"):
+            if stale != where:
+                shutil.rmtree(stale, ignore_errors=True)
+    return str(where)
+
+
+_CACHE_DIR = _prepare_cache_dir() if _NUMBA is not None else ""
+
 
 def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` compiled to machine code (cached on disk, GIL released), or `fn` itself."""
+    """`fn` compiled to machine code (cached on disk in `cache_dir()`, GIL released), or `fn`
+    itself.
+
+    numba picks a function's cache folder when it is decorated, from `numba.config.CACHE_DIR`;
+    setting it only around the decoration keeps the user's own numba functions where numba
+    would put them."""
     if _NUMBA is None:
         return fn
-    compiled: Callable[..., Any] = _NUMBA.njit(cache=True, nogil=True)(fn)
+    config = _NUMBA.config
+    previous = config.CACHE_DIR
+    config.CACHE_DIR = _CACHE_DIR
+    try:
+        compiled: Callable[..., Any] = _NUMBA.njit(cache=True, nogil=True)(fn)
+    finally:
+        config.CACHE_DIR = previous
     return compiled
 
 

@@ -236,14 +236,10 @@ class PartWriter:
             self._compact()
 
     def _compact(self) -> None:
-        """Merge the small parts into one file covering their sequence range.
-
-        The parts' record batches are written as they are (`rechunk=False`): copying them into
-        one contiguous frame first would copy every part once more (118 MB, ~0.07 s at the end
-        of a 20,000-request simulation) for a file that reads back the same."""
+        """Merge the small parts into one file covering their sequence range."""
         parts = self._level0
         first, last = span(parts[0])[0], span(parts[-1])[1]
-        frame = pl.concat([pl.read_ipc(p) for p in parts], how="vertical", rechunk=False)
+        frame = pl.concat([pl.read_ipc(p) for p in parts], how="vertical")
         atomic_write_ipc(frame, part_path(self.directory, first, last))
         for p in parts:
             p.unlink(missing_ok=True)

@@ -20,6 +20,7 @@ import hashlib
 import os
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -103,9 +104,18 @@ def cache_dir(package: Path = _PACKAGE) -> Path:
 
 def _prepare_cache_dir() -> str:
     """The cache folder, created, with the package's folders of older sources removed (only
-    this checkout's kernels were ever cached there)."""
+    this checkout's kernels were ever cached there); "" when it cannot be created, said once
+    (the kernels then compile in every process: correct, only slower to start)."""
     where = cache_dir()
-    where.mkdir(parents=True, exist_ok=True)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        warnings.warn(
+            f"agentab: compiled kernels are not cached on disk ({where}: {err.strerror}); "
+            "set NUMBA_CACHE_DIR to a writable folder",
+            stacklevel=2,
+        )
+        return ""
     if where.parent == _PACKAGE / "__pycache__":
         for stale in where.parent.glob(_CACHE_PREFIX + "*"):
             if stale != where:
@@ -125,6 +135,9 @@ def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     would put them."""
     if _NUMBA is None:
         return fn
+    if not _CACHE_DIR:
+        plain: Callable[..., Any] = _NUMBA.njit(nogil=True)(fn)
+        return plain
     config = _NUMBA.config
     previous = config.CACHE_DIR
     config.CACHE_DIR = _CACHE_DIR

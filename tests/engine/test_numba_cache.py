@@ -83,10 +83,10 @@ def test_decorating_a_kernel_leaves_numbas_own_cache_setting_alone() -> None:
     assert before == numba.config.CACHE_DIR
 
 
-def _keys(copy: Path, compiled: bool) -> tuple[bool, list[int]]:
+def _run_keys(copy: Path, compiled: bool, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    env.update(PYTHONPATH=str(copy), AGENTAB_NUMBA="1" if compiled else "0")
-    done = subprocess.run(
+    env.update(PYTHONPATH=str(copy), AGENTAB_NUMBA="1" if compiled else "0", **extra)
+    return subprocess.run(
         [sys.executable, "-c", KEYS],
         cwd=copy,
         env=env,
@@ -94,6 +94,10 @@ def _keys(copy: Path, compiled: bool) -> tuple[bool, list[int]]:
         text=True,
         timeout=300,
     )
+
+
+def _keys(copy: Path, compiled: bool) -> tuple[bool, list[int]]:
+    done = _run_keys(copy, compiled)
     assert done.returncode == 0, done.stderr
     enabled, keys = json.loads(done.stdout)
     return enabled, keys
@@ -118,3 +122,16 @@ def test_a_change_to_a_kernel_module_recompiles_the_kernels_that_inline_it(
     assert _keys(copy, compiled=False) == (False, changed[1])
     (folder,) = (copy / "agentab" / "__pycache__").glob("numba-*")
     assert folder != old_folder  # the older sources' folder is gone
+
+
+def test_an_unwritable_cache_folder_is_named_and_the_kernels_still_run(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    done = _run_keys(PACKAGE.parent, compiled=True, NUMBA_CACHE_DIR=str(blocker))
+    assert done.returncode == 0, done.stderr
+    assert "compiled kernels are not cached on disk" in done.stderr
+    assert str(blocker / "agentab") in done.stderr
+    assert "set NUMBA_CACHE_DIR to a writable folder" in done.stderr
+    enabled, keys = json.loads(done.stdout)
+    assert enabled is True
+    assert _run_keys(PACKAGE.parent, compiled=False).stdout == json.dumps([False, keys]) + "\n"

@@ -16,7 +16,6 @@ and the folders of older sources in the package's own `__pycache__` are removed.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import sys
@@ -27,6 +26,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from agentab.digest import files_digest
 
 
 def _numba() -> ModuleType | None:
@@ -68,10 +69,11 @@ ENABLED = _NUMBA is not None
 
 _PACKAGE = Path(__file__).resolve().parent
 # Every module with a `jit` kernel, and every module such a kernel reads (a called kernel or a
-# global constant, which numba freezes into the machine code): tests/engine/test_numba_cache.py
-# checks that the list is complete.
+# global constant, which numba freezes into the machine code), with the digest that names the
+# folder: tests/engine/test_numba_cache.py checks that the list is complete.
 KERNEL_SOURCES = (
     "numba_jit.py",
+    "digest.py",
     "engine/hashing_numba.py",
     "engine/loops_numba.py",
     "engine/price_numba.py",
@@ -82,11 +84,8 @@ _CACHE_PREFIX = "numba-"
 
 
 def kernel_source_digest(package: Path = _PACKAGE) -> str:
-    """sha256 (first 16 hex digits) over the kernel modules' paths and contents."""
-    h = hashlib.sha256()
-    for name in KERNEL_SOURCES:
-        h.update(name.encode() + b"\0" + (package / name).read_bytes() + b"\0")
-    return h.hexdigest()[:16]
+    """The digest (agentab.digest) over the kernel modules."""
+    return files_digest(package, (Path(name) for name in KERNEL_SOURCES))
 
 
 def cache_dir(package: Path = _PACKAGE) -> Path:
@@ -135,14 +134,11 @@ def jit(fn: Callable[..., Any]) -> Callable[..., Any]:
     would put them."""
     if _NUMBA is None:
         return fn
-    if not _CACHE_DIR:
-        plain: Callable[..., Any] = _NUMBA.njit(nogil=True)(fn)
-        return plain
     config = _NUMBA.config
     previous = config.CACHE_DIR
     config.CACHE_DIR = _CACHE_DIR
     try:
-        compiled: Callable[..., Any] = _NUMBA.njit(cache=True, nogil=True)(fn)
+        compiled: Callable[..., Any] = _NUMBA.njit(cache=bool(_CACHE_DIR), nogil=True)(fn)
     finally:
         config.CACHE_DIR = previous
     return compiled

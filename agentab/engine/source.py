@@ -13,9 +13,10 @@ configs), every `.py`, `.toml` and `.json` file under them, by relative path and
 
 from __future__ import annotations
 
-import hashlib
 from functools import lru_cache
 from pathlib import Path
+
+from agentab.digest import files_digest
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 _TREES = ("engine", "kernels")
@@ -29,13 +30,12 @@ def engine_source_digest() -> str:
 
 
 def source_digest(package: Path) -> str:
-    """sha256 (first 16 hex digits) over `package`/engine and `package`/kernels."""
-    h = hashlib.sha256()
-    for tree in _TREES:
-        root = package / tree
-        for path in sorted(p for p in root.rglob("*") if p.suffix in _SUFFIXES and p.is_file()):
-            h.update(path.relative_to(package).as_posix().encode())
-            h.update(b"\0")
-            h.update(path.read_bytes())
-            h.update(b"\0")
-    return h.hexdigest()[:16]
+    """The digest (agentab.digest) over `package`/engine and `package`/kernels."""
+    paths = (
+        path
+        for tree in _TREES
+        for path in sorted(
+            p for p in (package / tree).rglob("*") if p.suffix in _SUFFIXES and p.is_file()
+        )
+    )
+    return files_digest(package, paths)

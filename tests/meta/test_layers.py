@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
         "errors",
         "clock",
         "numba_jit",
+        "digest",
         "outputs",
         "extras",
         "redact",

@@ -38,6 +38,9 @@ MODES = (
     "404",  # a wrong model name, as vLLM answers it
 )
 HUGE_ERROR = "500_endless"  # a 500 whose body streams "boom " until the client leaves (or stall_s)
+# The connection closed once the request has been read, before one response byte (FIN): what a
+# client sees when the server's idle timer closes a pooled connection as a request arrives.
+DROP = "drop"
 # Faults a replay once recorded as success (n = max_tokens; served by mode, not in MODES' cycle).
 SERVER_FAULT_MODES = (
     "usage_over_ids",  # n/2 chunks with one token id each, usage claiming n
@@ -175,6 +178,10 @@ class FaultServer:
         mode = self.mode_for(rid)
         n = int(body.get("max_tokens", 1))
         prompt = len(body.get("prompt", []))
+        if mode == DROP:
+            assert request.transport is not None
+            request.transport.close()
+            raise web.HTTPInternalServerError  # never written: the transport is closed
         if mode == "500":
             return web.Response(status=500, text="internal boom")
         if mode == HUGE_ERROR:

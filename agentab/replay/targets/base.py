@@ -41,6 +41,7 @@ ERROR_CLASSES: tuple[str, ...] = (
 WARNING_CLASSES: tuple[str, ...] = (
     "empty_chunks",  # chunks without text or token ids: received, not timed as tokens
     "usage_above_chunks",  # usage above the chunk count, where chunks carry no token ids
+    "resent",  # a pooled connection closed before any answer: sent again on a new one
 )
 """Values of the `warning_class` record column (null when nothing was flagged). A warning never
 fails a request: its metrics stand, but a server fault may be behind it (docs/replay.md)."""

@@ -105,29 +105,47 @@ class HttpTarget:
         self.max_line_bytes = max_line_bytes or max_line_bytes_from_env()
         self.keepalive_s = keepalive_s
         self._session: aiohttp.ClientSession | None = None
+        self._resend_session: aiohttp.ClientSession | None = None
         self._server_facts: dict[str, Any] = {}
 
     async def start(self) -> None:
-        headers = {"Content-Type": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        connector = aiohttp.TCPConnector(
-            limit=0, limit_per_host=0, keepalive_timeout=self.keepalive_s
-        )
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=timeout, headers=headers, auto_decompress=False
-        )
+        self._session = self._new_session(reuse=True)
+        self._resend_session = self._new_session(reuse=False)
         if self.model is None:
             self.model = await self._discover_model()
         self._server_facts = await self._describe_server()
 
+    def _new_session(self, *, reuse: bool) -> aiohttp.ClientSession:
+        """The pooled session every request takes, or (`reuse=False`) the one a resend takes: it
+        opens a new connection each time, since the pool may hold more connections the server
+        has closed meanwhile."""
+        headers = {"Content-Type": "application/json"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
+        if reuse:
+            connector = aiohttp.TCPConnector(
+                limit=0, limit_per_host=0, keepalive_timeout=self.keepalive_s
+            )
+        else:
+            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=True)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
+        )
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_reuseconn.append(_note_reuse)
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            headers=headers,
+            auto_decompress=False,
+            trace_configs=[trace] if reuse else None,
+        )
+
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._resend_session):
+            if session is not None:
+                await session.close()
+        self._session = self._resend_session = None
 
     def describe(self) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -223,7 +241,7 @@ class HttpTarget:
         headers = {"X-Request-Id": spec.request_id}
         out.sent = loop.time()
         try:
-            async with self._session.post(self.url + self.path, data=body, headers=headers) as resp:
+            async with await self._post(body, headers, out, loop) as resp:
                 if resp.status != 200:
                     text = (await _read_head(resp, 2000)).decode("utf-8", "replace")
                     out.end = loop.time()
@@ -255,6 +273,37 @@ class HttpTarget:
             out.fail("broken_stream", f"{type(exc).__name__}: {exc}")
         if out.end is None:
             out.end = loop.time()
+
+    async def _post(
+        self, body: bytes, headers: dict[str, str], out: Outcome, loop: asyncio.AbstractEventLoop
+    ) -> aiohttp.ClientResponse:
+        """POST and return the response once its head has arrived.
+
+        A pooled connection the server closes before answering (zero response bytes) is the
+        race `CLIENT_KEEPALIVE_S` narrows but cannot remove: the server's idle timer fired as the
+        request was written into it (the client's loop or the server's late by a second or more
+        under load). The server never read that request, so it is sent once more, on a new
+        connection (RFC 9112 9.3.1 allows a retry where the request is known not to have been
+        processed); `sent` becomes the resend's time and the record is flagged `resent`. A
+        failure on a new connection, or after the head, is recorded as it is."""
+        assert self._session is not None and self._resend_session is not None
+        pooled = _PoolUse()
+        try:
+            return await self._session.post(
+                self.url + self.path, data=body, headers=headers, trace_request_ctx=pooled
+            )
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            if not pooled.reused:
+                raise
+            first = out.sent
+            out.sent = loop.time()
+            assert first is not None
+            out.warn(
+                "resent",
+                f"the server closed the pooled connection before answering ({type(exc).__name__}:"
+                f" {exc}, {out.sent - first:.2f} s after the first send); sent again on a new one",
+            )
+        return await self._resend_session.post(self.url + self.path, data=body, headers=headers)
 
     async def _read_stream(
         self,
@@ -518,3 +567,19 @@ def _classify_status(out: Outcome, status: int, text: str) -> None:
         out.fail("context_overflow", f"HTTP 400: {excerpt}")
     else:
         out.fail("http", f"HTTP {status}: {excerpt}")
+
+
+class _PoolUse:
+    """A request's trace context: whether its connection came from the pool."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _note_reuse(
+    session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceConnectionReuseconnParams
+) -> None:
+    if isinstance(context.trace_request_ctx, _PoolUse):
+        context.trace_request_ctx.reused = True

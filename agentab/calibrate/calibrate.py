@@ -68,6 +68,8 @@ class CalibrateRequest:
     # measurements without a fit, so a calibration longer than one sitting (one device call)
     # runs in parts that `--refit A.fit.json --refit B.fit.json` fits together
     only: tuple[str, ...] | None = None
+    # --refit: fit parts timed on different engine code (the provenance names each one's)
+    allow_engine_change: bool = False
 
 
 def calibrate(
@@ -157,7 +159,7 @@ def _provenance(
         f"{refit_of.get('command')}",
         timing=timing,
         urls={p: f.url for p, f in facts.items()},
-        engine_source=std.engine_source,
+        engine_source=_engine_source(facts),
     )
 
 
@@ -263,7 +265,8 @@ def refit(req: CalibrateRequest, report_paths: Sequence[Path]) -> tuple[Path, Pa
                     f"--refit {report_path}: the {path} path is measured in an earlier report too; "
                     "give each path's measurements once"
                 )
-            _check_same_engine(path, part["facts"][path], facts)
+            if not req.allow_engine_change:
+                _check_same_engine(path, part["facts"][path], facts, refit=True)
         measured.update(part["measured"])
         facts.update(part["facts"])
         loads.update(part["loads"])
@@ -364,14 +367,31 @@ def _check_backend(path: str, f: EngineFacts, url: str) -> None:
         )
 
 
-def _check_same_engine(path: str, f: EngineFacts, timed: dict[str, EngineFacts]) -> None:
+def _check_same_engine(
+    path: str, f: EngineFacts, timed: dict[str, EngineFacts], *, refit: bool = False
+) -> None:
     """Both decode paths of one profile must be timed on the same engine code."""
     for other, g in timed.items():
         if f.engine_source and g.engine_source and f.engine_source != g.engine_source:
+            hint = (
+                " (--allow-engine-change fits them anyway, for a change that leaves the steps' "
+                "time alone)"
+                if refit
+                else ""
+            )
             raise AgentabError(
                 f"the {path} path's server ({f.url}) runs engine source {f.engine_source}, the "
-                f"{other} path's ({g.url}) {g.engine_source}: a profile describes one engine"
+                f"{other} path's ({g.url}) {g.engine_source}: a profile describes one engine" + hint
             )
+
+
+def _engine_source(facts: dict[str, EngineFacts]) -> str | None:
+    """The engine source the profile was timed on: one digest, or (parts fitted across an
+    engine change) each path's, so that the profile and `agentab fidelity` show the mix."""
+    sources = {path: f.engine_source for path, f in facts.items() if f.engine_source}
+    if len(set(sources.values())) <= 1:
+        return next(iter(sources.values()), None)
+    return ", ".join(f"{path} {source}" for path, source in sources.items())
 
 
 def _load_for(

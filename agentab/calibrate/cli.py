@@ -124,6 +124,14 @@ def _engine_options(path: Path) -> dict[str, Any]:
     "comma-separated) and write their measurements (NAME.fit.json) without a profile, for a "
     "calibration split over sittings; --refit A.fit.json --refit B.fit.json fits the parts.",
 )
+@click.option(
+    "--allow-engine-change",
+    is_flag=True,
+    help="With --refit of parts timed on different engine code (agentab's engine source "
+    "digest): fit them anyway, for a change known to leave the steps' time alone (e.g. the "
+    "host scheduler's speed). The profile names each part's engine source, and `agentab "
+    "fidelity` notes that its errors include the change.",
+)
 @click.option("--preset", default=None, help="Local engine preset (tiny: CPU).")
 @click.option("--device", default=None, help="Local engine device (cpu, cuda).")
 @click.option(
@@ -195,6 +203,8 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
         ]
         if clash:
             raise AgentabError("--refit times nothing; drop the server options")
+    elif kw["allow_engine_change"]:
+        raise AgentabError("--allow-engine-change applies to --refit only")
     elif kw["engine_config"] is not None:
         if kw["preset"] or kw["device"]:
             raise AgentabError(
@@ -249,6 +259,7 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
         model=kw["model"],
         command=_command_line(ctx),
         only=only,
+        allow_engine_change=kw["allow_engine_change"],
     )
     echo = (lambda s: None) if kw["quiet"] else (lambda s: click.echo(s, err=True))
 

@@ -240,9 +240,33 @@ def test_a_calibration_in_parts_fits_as_one(tmp_path: Path, capsys) -> None:
         report["drafter"]["verify_context_us"]["value"], rel=1e-5
     )
     assert p.mixed_verify_row_us == pytest.approx(p_mixed_verify(report["drafter"]), rel=1e-5)
+    source = report["provenance"]["engine_source"]
+    assert len(source) == 16 and "# Engine source: " + source in merged.read_text()
+    # a part timed on other engine code: refused, unless the change is declared harmless
+    changed = tmp_path / "drafter-changed.fit.json"
+    part = json.loads(Path(reports[1]).read_text())
+    part["engine"]["drafter"]["engine_source"] = "0123456789abcdef"
+    changed.write_text(json.dumps(part))
+    mixed = ["--refit", reports[0], "--refit", str(changed)]
+    mixed += ["--allow-assumed", "decode.specialized"]
+    with pytest.raises(SystemExit):
+        main(["calibrate", *mixed, "-o", str(tmp_path / "x.toml")])
+    assert capsys.readouterr().err.endswith(
+        f"runs engine source 0123456789abcdef, the standard path's "
+        f"({parts['standard']['engine']['standard']['url']}) "
+        f"{source}: a profile describes one engine (--allow-engine-change fits them anyway, for "
+        "a change that leaves the steps' time alone)\n"
+    )
+    main(["calibrate", *mixed, "--allow-engine-change", "-o", str(tmp_path / "mixed.toml")])
+    mixed_report = json.loads((tmp_path / "mixed.fit.json").read_text())
+    assert mixed_report["provenance"]["engine_source"] == (
+        f"standard {source}, drafter 0123456789abcdef"
+    )
+    assert mixed_report["measurements"] == report["measurements"]
     # one path measured twice, or a server the calibration does not launch: one line each
     for args, message in (
         (["--refit", reports[0], "--refit", reports[0]], "the standard path is measured in an"),
+        (["--url", "http://127.0.0.1:9", "--allow-engine-change"], "--allow-engine-change applies"),
         (["--engine-config", str(experiment), "--only", "specialized"], "--only specialized: "),
         (["--url", "http://127.0.0.1:9", "--only", "standard"], "--only: the local engine's"),
     ):

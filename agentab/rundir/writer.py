@@ -128,8 +128,12 @@ def _list_column(
     items = pl.Series(
         "v", np.frombuffer(flat, dtype=_ARRAY_DTYPES[code]) if flat else [], dtype.inner
     )
-    rows = pl.LazyFrame({"row": np.repeat(np.arange(n, dtype=np.int64), counts), "v": items})
+    # the row numbers ascend: marked sorted, the group-by takes contiguous runs (~4x less CPU)
+    row = pl.Series("row", np.repeat(np.arange(n, dtype=np.int64), counts)).set_sorted()
+    rows = pl.LazyFrame({"row": row, "v": items})
     lists = rows.group_by("row", maintain_order=True).agg(pl.col("v"))
+    if n and counts.min() > 0:  # every row has items (so none is None): one list per group
+        return lists.select(pl.col("v").alias(name)).collect().to_series()
     every = pl.LazyFrame({"row": np.arange(n, dtype=np.int64), "ok": np.asarray(valid, bool)})
     joined = every.join(lists, on="row", how="left", maintain_order="left")
     # Rows with no items are missing from the group-by: an empty list, or null where None.
@@ -193,14 +197,16 @@ class PartWriter:
                 self._write_part(batch)
 
     def close(self) -> None:
-        """Flush, merge the remaining small parts, stop the thread. Idempotent."""
+        """Flush and stop the thread. Idempotent.
+
+        The small parts written since the last merge stay as they are (fewer than
+        `compact_every`; a reader takes any number): merging them here would write every row
+        of them a second time as the run ends, which for a simulated run (records of
+        hundreds of thousands of chunk times, written in seconds) is a tenth of its time."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
         self.flush()
-        with self._io_lock:
-            if len(self._level0) > 1:
-                self._compact()
         if self._error is not None:
             raise AgentabError(f"{self.directory}: writing records failed: {self._error}")
 

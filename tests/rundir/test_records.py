@@ -87,11 +87,12 @@ def test_compaction_keeps_every_row_once(tmp_path: Path) -> None:
         w.flush()
     w.close()
     names = sorted(p.name for p in part_files(run / "records"))
-    # 0-3 and 4-7 merged during the run, 8-9 merged at close.
+    # 0-3 and 4-7 merged during the run, 8 and 9 left as they were written
     assert names == [
         "part-00000000-00000003.arrow",
         "part-00000004-00000007.arrow",
-        "part-00000008-00000009.arrow",
+        "part-00000008-00000008.arrow",
+        "part-00000009-00000009.arrow",
     ]
     df = scan_records(run).collect()
     assert sorted(df["turn"].to_list()) == list(range(10))
@@ -136,18 +137,25 @@ def test_flat_list_columns_equal_row_wise_construction(tmp_path: Path) -> None:
         _row(3, chunk_times_s=[], chunk_tokens=None),
     ]
     run = _run_dir(tmp_path)
+    # and a part whose every row has items (the writer's shortcut without the rows' join)
+    full = [_row(4, chunk_times_s=[0.5, 2.0], chunk_tokens=[1, 2]), _row(5, chunk_times_s=[9.0])]
     with PartWriter(run / "records", RECORD_SCHEMA) as w:
         w.add_many(rows)
         w.flush()
         w.add(rows[3])
+        w.flush()
+        w.add_many(full)
     got = scan_records(run).collect()
     names = list(RECORD_SCHEMA.names())
+    written = [*rows, rows[3], *full]
     want = pl.DataFrame(
-        [tuple(r[n] for n in names) for r in [*rows, rows[3]]], schema=RECORD_SCHEMA, orient="row"
+        [tuple(r[n] for n in names) for r in written], schema=RECORD_SCHEMA, orient="row"
     )
     assert got.equals(want)
-    assert got["chunk_tokens"].to_list() == [[3, 1, 2], None, [], None, None]
-    assert got["chunk_times_s"].to_list() == [[0.5, 0.25, 1e-9], [], [7.0], [], []]
+    assert got["chunk_tokens"].to_list() == [[3, 1, 2], None, [], None, None, [1, 2], [1, 1]]
+    assert got["chunk_times_s"].to_list() == [
+        [0.5, 0.25, 1e-9], [], [7.0], [], [], [0.5, 2.0], [9.0]
+    ]  # fmt: skip
 
 
 def test_a_bad_list_item_is_refused_whole(tmp_path: Path) -> None:

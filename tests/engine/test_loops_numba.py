@@ -235,3 +235,25 @@ def test_a_windows_draws_are_the_verify_steps_accepted_drafts(monkeypatch, spec)
     assert np.array_equal(acc[:n], want[:n]) and np.array_equal(acc_plain, acc)
     assert (acc[n:] == -7).all()  # the steps after the first finish were not drawn
     assert (cum[n - 1] >= remaining).any() and not (cum[n - 2] >= remaining).any()
+
+
+def test_a_rebuild_at_the_same_size_clears_the_table_in_place() -> None:
+    """A rebuild that keeps the table's size reuses its buffer (a new one would fault every page
+    in again) and leaves the table exactly as inserting the live blocks into a new pool's does."""
+    rng = np.random.default_rng(3)
+    pool = BlockPool(300)
+    keys = rng.integers(1, 2**63, size=200, dtype=np.int64).astype(np.uint64) | np.uint64(1)
+    ids = pool.allocate(200)
+    pool.register(ids, keys)
+    pool.free(ids[:150])
+    pool.allocate(250)  # evicts 150 of the freed blocks: their entries go dead
+    before, size = pool._tkey, pool._table_size
+    pool._rebuild(0)
+    live = np.flatnonzero(pool.hash)
+    assert len(live) == 50 and pool._table_size == size == 4096
+    assert np.shares_memory(pool._tkey, before)
+    fresh = BlockPool(300)
+    fresh._insert(live.astype(np.int64), pool.hash[live])
+    assert pool._tkey.tobytes() == fresh._tkey.tobytes()
+    assert pool._tblk.tobytes() == fresh._tblk.tobytes()
+    assert pool._used == fresh._used == 50 and (pool._tblk == -1).sum() == size - 50

@@ -73,6 +73,8 @@ class BlockPool:
         self.evictions = 0
         self._scratch = np.empty(1024, dtype=np.int64)  # a lookup's hit blocks (`admit_head`)
         self._table_size = 0
+        self._tkey: np.ndarray  # the prefix table's two columns (`_reset_table`)
+        self._tblk: np.ndarray
         self._reset_table(max(1024, 1 << (8 * num_blocks - 1).bit_length()))
 
     # -- prefix cache ---------------------------------------------------------------------

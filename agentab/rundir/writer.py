@@ -128,7 +128,8 @@ def _list_column(
     items = pl.Series(
         "v", np.frombuffer(flat, dtype=_ARRAY_DTYPES[code]) if flat else [], dtype.inner
     )
-    # the row numbers ascend: marked sorted, the group-by takes contiguous runs (~4x less CPU)
+    # the row numbers ascend: marked sorted, the group-by takes contiguous runs (with the
+    # shortcut below, a 1,400-row flush 26 -> 11 ms: benchmarks/bench_part_writer.py)
     row = pl.Series("row", np.repeat(np.arange(n, dtype=np.int64), counts)).set_sorted()
     rows = pl.LazyFrame({"row": row, "v": items})
     lists = rows.group_by("row", maintain_order=True).agg(pl.col("v"))
@@ -202,7 +203,7 @@ class PartWriter:
         The small parts written since the last merge stay as they are (fewer than
         `compact_every`; a reader takes any number): merging them here would write every row
         of them a second time as the run ends, which for a simulated run (records of
-        hundreds of thousands of chunk times, written in seconds) is a tenth of its time."""
+        hundreds of thousands of chunk times, written in seconds) took up to a tenth of it."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()

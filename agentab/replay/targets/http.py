@@ -122,23 +122,24 @@ class HttpTarget:
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
+        trace = None
         if reuse:
             connector = aiohttp.TCPConnector(
                 limit=0, limit_per_host=0, keepalive_timeout=self.keepalive_s
             )
+            trace = aiohttp.TraceConfig()  # tells `_post` whether a connection was pooled
+            trace.on_connection_reuseconn.append(_note_reuse)
         else:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=True)
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=self.timeout_s, sock_read=self.timeout_s
         )
-        trace = aiohttp.TraceConfig()
-        trace.on_connection_reuseconn.append(_note_reuse)
         return aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
             headers=headers,
             auto_decompress=False,
-            trace_configs=[trace] if reuse else None,
+            trace_configs=[trace] if trace is not None else None,
         )
 
     async def close(self) -> None:
@@ -296,8 +297,8 @@ class HttpTarget:
             if not pooled.reused:
                 raise
             first = out.sent
-            out.sent = loop.time()
             assert first is not None
+            out.sent = loop.time()
             out.warn(
                 "resent",
                 f"the server closed the pooled connection before answering ({type(exc).__name__}:"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentab.engine import loops_numba
+from agentab.engine import loops_numba, pages
 
 if TYPE_CHECKING:
     from agentab.engine.request import Request
@@ -40,7 +40,7 @@ class EmissionLog:
         # time of the last step handed out (None: every logged step has ended)
         self.until: float | None = None
         self.times = np.zeros(rows, dtype=np.float64)
-        self.counts = np.zeros((slots, rows), dtype=np.int32)
+        self.counts = pages.zeros((slots, rows), np.int32)
 
     def make_room(self, steps: int, keep_from: int, slots: int) -> None:
         """Room for `steps` more steps and `slots` slots, keeping the steps from `keep_from`."""
@@ -63,7 +63,7 @@ class EmissionLog:
             self.base = keep_from
             return
         times = np.zeros(size, dtype=np.float64)
-        counts = np.zeros((max(slots, cols), size), dtype=np.int32)
+        counts = pages.zeros((max(slots, cols), size), np.int32)
         times[:keep] = self.times[lo:used]
         counts[:cols, :keep] = self.counts[:, lo:used]
         self.times, self.counts, self.base = times, counts, keep_from

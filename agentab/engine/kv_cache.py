@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentab.engine import loops_numba, transitions_numba
+from agentab.engine import loops_numba, pages, transitions_numba
 
 if TYPE_CHECKING:
     from agentab.engine.slots import SlotState
@@ -63,8 +63,8 @@ class BlockPool:
         self.gen = np.arange(num_blocks, dtype=np.int64)
         self._next_gen = num_blocks
         size = 3 * num_blocks + 4096
-        self._qids = np.zeros(size, dtype=np.int64)  # the free queue's entries: block ids,
-        self._qgens = np.zeros(size, dtype=np.int64)  # and the generation of each entry
+        self._qids = pages.zeros(size, np.int64)  # the free queue's entries: block ids,
+        self._qgens = pages.zeros(size, np.int64)  # and the generation of each entry
         self._qids[:num_blocks] = np.arange(num_blocks)
         self._qgens[:num_blocks] = np.arange(num_blocks)
         self._head = 0  # entries before it were consumed
@@ -80,9 +80,9 @@ class BlockPool:
     # -- prefix cache ---------------------------------------------------------------------
     def _reset_table(self, size: int) -> None:
         """An empty table of `size` slots. A rebuild at the same size clears the table in place:
-        a new one of that size (64 MB for 373k blocks) would have every page faulted in again,
-        which on a VM that compacts memory for huge pages costs ~0.3 s, against a few ms to
-        clear pages already mapped."""
+        a new one of that size (64 MB for 373k blocks) would have every page faulted in again
+        (~0.03 s on base pages, agentab.engine.pages; 0.15-0.37 s on the huge pages numpy asks
+        for), against a few ms to clear pages already mapped."""
         self._used = 0
         if size == self._table_size:
             self._tkey[:] = 0
@@ -90,7 +90,7 @@ class BlockPool:
             return
         self._table_size = size
         self._mask = np.uint64(size - 1)
-        table = np.zeros((size, 2), dtype=np.uint64)
+        table = pages.zeros((size, 2), np.uint64)
         self._tkey = table[:, 0]  # 0 = never used
         self._tblk = table[:, 1].view(np.int64)
         self._tblk[:] = -1

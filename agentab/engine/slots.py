@@ -18,6 +18,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
+from agentab.engine import pages
+
 I64Array = npt.NDArray[np.int64]
 U64Array = npt.NDArray[np.uint64]
 BoolArray = npt.NDArray[np.bool_]
@@ -76,4 +78,4 @@ _TABLES = frozenset({"block_table", "hash_table"})
 
 def _zeros(name: str, cap: int, cols: int) -> np.ndarray:
     shape = (cap, cols) if name in _TABLES else (cap,)
-    return np.zeros(shape, dtype=_DTYPES.get(name, np.int64))
+    return pages.zeros(shape, _DTYPES.get(name, np.int64))

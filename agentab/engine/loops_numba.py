@@ -373,15 +373,21 @@ def window_horizon(
     computed: np.ndarray,
     maxtok: np.ndarray,
     output: np.ndarray,
+    remaining: np.ndarray,
+    computed0: np.ndarray,
 ) -> int:
     """The smallest remaining output of the running rows if every one is decoding with only
-    its last sampled token to compute; 0 if a row is not (no window)."""
+    its last sampled token to compute; 0 if a row is not (no window). Each row's remaining
+    output and computed tokens are written to remaining[i] and computed0[i] on the way (the
+    window's plan reads both; a gather each in numpy), valid only when the result is > 0."""
     h = np.int64(-1)
     for i in range(len(run)):
         s = run[i]
         if not in_decode[s] or ntokens[s] - computed[s] != 1:
             return 0
         r = maxtok[s] - output[s]
+        remaining[i] = r
+        computed0[i] = computed[s]
         if h < 0 or r < h:
             h = r
     if h < 0:  # no rows

@@ -45,8 +45,9 @@ def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
     if B == 0 or max_steps < 2 or B * q > s.cfg.max_num_batched_tokens:
         return None
     st = s.state
+    remaining, computed0 = np.empty(B, dtype=_I64), np.empty(B, dtype=_I64)
     horizon = loops_numba.window_horizon(
-        run, st.in_decode, st.ntokens, st.computed, st.maxtok, st.output
+        run, st.in_decode, st.ntokens, st.computed, st.maxtok, st.output, remaining, computed0
     )
     if horizon == 0:
         return None
@@ -55,7 +56,6 @@ def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
         return None
     horizon = min(max_steps, horizon)
     k = s.k
-    remaining = st.maxtok[run] - st.output[run]
     if k:  # the steps' acceptance draws are made as window_steps reaches them
         acc = np.empty((horizon, B), dtype=_I64)
         seed, cond, whole = s.cfg.spec.draws()
@@ -79,7 +79,7 @@ def plan_window(s: Scheduler, max_steps: int) -> WindowPlan | None:
         emitted=emitted[:n],
         accepted=acc[:n] if k else np.zeros((n, B), dtype=_I64),
         context=context[:n],
-        computed0=st.computed[run],
+        computed0=computed0,
         cum_uncapped=cum[:n],
         num_running=B,
         num_waiting=len(s.waiting),

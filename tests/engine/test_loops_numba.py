@@ -257,3 +257,28 @@ def test_a_rebuild_at_the_same_size_clears_the_table_in_place() -> None:
     assert pool._tkey.tobytes() == fresh._tkey.tobytes()
     assert pool._tblk.tobytes() == fresh._tblk.tobytes()
     assert pool._used == fresh._used == 50 and (pool._tblk == -1).sum() == size - 50
+
+
+def test_window_horizon_writes_the_rows_remaining_output_and_computed_tokens() -> None:
+    """window_horizon returns the smallest remaining output of the decoding rows and writes
+    each row's remaining output and computed tokens (what the window's plan reads); a row not
+    decoding with one token to compute gives 0."""
+    run = np.array([4, 1, 6], dtype=np.int64)
+    in_decode = np.ones(8, dtype=np.bool_)
+    computed = np.arange(100, 108, dtype=np.int64)
+    ntokens = computed + 1
+    maxtok = np.full(8, 50, dtype=np.int64)
+    output = np.array([0, 9, 0, 0, 44, 0, 13, 0], dtype=np.int64)
+    for fn in (loops_numba.window_horizon, loops_numba.window_horizon.py_func):
+        remaining = np.full(3, -1, dtype=np.int64)
+        computed0 = np.full(3, -1, dtype=np.int64)
+        args = (run, in_decode, ntokens, computed, maxtok, output, remaining, computed0)
+        assert fn(*args) == 6
+        assert remaining.tolist() == [6, 41, 37]
+        assert computed0.tolist() == [104, 101, 106]
+        in_decode[1] = False
+        assert fn(*args) == 0
+        in_decode[1] = True
+        ntokens[6] += 1  # row 6 has two tokens to compute: a normal step
+        assert fn(*args) == 0
+        ntokens[6] -= 1

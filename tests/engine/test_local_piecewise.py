@@ -1,10 +1,13 @@
 """The standard forward cut into piecewise-graph pieces (engine.local.piecewise), run eagerly on
 the CPU: the pieces in sequence, with attention between them, must give exactly what
 `standard_forward` gives, hidden states and cache entries alike, when the step fills its token
-bucket. Padded up to a larger bucket, every real row's cache entries are still exactly the
-standard forward's and no slot but the scratch block's is written; the hidden states are equal
-to a GEMM's rounding, which depends on how many rows it multiplies (fp32: a few 1e-6; fp64:
-1e-15, or the router's fp32 logits' 1e-6).
+bucket. Padded up to a larger bucket, no slot but the rows' own and the scratch block's is
+written, the rows' cache entries are the standard forward's, and the hidden states are equal to
+a GEMM's rounding, which depends on how many rows it multiplies (fp32: a few 1e-6; fp64: 1e-15,
+or the router's fp32 logits' 1e-6). The cache is bf16: now and then such an fp32 difference
+moves an entry to the neighbouring bf16 value (which entry, if any, depends on the CPU's BLAS
+kernels), and the step's own attention reads it; the entries then agree to one bf16 unit and
+the hidden states to 1e-3.
 """
 
 from __future__ import annotations
@@ -66,12 +69,20 @@ def test_the_pieces_give_the_standard_forwards_hidden_states_and_cache(rows, dty
     assert t == n + pad
     got = pieces.forward(DeviceBatch.of(inputs, CPU), t)
     real = slice(0, SCRATCH_BLOCK * BLOCK)  # every slot but the scratch block's
-    assert torch.equal(cache.data[:, real], want_cache[:, real])
+    written = (want_cache != before).any(dim=2).any(dim=0)  # the rows' new slots
+    kept = ~written[real]
+    assert torch.equal(cache.data[:, real][:, kept], before[:, real][:, kept])
     if pad == 0:
         assert torch.equal(got, want)
         assert torch.equal(cache.data, want_cache)
-    else:
+    elif torch.equal(cache.data[:, real], want_cache[:, real]):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        # a GEMM's ~1e-6 rounding difference moved a bf16 entry across a rounding boundary
+        # (one unit: 2^-8 to 2^-7 of its value); the step's own attention reads that entry
+        torch.testing.assert_close(cache.data[:, real], want_cache[:, real], rtol=2**-7, atol=0)
+        assert dtype == torch.float32  # fp64's 1e-15 differences leave bf16 alone
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
 
 
 def test_a_step_after_a_larger_one_reads_none_of_its_leftovers():

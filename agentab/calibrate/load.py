@@ -29,11 +29,14 @@ import numpy as np
 from agentab.errors import AgentabError
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
-# Verify steps a mixed phase's rows are sure to run on a server that drafts (each emits up to
-# 1 + k tokens a step): the client's lead and window before the prompt, its step, and slack for
-# the prompt's way in. Its decode phases' (1 + k) x --steps tokens would run several times as
-# many steps, which the mixed phase only waits out.
-MIXED_VERIFY_STEPS = 24
+# Steps a mixed phase's rows are sure to run: the client's lead and window before the prompt
+# (12 chunks), the prompt's step, and slack for the prompt's way in (a read of /metrics and a
+# request: one or two steps on an idle host, several on a busy one; with only the 4 steps that
+# --steps 16 left, a loaded host missed the prompt's step in every attempt). A server that
+# drafts emits up to 1 + k tokens a step, so its rows ask for (1 + k) x this many tokens; its
+# decode phases' (1 + k) x --steps tokens would run several times as many steps, which the
+# mixed phase only waits out.
+MIXED_STEPS = 24
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ def build_load(
     rows = sorted({max(1, top // 4), max(1, top // 2), top})
     new = min(news[1], budget - batches[-1] * (1 + draft_tokens))
     repeats = prefill_repeats if mixed_repeats is None else mixed_repeats
-    tokens = min(steps, MIXED_VERIFY_STEPS * (1 + draft_tokens)) if draft_tokens else steps
+    tokens = MIXED_STEPS * (1 + draft_tokens) if draft_tokens else max(steps, MIXED_STEPS)
+    tokens = min(tokens, max_model_len - lo - 1)  # the rows' prompts and tokens fit a sequence
     if draft_tokens and (new < 1 or len(rows) < 2):
         # the verify rows leave the prompt no room, or one row count cannot give a slope: the
         # drafter's part runs without them (a verify row of a mixed step is then priced as a

@@ -260,6 +260,10 @@ def test_the_load_fits_the_engine() -> None:
         (16, 128, 511),
     ]
     assert len(load.mixed) == 9 and all(p.new + p.rows <= 2048 for p in load.mixed)
+    assert {p.steps for p in load.mixed} == {64}  # the rows decode --steps tokens...
+    # ...but at least 24: after the 12 steps the client waits, the prompt's way in still finds
+    # them decoding
+    assert {p.steps for p in build_load(**{**sized, "steps": 16}).mixed} == {24}
     # the prompt of a mixed phase takes a sequence slot beside its decode rows
     full = build_load(**sized, max_num_seqs=16)
     assert [p.rows for p in full.mixed if p.repeat == 0] == [3, 7, 15]

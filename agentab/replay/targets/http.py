@@ -455,7 +455,9 @@ class HttpTarget:
             return []
         from agentab.replay.metrics import parse_prometheus
 
-        return parse_prometheus(text)
+        # Off the loop: pure-Python parsing of a large exposition would hold up every dispatch
+        # and chunk read due meanwhile (agentab.replay.metrics says by how much).
+        return await asyncio.to_thread(parse_prometheus, text)
 
 
 class _ReadDeadline:

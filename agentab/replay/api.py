@@ -27,10 +27,10 @@ from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
 from agentab.replay.options import ReplayOptions, new_prompt_salt
-from agentab.replay.plan import build_plan
+from agentab.replay.plan import Plan, build_plan
 from agentab.replay.progress import ProgressView, line_interval_s
 from agentab.replay.runner import Runner, RunStats
-from agentab.replay.targets.base import Target
+from agentab.replay.targets.base import RequestSpec, Target
 from agentab.rundir import (
     METRICS_DIR,
     METRICS_SCHEMA,
@@ -84,6 +84,23 @@ def run_to_dir(
     return run_dir
 
 
+def first_request(plan: Plan, client: int, clients: int) -> RequestSpec | None:
+    """The first request client `client` of `clients` will send: what `Target.warm` builds
+    before the clock starts (any request of the plan would do)."""
+    if plan.options.open_loop:
+        play = next((p for _, p in plan.arrivals() if p.lane % clients == client), None)
+    else:
+        play = plan.closed_play(client, 0)
+    if play is None:
+        return None
+    node = next((n for n in play.schedule.nodes if n.request is not None), None)
+    if node is None or node.request is None:
+        return None
+    return RequestSpec(
+        play.request_id(node), play.session, node.request, play.salt, node.max_tokens, play.lane
+    )
+
+
 async def _run(
     workload: Workload,
     target: Target,
@@ -113,6 +130,9 @@ async def _run(
         write_manifest(run_dir, manifest)
         records = PartWriter(run_dir / RECORDS_DIR, RECORD_SCHEMA)
         runner = Runner(plan, target, records)
+        spec = first_request(plan, 0, 1)
+        if spec is not None:
+            target.warm(spec)  # the prompt builder's first-use compile, before the clock starts
         if replay.scrape_metrics:
             metrics = PartWriter(run_dir / METRICS_DIR, METRICS_SCHEMA)
             scraper = loop.create_task(

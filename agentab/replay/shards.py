@@ -48,6 +48,7 @@ from agentab.replay.api import (
     _raise_if_failed,
     _status,
     close_run_io,
+    first_request,
     runner_load,
     target_urls,
 )
@@ -56,9 +57,8 @@ from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
 from agentab.replay.metrics import scrape_loop
 from agentab.replay.options import ReplayOptions, new_prompt_salt
-from agentab.replay.plan import Plan, build_plan
+from agentab.replay.plan import build_plan
 from agentab.replay.runner import Runner, RunStats
-from agentab.replay.targets.base import RequestSpec
 from agentab.rundir import (
     METRICS_DIR,
     METRICS_SCHEMA,
@@ -147,7 +147,7 @@ async def _client(job: ClientJob, conn: Connection) -> None:
         lock_dir(job.folder, "agentab replay client", "--out")
         records = PartWriter(job.folder / RECORDS_DIR, RECORD_SCHEMA)
         runner = Runner(plan, target, records, shard=(job.client, job.clients), window=parent)
-        spec = _first_request(plan, job.client, job.clients)
+        spec = first_request(plan, job.client, job.clients)
         if spec is not None:
             target.warm(spec)  # the prompt builder's first-use compile, before the common start
         conn.send(("ready", target.describe()))
@@ -174,23 +174,6 @@ async def _client(job: ClientJob, conn: Connection) -> None:
     finally:
         parent.close()
         await close_run_io(stop_scrape, scraper, records, metrics, target)
-
-
-def _first_request(plan: Plan, client: int, clients: int) -> RequestSpec | None:
-    """The first request this client will send (any request of the plan would do)."""
-    if plan.options.open_loop:
-        play = next((p for _, p in plan.arrivals() if p.lane % clients == client), None)
-    else:
-        play = plan.closed_play(client, 0)
-    if play is None:
-        return None
-    node = next((n for n in play.schedule.nodes if n.request is not None), None)
-    if node is None or node.request is None:
-        return None
-    request = node.request
-    return RequestSpec(
-        play.request_id(node), play.session, request, play.salt, node.max_tokens, play.lane
-    )
 
 
 def _client_main(job: ClientJob, conn: Connection) -> None:

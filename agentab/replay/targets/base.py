@@ -111,3 +111,9 @@ class Target(Protocol):
     async def scrape(self) -> list[tuple[str, dict[str, str], float]]:
         """The server's current metrics as (name, labels, value); [] when it has none."""
         ...
+
+    def warm(self, spec: RequestSpec) -> None:
+        """Pay the one-time cost of building a request (the prompt builder's first-use compile,
+        about 0.2-1 s) before the run's clock starts, without sending it or changing what later
+        requests are built from; nothing where there is no such cost."""
+        ...

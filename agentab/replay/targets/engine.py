@@ -49,8 +49,8 @@ class EngineTarget:
         # an agent's prompts are built in place, one after the other: the engine keeps only
         # a prompt's stable blocks, which the next prompt of its agent does not change
         # ids as uint16 where the vocabulary allows: half the memory each new context touches
-        narrow = np.uint16 if vocab_size <= 1 << 16 else np.int32
-        self._prompts = PromptTokens(vocab_size, extend=True, dtype=narrow)
+        self._dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
+        self._prompts = PromptTokens(vocab_size, extend=True, dtype=self._dtype)
 
     async def start(self) -> None:
         if self.manage:
@@ -69,6 +69,12 @@ class EngineTarget:
 
     async def scrape(self) -> list[tuple[str, dict[str, str], float]]:
         return engine_samples(self.engine.metrics())
+
+    def warm(self, spec: RequestSpec) -> None:
+        """Build `spec`'s prompt with a builder of its own: `self._prompts` would take it for
+        its agent's previous prompt and tell the engine the first real one shares it."""
+        builder = PromptTokens(self.vocab_size, extend=True, dtype=self._dtype)
+        builder.build(spec.session, spec.request, salt=spec.salt)
 
     async def send(self, spec: RequestSpec, out: Outcome) -> None:
         loop = asyncio.get_running_loop()

@@ -213,7 +213,7 @@ class HttpTarget:
 
     def warm(self, spec: RequestSpec) -> None:
         """Build one request's body and drop it: the prompt builder compiles on first use (about
-        a second), which a caller starting several clients on one clock pays before the start."""
+        0.2-1 s), which would otherwise hold up the run's first dispatches."""
         self._body(spec)
 
     def _body(self, spec: RequestSpec) -> bytes:

@@ -39,6 +39,9 @@ class RecordedTarget:
     async def scrape(self) -> list[tuple[str, dict[str, str], float]]:
         return []
 
+    def warm(self, spec: RequestSpec) -> None:
+        return None  # builds no prompts
+
     async def send(self, spec: RequestSpec, out: Outcome) -> None:
         loop = asyncio.get_running_loop()
         r = spec.request

@@ -25,7 +25,7 @@ from agentab.redact import has_credentials, redact_url
 from agentab.replay.client_load import LoopLag, client_load
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
-from agentab.replay.metrics import scrape_loop
+from agentab.replay.metrics import scrape_loop, scrape_worker
 from agentab.replay.options import ReplayOptions, new_prompt_salt
 from agentab.replay.plan import Plan, build_plan
 from agentab.replay.progress import ProgressView, line_interval_s
@@ -134,6 +134,8 @@ async def _run(
         if spec is not None:
             target.warm(spec)  # the prompt builder's first-use compile, before the clock starts
         if replay.scrape_metrics:
+            if not is_virtual(loop):
+                scrape_worker()  # its thread started before the clock starts
             metrics = PartWriter(run_dir / METRICS_DIR, METRICS_SCHEMA)
             scraper = loop.create_task(
                 scrape_loop(

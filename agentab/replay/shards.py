@@ -55,7 +55,7 @@ from agentab.replay.api import (
 from agentab.replay.client_load import LoopLag
 from agentab.replay.eager import eager_tasks
 from agentab.replay.manifest import build_manifest, now_iso, prepare_run_dir
-from agentab.replay.metrics import scrape_loop
+from agentab.replay.metrics import scrape_loop, scrape_worker
 from agentab.replay.options import ReplayOptions, new_prompt_salt
 from agentab.replay.plan import build_plan
 from agentab.replay.runner import Runner, RunStats
@@ -150,6 +150,8 @@ async def _client(job: ClientJob, conn: Connection) -> None:
         spec = first_request(plan, job.client, job.clients)
         if spec is not None:
             target.warm(spec)  # the prompt builder's first-use compile, before the common start
+        if job.scrape:
+            scrape_worker()  # its thread started before the common start
         conn.send(("ready", target.describe()))
         kind, start_at = await parent.inbox.get()
         assert kind == "start"

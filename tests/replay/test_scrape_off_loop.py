@@ -22,8 +22,8 @@ from agentab.rundir import PartWriter, scan_metrics
 from agentab.rundir.schema import METRICS_SCHEMA
 
 BUCKETS = 400
-PARSED: list[int] = []  # the threads the parser ran on
-WRITTEN: list[int] = []  # the threads the row writer ran on
+PARSED: list[tuple[int, str]] = []  # the threads (id, name) the parser ran on
+WRITTEN: list[tuple[int, str]] = []  # the threads the row writer ran on
 
 
 def exposition() -> str:
@@ -42,12 +42,12 @@ def exposition() -> str:
     return "\n".join(lines) + "\n"
 
 
-def loop_turns_meanwhile(loop: asyncio.AbstractEventLoop, calls: list[int]):
+def loop_turns_meanwhile(loop: asyncio.AbstractEventLoop, calls: list[tuple[int, str]]):
     """A wrapper that records its thread and fails unless `loop` runs a callback meanwhile."""
 
     def wrap(real):
         def wrapped(*args, **kwargs):
-            calls.append(threading.get_ident())
+            calls.append((threading.get_ident(), threading.current_thread().name))
             turned = threading.Event()
             loop.call_soon_threadsafe(turned.set)
             assert turned.wait(5.0), f"{real.__name__} held the event loop"
@@ -87,8 +87,10 @@ def test_scrape_parses_off_the_loop_and_writes_every_sample(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     loop_thread = asyncio.run(scrape_once(tmp_path, monkeypatch))
-    assert len(PARSED) == 1 and PARSED[0] != loop_thread
-    assert len(WRITTEN) == 1 and WRITTEN[0] != loop_thread
+    # both on the process's one scrape thread, not the loop's
+    assert len(PARSED) == 1 and PARSED[0][0] != loop_thread
+    assert PARSED[0][1].startswith("agentab-scrape")
+    assert WRITTEN == PARSED
     rows = scan_metrics(tmp_path).collect()
     assert rows.height == BUCKETS + 2
     first = rows.row(0, named=True)
@@ -125,3 +127,10 @@ async def scrape_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> int:
             await target.close()
 
     return threading.get_ident()
+
+
+def test_the_scrape_thread_is_running_when_asked_for_and_is_one_per_process() -> None:
+    worker = metrics.scrape_worker()
+    assert metrics.scrape_worker() is worker
+    running = [t.name for t in threading.enumerate() if t.name.startswith("agentab-scrape")]
+    assert len(running) == 1

@@ -453,11 +453,12 @@ class HttpTarget:
                 text = (await resp.read()).decode("utf-8", "replace")
         except (aiohttp.ClientError, TimeoutError):
             return []
-        from agentab.replay.metrics import parse_prometheus
+        from agentab.replay.metrics import parse_prometheus, scrape_worker
 
         # Off the loop: pure-Python parsing of a large exposition would hold up every dispatch
         # and chunk read due meanwhile (agentab.replay.metrics says by how much).
-        return await asyncio.to_thread(parse_prometheus, text)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(scrape_worker(), parse_prometheus, text)
 
 
 class _ReadDeadline:

@@ -7,11 +7,8 @@ tests: it needs the gpu extra (nvidia-cutlass-dsl), not a GPU.
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
-import shutil
-import tempfile
 
 import pytest
 
@@ -19,11 +16,6 @@ pytestmark = pytest.mark.gpu
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 os.environ["CUTE_DSL_KEEP"] = "ptx"
-# the kept PTX files go to a temporary directory, not the directory pytest runs in (the variable
-# is read by every compile of the session once this module is imported at collection)
-if "CUTE_DSL_DUMP_DIR" not in os.environ:
-    os.environ["CUTE_DSL_DUMP_DIR"] = tempfile.mkdtemp(prefix="agentab-cute-dsl-dump-")
-    atexit.register(shutil.rmtree, os.environ["CUTE_DSL_DUMP_DIR"], ignore_errors=True)
 
 
 def _ops(ptx: str | None) -> set[str]:

@@ -16,6 +16,8 @@
 #   `bash scripts/gpu/local_ab.sh calibrate` (carry [".gpu"]) instead fits a simulator profile to
 # the same engine (`agentab calibrate --engine-config`, both decode paths, the engine's own step
 # counters) and writes it with its fit report under $OUT.
+# Each call logs the GPU's name and UUID to $OUT/env-*.log: an A/B spread over several calls (or
+# machines) then shows which device ran which of its runs.
 set -uo pipefail
 if [ "${1:-}" = install ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/pysite .pyk/*.whl
@@ -29,7 +31,7 @@ source .gpu/setup.sh
 # load them instead of compiling (~25 s a start)
 export AGENTAB_CACHE_DIR=${AGENTAB_CACHE_DIR:-$PWD/out/cache}
 if [ "${1:-}" = calibrate ]; then
-  nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee "$OUT/env-calibrate.log"
+  nvidia-smi --query-gpu=name,uuid,memory.used,memory.total --format=csv | tee "$OUT/env-calibrate.log"
   # ENGINE_CONFIG with a speculative_config also times its drafter (no drafter assumption
   # then: ALLOW=none), e.g. ENGINE_CONFIG=examples/local-k2-h200-c8-spec.toml; the drafter's
   # part also runs the mixed phases whose decode rows verify (spec_decode.mixed_verify_row_us)
@@ -55,7 +57,7 @@ cp "$exp" "$OUT/"
 if [ ! -d "$dir" ] && [ -n "${RESTORE:-}" ]; then
   tar xzf "$RESTORE" -C out && echo "restored $dir from $RESTORE"
 fi
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee -a "$OUT/env-c$c.log"
+nvidia-smi --query-gpu=name,uuid,memory.used,memory.total --format=csv | tee -a "$OUT/env-c$c.log"
 timeout "${AB_TIMEOUT:-580}" python3 -m agentab ab "$exp" -o "$dir" --progress \
   ${MAX_RUNS:+--max-runs "$MAX_RUNS"} 2>&1 | tee "$OUT/ab-c$c.log"
 rc=${PIPESTATUS[0]}

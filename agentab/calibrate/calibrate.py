@@ -9,6 +9,7 @@ here, one per backend, and stopped after their load.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import math
 import secrets
@@ -70,6 +71,8 @@ class CalibrateRequest:
     only: tuple[str, ...] | None = None
     # --refit: fit parts timed on different engine code (the provenance names each one's)
     allow_engine_change: bool = False
+    # the engine's prefill graph sizes, where its description (or a refitted report) lacks them
+    prefill_graph_tokens: tuple[int, ...] | None = None
 
 
 def calibrate(
@@ -178,6 +181,24 @@ def _report_skeleton(
     }
 
 
+def _with_graph_tokens(std: EngineFacts, stated: tuple[int, ...] | None) -> EngineFacts:
+    """The standard server's facts with the prefill graph sizes the user stated
+    (--prefill-graph-tokens), which must agree with the engine's own where it described them."""
+    if stated is None:
+        return std
+    if any(b <= a for a, b in itertools.pairwise(stated)):
+        raise AgentabError(f"--prefill-graph-tokens {list(stated)}: must be strictly increasing")
+    described = std.prefill_graph_tokens
+    if described is not None and list(described) != list(stated):
+        raise AgentabError(
+            f"--prefill-graph-tokens {list(stated)}: the engine describes {list(described)}"
+        )
+    sources = {**std.sources, "prefill_graph_tokens": "--prefill-graph-tokens"}
+    if described is not None:
+        sources["prefill_graph_tokens"] = std.sources.get("prefill_graph_tokens", "engine")
+    return replace(std, prefill_graph_tokens=list(stated), sources=sources)
+
+
 def fit_and_write(
     req: CalibrateRequest,
     measured: dict[str, Measurements],
@@ -188,7 +209,7 @@ def fit_and_write(
 ) -> tuple[Path, Path, str]:
     """Fit the measurements and write the profile and its report. `refit_of`: the provenance
     of the report whose measurements these are, when they are fitted again (`--refit`)."""
-    std = facts["standard"]
+    std = _with_graph_tokens(facts["standard"], req.prefill_graph_tokens)
     if "specialized" in measured:  # prefill and KV come from the standard server only
         measured["specialized"] = replace(measured["specialized"], prefill=[])
     provenance = _provenance(req, facts, timing, refit_of)
@@ -200,6 +221,7 @@ def fit_and_write(
             graph_max=std.cuda_graph_max_tokens or 1,
             max_num_batched_tokens=std.max_num_batched_tokens or 10**9,
             draft_tokens=_loaded_draft_tokens(loads),
+            graph_tokens=tuple(std.prefill_graph_tokens or ()),
         )
         kv_blocks, kv_tag = _capacity(std, measured["standard"])
         gpu_count = req.gpu_count or std.gpu_count

@@ -172,6 +172,12 @@ def _engine_options(path: Path) -> dict[str, Any]:
 @click.option("--gpu-count", type=int, default=None, help="GPUs of the engine, if it does not say.")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel degree, if it does not say.")
 @click.option(
+    "--prefill-graph-tokens",
+    default=None,
+    help="Token counts of the engine's prefill graphs (e.g. 16,32,...,2048), if it does not say "
+    "(or its --refit report predates them): steps with prefill are padded to them.",
+)
+@click.option(
     "--allow-assumed",
     multiple=True,
     type=click.Choice(sorted(ASSUMABLE)),
@@ -260,6 +266,11 @@ def calibrate(ctx: click.Context, **kw: Any) -> None:
         command=_command_line(ctx),
         only=only,
         allow_engine_change=kw["allow_engine_change"],
+        prefill_graph_tokens=(
+            _ints(kw["prefill_graph_tokens"], "--prefill-graph-tokens")
+            if kw["prefill_graph_tokens"]
+            else None
+        ),
     )
     echo = (lambda s: None) if kw["quiet"] else (lambda s: click.echo(s, err=True))
 

@@ -47,6 +47,9 @@ class EngineFacts:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     cuda_graph_max_tokens: int | None = None
+    # the token counts of the engine's prefill graphs (the local engine's piecewise graphs),
+    # which a step with prefill tokens is padded up to
+    prefill_graph_tokens: list[int] | None = None
     # schedules step k+1 while step k runs (vLLM's async scheduling; the local engine on a GPU)
     async_scheduling: bool | None = None
     # the engine's own step clock on /metrics: "agentab" (agentab:step_seconds_*_total),
@@ -112,6 +115,8 @@ def _agentab_facts(url: str, d: dict[str, Any]) -> EngineFacts:
     f.set("max_num_batched_tokens", sched.get("max_num_batched_tokens"), src)
     f.set("max_model_len", d.get("max_model_len"), src)
     f.set("engine_source", d.get("engine_source"), src)
+    sizes = d.get("prefill_graph_tokens")
+    f.set("prefill_graph_tokens", list(sizes) if sizes else None, src)
     ahead = d.get("async_scheduling")
     f.set("async_scheduling", ahead if isinstance(ahead, bool) else None, src)
     if f.engine == "agentab-local":

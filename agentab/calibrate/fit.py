@@ -70,7 +70,7 @@ from agentab.calibrate.client import (
     MixedMeasurement,
     PrefillMeasurement,
 )
-from agentab.engine.paths import padded_tokens
+from agentab.engine.paths import graph_padding, padded_tokens
 from agentab.errors import AgentabError
 
 # The measurements of the server that drafts (speculative decoding), beside the decode paths'.
@@ -231,8 +231,11 @@ def fit_prefill(
     *,
     timing: str,
     max_num_batched_tokens: int,
+    graph_tokens: tuple[int, ...] = (),
 ) -> PrefillFit:
-    """Per-token and per-pair prefill rates and the standard table's value at prefill sizes."""
+    """Per-token and per-pair prefill rates and the standard table's value at prefill sizes.
+    `graph_tokens`: the engine's prefill graph sizes; a step's padding up to the next one
+    counts as prompt tokens (the graphed layers compute the padded rows)."""
     if not rows:
         raise AgentabError("prefill: no calibration request ran")
     points = _median_points(rows, timing)
@@ -258,7 +261,7 @@ def fit_prefill(
             else:
                 known += (1 - w) * float(table_us[-1])
                 tail_w += w
-            tokens += n
+            tokens += n + graph_padding(n, graph_tokens)
             pairs += n * done + n * (n + 1) / 2
             context += done
             done += n
@@ -307,12 +310,19 @@ def _median_points(rows: list[PrefillMeasurement], timing: str) -> dict[tuple[in
 
 
 def fit_mixed(
-    rows: list[MixedMeasurement], standard: DecodeFit, prefill: PrefillFit, *, timing: str
+    rows: list[MixedMeasurement],
+    standard: DecodeFit,
+    prefill: PrefillFit,
+    *,
+    timing: str,
+    graph_tokens: tuple[int, ...] = (),
 ) -> MixedFit | None:
     """The cost per decode row of a mixed step (module docstring); None without mixed steps."""
     if not rows:
         return None
-    return _fit_per_row(rows, standard, prefill, timing=timing, what="decode")
+    return _fit_per_row(
+        rows, standard, prefill, timing=timing, what="decode", graph_tokens=graph_tokens
+    )
 
 
 def _fit_per_row(
@@ -326,12 +336,14 @@ def _fit_per_row(
     step_us: float = 0.0,
     row_us: float = 0.0,
     verify_context_us: float = 0.0,
+    graph_tokens: tuple[int, ...] = (),
 ) -> MixedFit:
     """The measured mixed steps less what the profile already prices for them, fitted as
     `offset + rows * per_row`. With `draft_tokens` k the rows are verify rows of 1 + k tokens
     (each attends its context and its k drafts), and the profile also prices `step_us` per
     step and `row_us` per row (the drafter, `mixed_decode_row_us`) and `verify_context_us`
-    per context token per draft token."""
+    per context token per draft token; `graph_tokens`: the step's padding up to the engine's
+    next prefill graph size is priced as prompt tokens."""
     by: dict[tuple[int, int], list[MixedMeasurement]] = {}
     for r in rows:
         by.setdefault((r.rows, r.new), []).append(r)
@@ -348,7 +360,8 @@ def _fit_per_row(
         # a row attends its computed tokens and the 1 + k it runs in that step
         context = float(np.mean([r.context_tokens for r in group])) + n * draft_tokens
         us = float(np.interp(n * q + new, table_t, table_us)) + kv * context
-        us += prefill.us_per_token.value * new + prefill.us_per_pair.value * new * (new + 1) / 2
+        padded = new + graph_padding(n * q + new, graph_tokens)
+        us += prefill.us_per_token.value * padded + prefill.us_per_pair.value * new * (new + 1) / 2
         us += step_us + row_us * n + verify_context_us * draft_tokens * context
         points.append((n, new, context, measured_us))
         priced.append(us)
@@ -375,7 +388,9 @@ def _fit_per_row(
     )
 
 
-def fit_mixed_verify(rows: list[MixedMeasurement], fit: Fit, draft_tokens: int) -> MixedFit | None:
+def fit_mixed_verify(
+    rows: list[MixedMeasurement], fit: Fit, draft_tokens: int, graph_tokens: tuple[int, ...] = ()
+) -> MixedFit | None:
     """The cost per verify row of a mixed step (module docstring), from the mixed phases of
     the server that drafts; None without them. Needs the standard path, prefill, mixed and
     drafter fits, which price the rest of those steps."""
@@ -388,7 +403,7 @@ def fit_mixed_verify(rows: list[MixedMeasurement], fit: Fit, draft_tokens: int) 
     return _fit_per_row(
         rows, fit.decode["standard"], fit.prefill, timing="engine", what="verify",
         draft_tokens=draft_tokens, step_us=d.step_us.value, row_us=d.row_us.value + mixed_row,
-        verify_context_us=verify,
+        verify_context_us=verify, graph_tokens=graph_tokens,
     )  # fmt: skip
 
 
@@ -407,9 +422,11 @@ def fit_all(
     graph_max: int,
     max_num_batched_tokens: int,
     draft_tokens: int = 0,
+    graph_tokens: tuple[int, ...] = (),
 ) -> Fit:
     """Fit each path from the server that ran it; prefill from the standard path's server.
-    `draft_tokens`: k of the server that drafts (its verify steps' query length is 1 + k)."""
+    `draft_tokens`: k of the server that drafts (its verify steps' query length is 1 + k);
+    `graph_tokens`: the engine's prefill graph sizes (steps with prefill are padded to them)."""
     fit = Fit(timing=timing)
     for path, m in measured.items():
         if path != DRAFTER:
@@ -426,12 +443,19 @@ def fit_all(
         fit.decode["standard"],
         timing=timing,
         max_num_batched_tokens=max_num_batched_tokens,
+        graph_tokens=graph_tokens,
     )
     fit.mixed = fit_mixed(
-        measured["standard"].mixed, fit.decode["standard"], fit.prefill, timing=timing
+        measured["standard"].mixed,
+        fit.decode["standard"],
+        fit.prefill,
+        timing=timing,
+        graph_tokens=graph_tokens,
     )
     if fit.drafter is not None and timing == "engine" and draft_tokens > 0:
-        fit.drafter.mixed_verify = fit_mixed_verify(measured[DRAFTER].mixed, fit, draft_tokens)
+        fit.drafter.mixed_verify = fit_mixed_verify(
+            measured[DRAFTER].mixed, fit, draft_tokens, graph_tokens
+        )
     if timing == "engine":
         fit.frontend = fit_frontend(measured["standard"].prefill)
     return fit

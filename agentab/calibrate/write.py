@@ -297,6 +297,14 @@ def render_profile(
             f"context_token_us = {_num(c.value)}  # [C] {_pm(c, 1e3, ' ns')} per computed "
             "context token of a prefill row, per step"
         )
+    sizes = facts.prefill_graph_tokens
+    if sizes:
+        source = facts.sources.get("prefill_graph_tokens", "")
+        tag = "[U]" if source.startswith("--") else "[E]"
+        lines.append(
+            f"graph_tokens = [{', '.join(map(str, sizes))}]  # {tag} {source}: steps with "
+            "prefill are padded to the next"
+        )
     mixed = fit.mixed
     if mixed is None:
         lines.append("mixed_decode_row_us = 0.0  # [A] the load ran no mixed step")

@@ -20,9 +20,11 @@ compute-bound prefill (tokens / (tokens_per_s_per_gpu * gpu_count)) plus causal 
 the prefill chunks over their context, plus `mixed_decode_row_us` per decode row (what an engine
 that attends a mixed step's decode rows one by one pays beyond that), plus `mixed_verify_row_us`
 per verify row of a mixed step (its 1 + k query tokens beside the prompt's chunk; 0 unless the
-profile prices it). The drafter's cost is added to every step that has a decoding row when
-speculative decoding is on, and so is the verify rows' extra KV read (`verify_context_token_us`,
-0 unless the profile prices it).
+profile prices it), plus, where the profile states the engine's prefill graph sizes
+(`prefill_graph_tokens`), the step's padding up to the next size at the prefill per-token rate.
+The drafter's cost is added to every step that has a decoding row when speculative decoding is
+on, and so is the verify rows' extra KV read (`verify_context_token_us`, 0 unless the profile
+prices it).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy as np
 from agentab.engine import price_numba
 from agentab.engine.noise import StepNoise
 from agentab.engine.outputs import StepInputs, StepOutput, StepPlan, WindowPlan, synthetic_outcome
+from agentab.engine.paths import graph_padding
 from agentab.engine.profile import HardwareProfile
 from agentab.engine.spec_decode import SpecConfig
 
@@ -114,6 +117,7 @@ class SimExecutor:
         )
         self.prefill_ctx_us = profile.prefill_context_token_us
         self.mixed_row_us = profile.mixed_decode_row_us
+        self.prefill_graphs = profile.prefill_graph_tokens
         self.drafter_row_us = profile.drafter_row_us if num_draft_tokens else 0.0
         self.verify_ctx_us = profile.verify_context_token_us if num_draft_tokens else 0.0
         self.mixed_verify_us = profile.mixed_verify_row_us if num_draft_tokens else 0.0
@@ -177,6 +181,8 @@ class SimExecutor:
             us += self.profile.drafter_step_us
             us += self.drafter_row_us * drafted
         us += self.kv_us * ctx + self.prefill_us_per_token * float(pre_tokens)
+        if self.prefill_graphs:  # only profiles that state them: the step's graph padding
+            us += self.prefill_us_per_token * graph_padding(plan.total_tokens, self.prefill_graphs)
         us += self.attn_us_per_pair * float(pairs)
         if self.prefill_ctx_us:  # only profiles that price it
             us += self.prefill_ctx_us * float(pre_c0)

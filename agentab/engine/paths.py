@@ -10,6 +10,8 @@ forward. With `auto` every step runs standard. The backends themselves are
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 
@@ -24,6 +26,15 @@ def padded_tokens(tokens: int, graph_max: int) -> int:
     if tokens <= 4:
         return 4
     return -(-tokens // 8) * 8
+
+
+def graph_padding(tokens: int, sizes: tuple[int, ...]) -> int:
+    """Tokens a step of `tokens` tokens is padded by to run in graphs captured at `sizes`
+    (ascending; an engine's piecewise prefill graphs): up to the smallest size that holds it,
+    0 past the largest (such a step runs eagerly) or without sizes."""
+    if not sizes or tokens <= 0 or tokens > sizes[-1]:
+        return 0
+    return sizes[bisect.bisect_left(sizes, tokens)] - tokens
 
 
 def specialized_ok(

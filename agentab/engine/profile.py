@@ -90,6 +90,11 @@ class HardwareProfile:
     # the pure verify steps (verify_context_token_us) nor a mixed step's one-token decode rows
     # price. 0 (absent) prices such a row as any decode row of a mixed step.
     mixed_verify_row_us: float = 0.0
+    # The token counts of the engine's prefill graphs (the local engine's piecewise graphs),
+    # ascending: a step with prefill tokens of up to the largest runs padded to the next one,
+    # and its padding costs what prompt tokens cost in the graphed layers (priced at the
+    # prefill per-token rate). Empty (absent): steps with prefill run unpadded.
+    prefill_graph_tokens: tuple[int, ...] = ()
     # The engine schedules one step ahead (vLLM's and the local engine's async scheduling on a
     # GPU): step k+1 is planned while step k runs, so a request that arrives during step k
     # joins step k+2 at the earliest.
@@ -203,6 +208,7 @@ def parse_profile(data: bytes, source: str) -> HardwareProfile:
         attention_flops_per_s_per_gpu=pre.number("attention_flops_per_s_per_gpu", 1.0),
         prefill_context_token_us=pre.number("context_token_us", 0.0, default=0.0),
         mixed_decode_row_us=pre.number("mixed_decode_row_us", 0.0, default=0.0),
+        prefill_graph_tokens=tuple(pre.int_list("graph_tokens", ascending=True, default=[])),
         async_scheduling=eng.boolean("async_scheduling", default=False),
         frontend_intake_us=front.number("intake_us", 0.0, default=0.0),
         frontend_output_us=front.number("output_us", 0.0, default=0.0),
@@ -305,13 +311,19 @@ class _Reader:
             raise AgentabError(f"{self.where(key)}: must be a list of numbers")
         return [float(v) for v in value]
 
-    def int_list(self, key: str) -> list[int]:
+    def int_list(
+        self, key: str, *, ascending: bool = False, default: list[int] | None = None
+    ) -> list[int]:
+        if default is not None and key not in self.doc:
+            return default
         value = self._get(key)
         ok = isinstance(value, list) and all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
         )
         if not ok:
             raise AgentabError(f"{self.where(key)}: must be a list of integers >= 1")
+        if ascending and any(b <= a for a, b in itertools.pairwise(value)):
+            raise AgentabError(f"{self.where(key)}: must be strictly increasing")
         return list(value)
 
     def done(self) -> None:

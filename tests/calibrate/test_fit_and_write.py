@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from agentab.calibrate.calibrate import _with_graph_tokens
 from agentab.calibrate.client import (
     DecodeMeasurement,
     Measurements,
@@ -19,6 +20,7 @@ from agentab.calibrate.load import build_load
 from agentab.calibrate.write import Provenance, render_profile
 from agentab.engine.executor import SimExecutor
 from agentab.engine.outputs import StepPlan
+from agentab.engine.paths import graph_padding
 from agentab.engine.profile import parse_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.errors import AgentabError
@@ -540,3 +542,79 @@ def test_the_specialized_path_is_timed_up_to_the_engines_own_limit() -> None:
     assert specialized_limit(facts()) == 64  # vLLM states no such limit: the path's own
     assert specialized_limit(facts(raw={"specialized_max_tokens": 16})) == 16
     assert specialized_limit(facts(raw={"specialized_max_tokens": 128})) == 64
+
+
+GRAPHS = (128, 256, 384, 512, 1024)  # an engine's prefill graph sizes (steps pad up to them)
+
+
+def padded_engine() -> Measurements:
+    """The synthetic engine, its prefill and mixed steps padded up to GRAPHS: each padded token
+    costs a prompt token (P_US); prompts off the sizes, and mixed steps whose rows push the
+    step past MIX_NEW, pay for it."""
+    m = synthetic()
+    m.prefill = []
+    for new, cached in ((128, 0), (300, 0), (700, 0), (2048, 0), (100, 1024), (450, 1024)):
+        pairs = new * cached + new * (new + 1) / 2
+        pad = graph_padding(new, GRAPHS)
+        us = TAIL_US + P_US * (new + pad) + Q_US * pairs + CTX_US * cached
+        m.prefill.append(PrefillMeasurement(new, cached, us * 1e-6, us * 1e-6, 1))
+    for r in m.mixed:
+        us = mixed_step_us(r.rows, r.context_tokens) + P_US * graph_padding(
+            r.rows + MIX_NEW, GRAPHS
+        )
+        r.client_s = r.engine_s = us * 1e-6
+    return m
+
+
+def test_the_fit_counts_a_steps_graph_padding_as_prompt_tokens() -> None:
+    """With the engine's graph sizes every term of a padding engine is recovered exactly; without
+    them the same measurements leave residuals, and the per-row slope takes the padding that
+    shrinks as rows fill the graph."""
+    kw = {"timing": "engine", "graph_max": 1, "max_num_batched_tokens": BUDGET}
+    fit = fit_all({"standard": padded_engine()}, graph_tokens=GRAPHS, **kw)
+    p, mixed = fit.prefill, fit.mixed
+    assert p is not None and mixed is not None
+    assert (p.us_per_token.value, p.us_per_pair.value) == pytest.approx((P_US, Q_US))
+    assert p.us_per_context_token is not None
+    assert p.us_per_context_token.value == pytest.approx(CTX_US)
+    assert mixed.us_per_decode_row.value == pytest.approx(MIX_US)
+    assert max(abs(r["error"]) for r in p.residuals + mixed.residuals) < 1e-9
+    blind = fit_all({"standard": padded_engine()}, **kw)
+    assert blind.prefill is not None and blind.mixed is not None
+    assert max(abs(r["error"]) for r in blind.prefill.residuals) > 1e-3
+    assert blind.mixed.us_per_decode_row.value < MIX_US
+
+
+def test_the_profile_states_the_graph_sizes_and_where_they_came_from() -> None:
+    described = facts(prefill_graph_tokens=list(GRAPHS))
+    described.sources["prefill_graph_tokens"] = "/agentab/describe"
+    text = render(described, ("decode.specialized", "spec_decode.drafter_step_us"))
+    assert "graph_tokens = [128, 256, 384, 512, 1024]  # [E] /agentab/describe" in text
+    assert parse_profile(text.encode(), "t").prefill_graph_tokens == GRAPHS
+    stated = _with_graph_tokens(facts(), GRAPHS)
+    text = render(stated, ("decode.specialized", "spec_decode.drafter_step_us"))
+    assert "graph_tokens = [128, 256, 384, 512, 1024]  # [U] --prefill-graph-tokens" in text
+    plain = render(facts(), ("decode.specialized", "spec_decode.drafter_step_us"))
+    assert "graph_tokens" not in plain
+    assert parse_profile(plain.encode(), "t").prefill_graph_tokens == ()
+
+
+def test_stated_graph_sizes_must_agree_with_the_engines_and_increase() -> None:
+    assert _with_graph_tokens(facts(), None).prefill_graph_tokens is None
+    same = _with_graph_tokens(facts(prefill_graph_tokens=[16, 32]), (16, 32))
+    assert same.prefill_graph_tokens == [16, 32]
+    with pytest.raises(AgentabError, match=r"--prefill-graph-tokens \[16, 64\]: the engine "):
+        _with_graph_tokens(facts(prefill_graph_tokens=[16, 32]), (16, 64))
+    with pytest.raises(AgentabError, match=r"--prefill-graph-tokens \[64, 16\]: must be strictly"):
+        _with_graph_tokens(facts(), (64, 16))
+
+
+def test_the_local_engines_described_graph_sizes_become_a_fact() -> None:
+    from agentab.calibrate.facts import _agentab_facts
+
+    described = {"engine": "agentab-local", "device": "cuda", "scheduler": {"max_num_seqs": 8}}
+    on = _agentab_facts("http://x", {**described, "prefill_graph_tokens": [16, 32, 2048]})
+    assert on.prefill_graph_tokens == [16, 32, 2048]
+    assert on.sources["prefill_graph_tokens"] == "/agentab/describe"
+    off = _agentab_facts("http://x", {**described, "prefill_graph_tokens": None})
+    assert off.prefill_graph_tokens is None and "prefill_graph_tokens" not in off.sources

@@ -8,7 +8,7 @@ import pytest
 from agentab.engine.executor import SimExecutor
 from agentab.engine.options import DecodeBackend
 from agentab.engine.outputs import WindowPlan
-from agentab.engine.paths import padded_tokens, specialized_ok
+from agentab.engine.paths import graph_padding, padded_tokens, specialized_ok
 from agentab.engine.profile import load_profile
 from agentab.engine.scheduler import Scheduler, SchedulerConfig
 from agentab.engine.spec_decode import SpecConfig
@@ -274,6 +274,62 @@ def test_profile_keys_of_the_mixed_row_cost_and_async_scheduling(tmp_path):
         load_profile(path)
     path.write_text(text + "\n[engine]\nasync = true\n")
     with pytest.raises(AgentabError, match=r"engine\.async: unknown key"):
+        load_profile(path)
+
+
+def test_graph_padding_up_to_the_next_size_and_none_past_the_largest():
+    sizes = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
+    got = [graph_padding(n, sizes) for n in (1, 16, 17, 300, 512, 513, 1099, 2048, 2049, 9000)]
+    assert got == [15, 0, 15, 212, 0, 255, 181, 0, 0, 0]
+    assert graph_padding(300, ()) == 0 and graph_padding(0, sizes) == 0
+
+
+def test_a_step_with_prefill_pays_its_graph_padding_when_the_profile_states_the_sizes():
+    """[prefill] graph_tokens: a step with prefill tokens of up to the largest size runs padded
+    to the next one, each padded token at the prefill per-token rate; a step past the largest
+    runs unpadded, and decode-only steps and windows keep their own (decode graph) padding."""
+    import dataclasses
+
+    prof = load_profile("gb300-tp16-kimi-k3")
+    assert prof.prefill_graph_tokens == ()
+    priced = dataclasses.replace(prof, prefill_graph_tokens=(128, 256, 512))
+    plain, padded = SimExecutor(prof, 0), SimExecutor(priced, 0)
+    per_token = 1e6 / (prof.prefill_tokens_per_s_per_gpu * prof.gpu_count)
+    s = decoding_scheduler(1, 5, specialized=False)
+    decode_only = s.schedule()
+    assert padded.step_seconds(decode_only) == plain.step_seconds(decode_only)
+    s.add("late", np.arange(90000, 90300), 10)
+    mixed = s.schedule()
+    assert mixed.total_tokens == 305  # 5 decode rows + 300 prompt tokens -> 512
+    extra = padded.step_seconds(mixed) - plain.step_seconds(mixed)
+    assert extra == pytest.approx(207 * per_token * 1e-6, rel=1e-9)
+    fresh = Scheduler(SchedulerConfig(num_blocks=1000))
+    fresh.add("p", np.arange(1, 601), 5)
+    past_the_largest = fresh.schedule()
+    assert past_the_largest.total_tokens == 600
+    assert padded.step_seconds(past_the_largest) == plain.step_seconds(past_the_largest)
+    window = verify_window(1)
+    assert padded.window_seconds(window).tolist() == plain.window_seconds(window).tolist()
+
+
+def test_profile_key_of_the_prefill_graph_sizes(tmp_path):
+    """Optional (absent: no padding); sizes must be integers >= 1, strictly increasing, and a
+    wrong value is a one-line error naming the file and key."""
+    from importlib import resources
+
+    from agentab.errors import AgentabError
+
+    text = (resources.files("agentab.engine") / "profiles" / "gb300-tp16-kimi-k3.toml").read_text()
+    path = tmp_path / "p.toml"
+    path.write_text(text + "graph_tokens = [16, 32, 2048]\n")
+    assert load_profile(path).prefill_graph_tokens == (16, 32, 2048)
+    path.write_text(text + "graph_tokens = [32, 16]\n")
+    with pytest.raises(
+        AgentabError, match=r"p\.toml: prefill\.graph_tokens: must be strictly incr"
+    ):
+        load_profile(path)
+    path.write_text(text + "graph_tokens = [0, 16]\n")
+    with pytest.raises(AgentabError, match=r"prefill\.graph_tokens: must be a list of integers"):
         load_profile(path)
 
 

@@ -135,7 +135,10 @@ def build_load(
     news = sorted({short, max(short, budget // 16), budget // 4, budget // 2, budget})
     cached = max(block_size, (min(budget, max_model_len // 2) // block_size) * block_size)
     points = [(n, 0) for n in news]
-    points += [(n, cached) for n in news[:2] if n + cached <= max_model_len - 2]
+    # the three shortest again after a cached prefix: an agent's turn is a few hundred to a
+    # few thousand new tokens after a long prefix, and the cost of a chunk over a cached
+    # context (its pairs and the context term) is measured there, not extrapolated to it
+    points += [(n, cached) for n in news[:3] if n + cached <= max_model_len - 2]
     prefill = tuple(PrefillPhase(n, c, r) for r in range(prefill_repeats) for n, c in points)
     # mixed steps: a prompt of the second prefill length beside a quarter, half and all of the
     # largest decode batch, decoding at the short context; the prompt needs a sequence slot of

@@ -255,6 +255,16 @@ def test_the_load_fits_the_engine() -> None:
         (b, c) for b in (1, 2, 4, 8, 16) for c in (128, 1487)
     }
     assert all(p.new + p.cached <= 2046 and p.new <= 2048 for p in load.prefill)
+    # the third length after the cached prefix would not fit max_model_len here
+    assert sorted({(p.new, p.cached) for p in load.prefill}) == [
+        (128, 0), (128, 1024), (511, 0), (511, 1024), (1023, 0), (2046, 0),
+    ]  # fmt: skip
+    # the H200 A/Bs' engine: the three shortest again after 8,192 cached tokens
+    h200 = build_load(max_model_len=36864, block_size=16, max_num_batched_tokens=8192,
+                      batches=(1, 2, 4, 8, 16, 32, 64))  # fmt: skip
+    assert sorted({(p.new, p.cached) for p in h200.prefill if p.cached}) == [
+        (128, 8192), (512, 8192), (2048, 8192),
+    ]  # fmt: skip
     # a prompt of the second prefill length beside a quarter, half and all of the largest batch
     assert [(p.rows, p.context, p.new) for p in load.mixed if p.repeat == 0] == [
         (4, 128, 511),

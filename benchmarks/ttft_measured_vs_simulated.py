@@ -10,7 +10,9 @@ plan, same request id) and prints:
   mixed step);
 - each arm's pooled TTFT quantiles around P90 (all completed requests, as the fidelity report
   pools them) and how many requests lie above the gap a bimodal TTFT leaves: where P90 falls on
-  that gap, one or two requests more or fewer above it move P90 by tens of percent.
+  that gap, one or two requests more or fewer above it move P90 by tens of percent;
+- the measured P90's 95% interval from resampling sessions (pooled over the repeats, as the
+  A/B report's bootstrap resamples them): how far the sample itself lets P90 move.
 
     python benchmarks/ttft_measured_vs_simulated.py AB_DIR SIMULATED_DIR [--buckets 16,32,...]
 """
@@ -52,7 +54,7 @@ def requests(run: Path) -> pl.DataFrame:
     return (
         r.with_columns(pl.Series("in_flight", busy))
         .filter(pl.col("phase") == "profiling")
-        .select("request_id", "ttft", "new", "cached_tokens", "in_flight")
+        .select("request_id", "session_id", "ttft", "new", "cached_tokens", "in_flight")
     )
 
 
@@ -61,6 +63,19 @@ def bucket_label(new: int) -> str:
     i = int(np.searchsorted(EDGES, new))
     lo = EDGES[i - 1] + 1 if i else 0
     return f"{lo:>5}-{EDGES[i]}" if i < len(EDGES) else f"{lo:>5}-"
+
+
+def p90_session_interval(
+    measured: pl.DataFrame, draws: int = 10_000, seed: int = 42
+) -> tuple[float, float]:
+    """95% interval of the pooled P90 TTFT over `draws` resamples of the sessions."""
+    by_session = measured.sort("session_id").group_by("session_id", maintain_order=True)
+    groups = [g["ttft"].to_numpy() for _, g in by_session]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(groups), size=(draws, len(groups)))
+    p90 = [np.quantile(np.concatenate([groups[i] for i in pick]), 0.9) for pick in picks]
+    lo, hi = np.percentile(p90, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def padding(new: int, buckets: tuple[int, ...]) -> int:
@@ -85,10 +100,7 @@ def main() -> None:
             simulated.append(s)
             joined = m.join(s, on="request_id", suffix="_sim")
             paired.append(joined.with_columns(pl.lit(arm).alias("arm")))
-        pooled[arm] = (
-            pl.concat(measured)["ttft"].to_numpy(),
-            pl.concat(simulated)["ttft"].to_numpy(),
-        )
+        pooled[arm] = (pl.concat(measured), pl.concat(simulated)["ttft"].to_numpy())
     j = pl.concat(paired).with_columns(
         ((pl.col("ttft") - pl.col("ttft_sim")) * 1000).alias("diff_ms"),
         pl.col("new")
@@ -121,12 +133,20 @@ def main() -> None:
         .agg(pl.len().alias("requests"), pl.col("diff_ms").median().round(1).alias("diff (median)"))
         .sort("in_flight", "in_flight_sim")
     )
-    for arm, (m, s) in pooled.items():
+    for arm, (frame, s) in pooled.items():
+        m = frame["ttft"].to_numpy()
         print(f"\n{arm}: {len(m)} measured, {len(s)} simulated requests (all completed, pooled)")
         for q in (0.86, 0.87, 0.88, 0.89, 0.90, 0.91, 0.92):
             a, b = np.quantile(m, q) * 1000, np.quantile(s, q) * 1000
             error = (b / a - 1) * 100
             print(f"  P{q * 100:.0f}: measured {a:7.1f}  simulated {b:7.1f}  ({error:+.1f}%)")
+        lo, hi = p90_session_interval(frame)
+        p90 = np.quantile(m, 0.9)
+        print(
+            f"  measured P90 {p90 * 1000:.1f}, 95% interval over "
+            f"{frame['session_id'].n_unique()} sessions resampled {lo * 1000:.1f}-{hi * 1000:.1f}"
+            f" ({lo / p90 - 1:+.1%} to {hi / p90 - 1:+.1%})"
+        )
         gap = 0.3
         print(
             f"  above {gap * 1000:.0f} ms: measured {(m > gap).sum()}, simulated {(s > gap).sum()}"

@@ -5,7 +5,8 @@ wrote for it (`<fidelity out>/simulated`), pairs each request with its simulated
 plan, same request id) and prints:
 - per bucket of uncached prompt tokens, over the requests that found nothing else in flight
   when they were sent (in both runs), the median measured and simulated TTFT and their median
-  difference, beside the padding a piecewise-graph engine adds to a step of that many tokens;
+  difference, beside the padding the engine's prefill graphs add to a step of that many tokens
+  (their sizes from the measured run's manifest, `prefill_graph_tokens`);
 - the same split by what was in flight (a request sent beside another runs its prefill in a
   mixed step);
 - each arm's pooled TTFT quantiles around P90 (all completed requests, as the fidelity report
@@ -14,7 +15,7 @@ plan, same request id) and prints:
 - the measured P90's 95% interval from resampling sessions (pooled over the repeats, as the
   A/B report's bootstrap resamples them): how far the sample itself lets P90 move.
 
-    python benchmarks/ttft_measured_vs_simulated.py AB_DIR SIMULATED_DIR [--buckets 16,32,...]
+    python benchmarks/ttft_measured_vs_simulated.py AB_DIR SIMULATED_DIR
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ import polars as pl
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from agentab.rundir import scan_records  # noqa: E402
+from agentab.analysis.bootstrap import percentile_ci, resample_weights, weighted_quantiles  # noqa: E402
+from agentab.engine.paths import graph_padding  # noqa: E402
+from agentab.rundir import read_manifest, scan_records  # noqa: E402
 
-# the local engine's piecewise prefill graph sizes (its start-up log lists them)
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
 EDGES = [32, 128, 256, 384, 512, 768, 1024, 1536, 2048, 4096, 8192]
 
 
@@ -68,29 +69,24 @@ def bucket_label(new: int) -> str:
 def p90_session_interval(
     measured: pl.DataFrame, draws: int = 10_000, seed: int = 42
 ) -> tuple[float, float]:
-    """95% interval of the pooled P90 TTFT over `draws` resamples of the sessions."""
-    by_session = measured.sort("session_id").group_by("session_id", maintain_order=True)
-    groups = [g["ttft"].to_numpy() for _, g in by_session]
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(groups), size=(draws, len(groups)))
-    p90 = [np.quantile(np.concatenate([groups[i] for i in pick]), 0.9) for pick in picks]
-    lo, hi = np.percentile(p90, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def padding(new: int, buckets: tuple[int, ...]) -> int:
-    """Tokens a step of `new` tokens is padded by to its graph size (0 past the largest)."""
-    return next((b - new for b in buckets if new <= b), 0)
+    """95% interval of the pooled P90 TTFT over `draws` resamples of the sessions (the
+    analysis package's session bootstrap)."""
+    frame = measured.sort("ttft")
+    sessions = frame["session_id"].to_numpy()
+    names, groups = np.unique(sessions, return_inverse=True)
+    weights = resample_weights(np.random.default_rng(seed), draws, len(names))
+    p90 = weighted_quantiles(frame["ttft"].to_numpy(), groups, weights, [0.9])[:, 0]
+    return percentile_ci(p90, 0.95)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("ab_dir", type=Path, help="the measured A/B experiment dir (arm/run-N)")
     ap.add_argument("simulated", type=Path, help="agentab fidelity's simulated dir for it")
-    ap.add_argument("--buckets", default=",".join(map(str, DEFAULT_BUCKETS)))
     args = ap.parse_args()
-    buckets = tuple(int(b) for b in args.buckets.split(","))
     arms = sorted(p.name for p in args.ab_dir.iterdir() if p.is_dir() and any(p.glob("run-*")))
+    first_run = next((args.ab_dir / arms[0]).glob("run-*"))
+    sizes = read_manifest(first_run).get("prefill_graph_tokens") or []
     paired, pooled = [], {}
     for arm in arms:
         measured, simulated = [], []
@@ -104,7 +100,7 @@ def main() -> None:
     j = pl.concat(paired).with_columns(
         ((pl.col("ttft") - pl.col("ttft_sim")) * 1000).alias("diff_ms"),
         pl.col("new")
-        .map_elements(lambda n: padding(n, buckets), return_dtype=pl.Int64)
+        .map_elements(lambda n: graph_padding(n, sizes), return_dtype=pl.Int64)
         .alias("pad"),
         pl.col("new").map_elements(bucket_label, return_dtype=pl.String).alias("uncached tokens"),
     )

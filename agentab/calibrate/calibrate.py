@@ -189,13 +189,13 @@ def _with_graph_tokens(std: EngineFacts, stated: tuple[int, ...] | None) -> Engi
     if any(b <= a for a, b in itertools.pairwise(stated)):
         raise AgentabError(f"--prefill-graph-tokens {list(stated)}: must be strictly increasing")
     described = std.prefill_graph_tokens
-    if described is not None and list(described) != list(stated):
-        raise AgentabError(
-            f"--prefill-graph-tokens {list(stated)}: the engine describes {list(described)}"
-        )
+    if described is not None:  # the engine's word stands; the statement must agree with it
+        if list(described) != list(stated):
+            raise AgentabError(
+                f"--prefill-graph-tokens {list(stated)}: the engine describes {list(described)}"
+            )
+        return std
     sources = {**std.sources, "prefill_graph_tokens": "--prefill-graph-tokens"}
-    if described is not None:
-        sources["prefill_graph_tokens"] = std.sources.get("prefill_graph_tokens", "engine")
     return replace(std, prefill_graph_tokens=list(stated), sources=sources)
 
 

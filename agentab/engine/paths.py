@@ -11,6 +11,7 @@ forward. With `auto` every step runs standard. The backends themselves are
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -28,13 +29,19 @@ def padded_tokens(tokens: int, graph_max: int) -> int:
     return -(-tokens // 8) * 8
 
 
-def graph_padding(tokens: int, sizes: tuple[int, ...]) -> int:
+def graph_size(tokens: int, sizes: Sequence[int]) -> int | None:
+    """The smallest of `sizes` (ascending: token counts graphs were captured at, such as the
+    local engine's piecewise prefill graphs) that holds a step of `tokens` tokens; None past
+    the largest (such a step runs eagerly)."""
+    i = bisect.bisect_left(sizes, tokens)
+    return sizes[i] if i < len(sizes) else None
+
+
+def graph_padding(tokens: int, sizes: Sequence[int]) -> int:
     """Tokens a step of `tokens` tokens is padded by to run in graphs captured at `sizes`
-    (ascending; an engine's piecewise prefill graphs): up to the smallest size that holds it,
-    0 past the largest (such a step runs eagerly) or without sizes."""
-    if not sizes or tokens <= 0 or tokens > sizes[-1]:
-        return 0
-    return sizes[bisect.bisect_left(sizes, tokens)] - tokens
+    (`graph_size`); 0 for a step past the largest, an empty step, or without sizes."""
+    size = graph_size(tokens, sizes) if tokens > 0 else None
+    return 0 if size is None else size - tokens
 
 
 def specialized_ok(

@@ -58,6 +58,7 @@ from agentab.engine.local.forward import (
 from agentab.engine.local.kv_cache import PagedLatentCache
 from agentab.engine.local.model import ModelWeights
 from agentab.engine.local.tensor_parallel import TPGroup
+from agentab.engine.paths import graph_size
 from agentab.kernels import reference
 from agentab.kernels.harness import warm_up
 
@@ -205,10 +206,7 @@ class PiecewiseGraphs:
 
     def bucket_for(self, tokens: int) -> int | None:
         """The smallest bucket that holds a step of `tokens` tokens (None: too large)."""
-        for t in self.buckets:
-            if t >= tokens:
-                return t
-        return None
+        return graph_size(tokens, self.buckets)
 
     def _build(self, t: int) -> None:
         v = self.buf.rows(t)
